@@ -1,0 +1,5 @@
+import sys
+
+from featuredp.cli import main
+
+sys.exit(main())

@@ -1,0 +1,97 @@
+"""Central, named argument checks.
+
+Every message names the parameter and the offending value, e.g.
+``epsilon must be > 0, got -1``. Type problems raise ``TypeError``; value
+problems raise ``ValueError``. Never use bare ``assert`` for these.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+
+from featuredp.errors import PrivacyRiskWarning
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_real(name: str, value: object) -> float:
+    """Return ``value`` as a finite float or raise (TypeError for non-numbers)."""
+    if not _is_real(value):
+        raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    v = float(value)  # type: ignore[arg-type]
+    if math.isnan(v):
+        raise ValueError(f"{name} must not be NaN, got {value!r}")
+    return v
+
+
+def check_positive(name: str, value: object, *, allow_inf: bool = False) -> float:
+    """A number > 0 (finite unless ``allow_inf``)."""
+    v = check_real(name, value)
+    if not v > 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    if math.isinf(v) and not allow_inf:
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return v
+
+
+def check_nonnegative(name: str, value: object, *, allow_inf: bool = False) -> float:
+    """A number >= 0 (finite unless ``allow_inf``)."""
+    v = check_real(name, value)
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    if math.isinf(v) and not allow_inf:
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return v
+
+
+def check_open_unit(name: str, value: object) -> float:
+    """A number in the open interval (0, 1)."""
+    v = check_real(name, value)
+    if not 0 < v < 1:
+        raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+    return v
+
+
+def check_sampling_rate(name: str, value: object) -> float:
+    """A sampling probability in (0, 1]."""
+    v = check_real(name, value)
+    if not 0 < v <= 1:
+        raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+    return v
+
+
+def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
+    """An integer (bools refused), optionally >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if _is_real(value) and float(value).is_integer():  # type: ignore[arg-type]
+            value = int(value)  # type: ignore[arg-type]
+        else:
+            raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    v = int(value)
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return v
+
+
+def check_choice(name: str, value: object, choices: tuple[str, ...] | list[str]) -> str:
+    """One of a fixed set of strings."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+    return str(value)
+
+
+def check_delta(delta: object, dataset_size: int | None = None, *, name: str = "delta") -> float:
+    """delta in (0, 1); warn with PrivacyRiskWarning when delta >= 1/n and n is known."""
+    d = check_open_unit(name, delta)
+    if dataset_size is not None and d >= 1.0 / dataset_size:
+        warnings.warn(
+            f"{name}={d:g} is >= 1/n = 1/{dataset_size}: such a guarantee allows releasing "
+            f"whole records; use delta well below 1/n (e.g. {1.0 / (10 * dataset_size):.1e})",
+            PrivacyRiskWarning,
+            stacklevel=3,
+        )
+    return d

@@ -1,0 +1,31 @@
+"""The one exception and warning taxonomy of featuredp.
+
+Errors about a value are also ``ValueError`` (and type errors ``TypeError``), so
+callers that catch the built-in classes keep working.
+"""
+
+from __future__ import annotations
+
+
+class FeatureDPError(Exception):
+    """Base class of every error featuredp raises on purpose."""
+
+
+class DataValidationError(FeatureDPError, ValueError):
+    """The data does not fit what was declared (unknown column, NaN, one class, ...)."""
+
+
+class UnreachableTargetError(FeatureDPError, ValueError):
+    """A privacy target cannot be met with the given settings (the message says which would)."""
+
+
+class BudgetExceededError(FeatureDPError, ValueError):
+    """A spend would take the privacy budget above its declared total; nothing was spent."""
+
+
+class PrivacyLeakWarning(UserWarning):
+    """Something was computed from private data outside the accounted mechanism."""
+
+
+class PrivacyRiskWarning(UserWarning):
+    """A setting is legal but weak, e.g. delta >= 1/n allows releasing a whole record."""
