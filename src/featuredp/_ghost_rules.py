@@ -1,0 +1,419 @@
+"""Per-layer rules for ghost (book-keeping) clipping.
+
+Each supported layer turns what its forward hook saw (inputs, output) and the
+gradient of the summed loss with respect to that output into *contributions*
+to the per-example gradient of each of its parameters, without materialising
+per-example gradients where that is expensive. Three shapes of contribution
+cover every supported layer:
+
+* :class:`Outer` — the per-example gradient is Σ_t g_t a_tᵀ over "tokens" t
+  (Linear over any number of leading dims, Conv via im2col), optionally in
+  independent groups (grouped convolutions). Several passes through the same
+  layer (FDP's ℓ(x) − ℓ(x_padded)) simply add tokens, which is exactly where
+  the cross terms 2(a₁·a₂)(g₁·g₂) of the squared norm come from.
+* :class:`Rows` — the per-example gradient of a (V, d) table is sparse: row
+  ``index[j]`` of example ``example[j]`` receives ``value[j]`` (Embedding,
+  EmbeddingBag with ragged bags, per-sample weights, padding).
+* :class:`Dense` — the per-example gradient itself, when it is cheap (biases,
+  LayerNorm / GroupNorm / RMSNorm affine parameters, and the torch.func
+  fallback).
+
+Norms in the Gram form are checked for cancellation and recomputed in float64 where the
+terms nearly cancel (ℓ − ℓ_pub with a good ℓ_pub), because float32 would lose the small
+difference that clipping depends on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as nnf
+
+__all__ = [
+    "RULES",
+    "Dense",
+    "NotPerExampleError",
+    "Outer",
+    "Rows",
+    "abs_sum",
+    "combine",
+    "rule_for",
+    "squared_norms",
+    "weighted_sum",
+]
+
+# Largest number of elements of one temporary block (Gram matrices or materialised per-example
+# gradients) before the work is split over the batch: 2^24 floats = 64 MB in float32.
+_BLOCK_ELEMENTS = 1 << 24
+
+
+class NotPerExampleError(ValueError):
+    """A supported layer saw an input whose first dimension is not the batch of examples."""
+
+
+@dataclass
+class Outer:
+    """Per-example gradient Σ_t g[b, t, k]ᵀ a[b, t, k] for each group k: a (B, T, K, din), g (B, T, K, dout)."""
+
+    a: torch.Tensor
+    g: torch.Tensor
+    shape: torch.Size  # the parameter's shape; its elements are ordered (group, dout, din)
+
+
+@dataclass
+class Rows:
+    """Per-example gradient of a (V, d) table: example[j] adds value[j] to row index[j]."""
+
+    example: torch.Tensor  # (N,) int64
+    index: torch.Tensor  # (N,) int64
+    value: torch.Tensor  # (N, d)
+    batch_size: int
+    shape: torch.Size
+
+
+@dataclass
+class Dense:
+    """The per-example gradient itself, shape (B, *param.shape)."""
+
+    grad: torch.Tensor
+
+
+Contribution = Outer | Rows | Dense
+
+
+def combine(parts: Sequence[Contribution]) -> Contribution:
+    """One contribution from several passes through the same parameter (all of one kind)."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    if any(type(p) is not type(first) for p in parts):
+        raise TypeError("cannot combine contributions of different kinds for one parameter")
+    if isinstance(first, Outer):
+        # Tokens of all passes side by side: Σ_k Σ_t g a ᵀ, cross terms included in the norm.
+        return Outer(torch.cat([p.a for p in parts], 1), torch.cat([p.g for p in parts], 1), first.shape)
+    if isinstance(first, Rows):
+        return Rows(
+            torch.cat([p.example for p in parts]),
+            torch.cat([p.index for p in parts]),
+            torch.cat([p.value for p in parts]),
+            first.batch_size,
+            first.shape,
+        )
+    total = first.grad
+    for p in parts[1:]:
+        total = total + p.grad
+    return Dense(total)
+
+
+def _chunks(n: int, per_item: int) -> list[slice]:
+    step = max(1, _BLOCK_ELEMENTS // max(per_item, 1))
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+# Gram-form entries are float32 dot products with relative error up to ~d·2⁻²⁴ of ‖a_t‖‖a_s‖. Where the
+# squared norm is below this fraction of its bound (Σ_t ‖a_t‖‖g_t‖)² — the terms of Σ_{t,s} cancel, as in
+# ℓ(x) − ℓ_pub(x') when ℓ_pub predicts ℓ well — the example is recomputed in float64, so that cancellation
+# can never hide a large gradient from clipping.
+_CANCELLATION = 0.1
+
+
+def _gram_sq_norms(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Σ_k Σ_{t,s} (a_t·a_s)(g_t·g_s) for a (b, K, T, din), g (b, K, T, dout); float64 (b,)."""
+    aa = torch.matmul(a, a.transpose(-1, -2))
+    gg = torch.matmul(g, g.transpose(-1, -2))
+    sq = (aa.to(torch.float64) * gg.to(torch.float64)).sum((1, 2, 3))
+    if a.dtype == torch.float64:
+        return sq
+    diag = (aa.diagonal(dim1=-2, dim2=-1).clamp(min=0) * gg.diagonal(dim1=-2, dim2=-1).clamp(min=0)).sqrt()
+    bound = diag.to(torch.float64).sum(-1).pow(2).sum(1)
+    risky = (sq < _CANCELLATION * bound).nonzero().flatten()
+    if risky.numel():
+        a64 = a[risky].to(torch.float64)
+        g64 = g[risky].to(torch.float64)
+        sq[risky] = (torch.matmul(a64, a64.transpose(-1, -2)) * torch.matmul(g64, g64.transpose(-1, -2))).sum(
+            (1, 2, 3)
+        )
+    return sq
+
+
+def _outer_sq_norms(c: Outer) -> torch.Tensor:
+    B, T, K, din = c.a.shape
+    dout = c.g.shape[-1]
+    if T == 1:
+        # ‖g aᵀ‖_F = ‖a‖·‖g‖ for a single token: no cancellation, and vector_norm is one fused pass.
+        prod = torch.linalg.vector_norm(c.a, dim=-1) * torch.linalg.vector_norm(c.g, dim=-1)  # (B, 1, K)
+        return prod.to(torch.float64).pow(2).sum((1, 2))
+    out = torch.empty(B, dtype=torch.float64, device=c.a.device)
+    # Gram form Σ_{t,s} (a_t·a_s)(g_t·g_s) costs T²(din+dout); materialising Σ_t g_t a_tᵀ costs T·din·dout.
+    if T * T * (din + dout) <= T * din * dout:
+        a = c.a.permute(0, 2, 1, 3)  # (B, K, T, din)
+        g = c.g.permute(0, 2, 1, 3)
+        for sl in _chunks(B, K * T * T):
+            out[sl] = _gram_sq_norms(a[sl], g[sl])
+    else:
+        a = c.a.permute(0, 2, 1, 3)
+        g = c.g.permute(0, 2, 3, 1)  # (B, K, dout, T)
+        for sl in _chunks(B, K * din * dout):
+            # Per-example gradients, one block at a time: as accurate as autograd's own float32 sums.
+            per_example = torch.matmul(g[sl], a[sl])  # (b, K, dout, din)
+            out[sl] = torch.linalg.vector_norm(per_example, dim=(-2, -1)).to(torch.float64).pow(2).sum(1)
+    return out
+
+
+def _rows_sq_norms(c: Rows) -> torch.Tensor:
+    V = c.shape[0]
+    out = torch.zeros(c.batch_size, dtype=torch.float64, device=c.value.device)
+    if c.example.numel() == 0:
+        return out
+    # Tokens of one example that hit the same row add up before squaring: group by (example, row).
+    keys = c.example * V + c.index
+    uniq, inverse = torch.unique(keys, return_inverse=True)
+    agg = torch.zeros(uniq.numel(), c.value.shape[1], dtype=torch.float64, device=c.value.device)
+    agg.index_add_(0, inverse, c.value.to(torch.float64))
+    out.index_add_(0, torch.div(uniq, V, rounding_mode="floor"), agg.pow(2).sum(1))
+    return out
+
+
+def squared_norms(c: Contribution) -> torch.Tensor:
+    """Per-example squared gradient norms (float64, shape (B,))."""
+    if isinstance(c, Outer):
+        return _outer_sq_norms(c)
+    if isinstance(c, Rows):
+        return _rows_sq_norms(c)
+    # A sum of squares does not cancel: a float32 norm is accurate, and one fused pass.
+    return torch.linalg.vector_norm(c.grad.reshape(c.grad.shape[0], -1), dim=1).to(torch.float64).pow(2)
+
+
+def weighted_sum(c: Contribution, factors: torch.Tensor) -> torch.Tensor:
+    """Σ_i factors[i] · (per-example gradient i), in the parameter's shape (one matmul for Outer)."""
+    if isinstance(c, Outer):
+        B, T, K, din = c.a.shape
+        dout = c.g.shape[-1]
+        gw = c.g * factors.to(c.g.dtype).view(B, 1, 1, 1)
+        if K == 1:
+            total = gw.reshape(B * T, dout).t() @ c.a.reshape(B * T, din)
+        else:
+            a = c.a.reshape(B * T, K, din).transpose(0, 1)  # (K, BT, din)
+            total = torch.bmm(gw.reshape(B * T, K, dout).permute(1, 2, 0), a)  # (K, dout, din)
+        return total.reshape(c.shape)
+    if isinstance(c, Rows):
+        out = torch.zeros(c.shape, dtype=c.value.dtype, device=c.value.device)
+        if c.example.numel():
+            out.index_add_(0, c.index, c.value * factors.to(c.value.dtype)[c.example].unsqueeze(1))
+        return out
+    return torch.einsum("b,b...->...", factors.to(c.grad.dtype), c.grad)
+
+
+def abs_sum(c: Contribution) -> torch.Tensor:
+    """Σ_i |per-example gradient i| entrywise, bounding the terms (a scale for rounding tolerances)."""
+    if isinstance(c, Outer):
+        return weighted_sum(Outer(c.a.abs(), c.g.abs(), c.shape), torch.ones(c.a.shape[0], device=c.a.device))
+    if isinstance(c, Rows):
+        return weighted_sum(Rows(c.example, c.index, c.value.abs(), c.batch_size, c.shape), torch.ones(c.batch_size))
+    return c.grad.abs().sum(0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Layer rules. A rule reads the forward hook's (args, kwargs) and the output gradient and returns
+# {parameter attribute name: contribution}. ``batch_size`` is the number of examples B.
+
+
+def _lead(t: torch.Tensor, batch_size: int, layer: str) -> None:
+    if t.dim() == 0 or t.shape[0] != batch_size:
+        raise NotPerExampleError(
+            f"layer {layer!r} was called with an input of shape {tuple(t.shape)} whose first dimension is not "
+            f"the batch of {batch_size} examples"
+        )
+
+
+def _linear(m: nn.Linear, args: tuple, kwargs: dict, grad: torch.Tensor, B: int, name: str) -> dict[str, Any]:
+    x = args[0] if args else kwargs["input"]
+    if x.dim() < 2:
+        raise NotPerExampleError(f"layer {name!r} was called without a batch dimension (input {tuple(x.shape)})")
+    _lead(x, B, name)
+    a = x.reshape(B, -1, 1, m.in_features)
+    g = grad.reshape(B, -1, 1, m.out_features)
+    out: dict[str, Any] = {"weight": Outer(a, g, m.weight.shape)}
+    if m.bias is not None:
+        out["bias"] = Dense(grad if grad.dim() == 2 else g.sum((1, 2)))  # one token: no sum, no copy
+    return out
+
+
+def _embedding_tokens(
+    idx: torch.Tensor, g: torch.Tensor, example: torch.Tensor, padding_idx: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if padding_idx is not None:
+        keep = idx != padding_idx  # PyTorch gives the padding row no gradient
+        return example[keep], idx[keep], g[keep]
+    return example, idx, g
+
+
+def _embedding(m: nn.Embedding, args: tuple, kwargs: dict, grad: torch.Tensor, B: int, name: str) -> dict[str, Any]:
+    idx = args[0] if args else kwargs["input"]
+    _lead(idx, B, name)
+    flat = idx.reshape(-1).long()
+    per = flat.numel() // B
+    example = torch.arange(B, device=flat.device).repeat_interleave(per)
+    pad = m.padding_idx
+    ex, ix, val = _embedding_tokens(flat, grad.reshape(-1, m.embedding_dim), example, pad)
+    return {"weight": Rows(ex, ix, val, B, m.weight.shape)}
+
+
+def _embedding_bag(
+    m: nn.EmbeddingBag, args: tuple, kwargs: dict, grad: torch.Tensor, B: int, name: str
+) -> dict[str, Any]:
+    names = ("input", "offsets", "per_sample_weights")
+    given = dict(zip(names, args))
+    given.update({k: v for k, v in kwargs.items() if k in names})
+    idx = given["input"]
+    offsets = given.get("offsets")
+    psw = given.get("per_sample_weights")
+    if grad.shape[0] != B:
+        raise NotPerExampleError(f"layer {name!r} produced {grad.shape[0]} bags for a batch of {B} examples")
+    if idx.dim() == 2:
+        flat = idx.reshape(-1).long()
+        example = torch.arange(B, device=flat.device).repeat_interleave(idx.shape[1])
+    else:
+        flat = idx.long()
+        starts = offsets.long()
+        if m.include_last_offset:
+            ends = starts[1:]
+            starts = starts[:-1]
+        else:
+            ends = torch.cat([starts[1:], starts.new_tensor([flat.numel()])])
+        lengths = ends - starts
+        example = torch.arange(B, device=flat.device).repeat_interleave(lengths)
+        # Tokens after the last bag's end (possible with include_last_offset) belong to no bag.
+        flat = flat[: int(lengths.sum())] if m.include_last_offset else flat
+        if psw is not None and m.include_last_offset:
+            psw = psw[: flat.numel()]
+    weights = psw.reshape(-1).to(grad.dtype) if psw is not None else torch.ones_like(flat, dtype=grad.dtype)
+    if m.padding_idx is not None:
+        keep = flat != m.padding_idx
+        example, flat, weights = example[keep], flat[keep], weights[keep]
+    if m.mode == "mean":
+        # The mean is over the bag's non-padding entries.
+        counts = torch.zeros(B, dtype=grad.dtype, device=grad.device).index_add_(0, example, torch.ones_like(weights))
+        weights = weights / counts.clamp(min=1)[example]
+    value = grad[example] * weights.unsqueeze(1)
+    return {"weight": Rows(example, flat, value, B, m.weight.shape)}
+
+
+def _same_padding(kernel: Sequence[int], dilation: Sequence[int]) -> list[int]:
+    # nnf.pad order (last dim first): PyTorch's 'same' puts the odd extra pixel on the right/bottom.
+    pads: list[int] = []
+    for k, d in zip(reversed(kernel), reversed(dilation)):
+        total = d * (k - 1)
+        pads += [total // 2, total - total // 2]
+    return pads
+
+
+def _conv(m: nn.Conv1d | nn.Conv2d, args: tuple, kwargs: dict, grad: torch.Tensor, B: int, name: str) -> dict:
+    x = args[0] if args else kwargs["input"]
+    spatial = 1 if isinstance(m, nn.Conv1d) else 2
+    if x.dim() != spatial + 2:  # unbatched input
+        raise NotPerExampleError(f"layer {name!r} was called without a batch dimension (input {tuple(x.shape)})")
+    _lead(x, B, name)
+    kernel, stride, dilation = list(m.kernel_size), list(m.stride), list(m.dilation)
+    padding: list[int] = [0] * spatial
+    if m.padding_mode != "zeros":
+        x = nnf.pad(x, m._reversed_padding_repeated_twice, mode=m.padding_mode)
+    elif isinstance(m.padding, str):
+        if m.padding == "same":
+            x = nnf.pad(x, _same_padding(kernel, dilation))
+    else:
+        padding = list(m.padding)
+    if spatial == 1:  # a 1-d convolution is a 2-d one of height 1
+        x = x.unsqueeze(2)
+        kernel, stride, dilation, padding = [1, *kernel], [1, *stride], [1, *dilation], [0, *padding]
+    patches = nnf.unfold(x, kernel, dilation=dilation, padding=padding, stride=stride)  # (B, C·k, L)
+    K = m.groups
+    L = patches.shape[-1]
+    a = patches.transpose(1, 2).reshape(B, L, K, -1)
+    g = grad.reshape(B, m.out_channels, -1)
+    if g.shape[-1] != L:
+        raise NotPerExampleError(f"layer {name!r}: output positions {g.shape[-1]} != patches {L}")
+    gt = g.transpose(1, 2).reshape(B, L, K, m.out_channels // K)
+    out: dict[str, Any] = {"weight": Outer(a, gt, m.weight.shape)}
+    if m.bias is not None:
+        out["bias"] = Dense(g.sum(-1))
+    return out
+
+
+def _affine(
+    normalise: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad: torch.Tensor, B: int, pshape: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    n = len(pshape)
+    xhat = normalise(x)
+    lead = (B, -1, *grad.shape[grad.dim() - n :])
+    return (grad * xhat).reshape(lead).sum(1), grad.reshape(lead).sum(1)
+
+
+def _layer_norm(m: nn.LayerNorm, args: tuple, kwargs: dict, grad: torch.Tensor, B: int, name: str) -> dict:
+    x = args[0] if args else kwargs["input"]
+    _lead(x, B, name)
+    if x.dim() == len(m.normalized_shape):
+        raise NotPerExampleError(f"layer {name!r} was called without a batch dimension")
+    gw, gb = _affine(lambda t: nnf.layer_norm(t, m.normalized_shape, None, None, m.eps), x, grad, B, m.normalized_shape)
+    out: dict[str, Any] = {}
+    if m.weight is not None:
+        out["weight"] = Dense(gw)
+    if m.bias is not None:
+        out["bias"] = Dense(gb)
+    return out
+
+
+def _rms_norm(m: nn.Module, args: tuple, kwargs: dict, grad: torch.Tensor, B: int, name: str) -> dict:
+    x = args[0] if args else kwargs["x"] if "x" in kwargs else kwargs["input"]
+    _lead(x, B, name)
+    if x.dim() == len(m.normalized_shape):
+        raise NotPerExampleError(f"layer {name!r} was called without a batch dimension")
+    gw, _ = _affine(lambda t: nnf.rms_norm(t, m.normalized_shape, None, m.eps), x, grad, B, m.normalized_shape)
+    return {"weight": Dense(gw)} if m.weight is not None else {}
+
+
+def _group_norm(m: nn.GroupNorm, args: tuple, kwargs: dict, grad: torch.Tensor, B: int, name: str) -> dict:
+    x = args[0] if args else kwargs["input"]
+    _lead(x, B, name)
+    if x.dim() < 2:
+        raise NotPerExampleError(f"layer {name!r} needs a (B, C, ...) input, got {tuple(x.shape)}")
+    xhat = nnf.group_norm(x, m.num_groups, None, None, m.eps)
+    g = grad.reshape(B, m.num_channels, -1)
+    out: dict[str, Any] = {}
+    if m.weight is not None:
+        out["weight"] = Dense((g * xhat.reshape(B, m.num_channels, -1)).sum(-1))
+    if m.bias is not None:
+        out["bias"] = Dense(g.sum(-1))
+    return out
+
+
+Rule = Callable[[Any, tuple, dict, torch.Tensor, int, str], dict[str, Any]]
+
+#: Exact module types with a ghost rule (subclasses may override ``forward``, so they fall back).
+RULES: dict[type, Rule] = {
+    nn.Linear: _linear,
+    nn.Embedding: _embedding,
+    nn.EmbeddingBag: _embedding_bag,
+    nn.Conv1d: _conv,
+    nn.Conv2d: _conv,
+    nn.LayerNorm: _layer_norm,
+    nn.GroupNorm: _group_norm,
+}
+if hasattr(nn, "RMSNorm"):
+    RULES[nn.RMSNorm] = _rms_norm
+
+
+def rule_for(module: nn.Module) -> tuple[Rule | None, str]:
+    """The rule for ``module`` and, when there is none, the reason (for the fallback report)."""
+    rule = RULES.get(type(module))
+    if rule is None:
+        return None, "no ghost rule for this layer type"
+    if isinstance(module, nn.Embedding) and module.scale_grad_by_freq:
+        return None, "scale_grad_by_freq"
+    if isinstance(module, nn.EmbeddingBag) and (module.mode == "max" or module.scale_grad_by_freq):
+        return None, f"mode={module.mode!r}" if module.mode == "max" else "scale_grad_by_freq"
+    return rule, ""

@@ -1,0 +1,640 @@
+"""Audits of trained tabular models: attribute inference, membership inference, canary audits.
+
+This module joins the numpy attack core with torch models, datasets and the training engine
+(so it imports torch; the core modules do not). ``featuredp audit`` calls these functions;
+each returns a JSON-able dict (plus, for plots, a few arrays under the key ``"_arrays"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+
+from featuredp._validate import check_choice, check_int, check_open_unit
+from featuredp.attacks import torch_adapter as ta
+from featuredp.attacks.attribute import (
+    ImputationBaseline,
+    confidence_attack,
+    estimate_ball,
+    loss_attack,
+    score_attack,
+    theorem4_bound,
+)
+from featuredp.attacks.bounds import multi_run_epsilon_lower_bound, one_run_audit
+from featuredp.attacks.canaries import (
+    feature_canaries,
+    feature_canary_scores,
+    mislabelled_canaries,
+    simulate_dpsgd_gradient_canaries,
+)
+from featuredp.attacks.membership import ShadowModelAttack, lira_scores, loss_threshold_scores, yeom_attack
+from featuredp.attacks.metrics import membership_metrics
+from featuredp.errors import DataValidationError
+
+MAX_JOINT_CANDIDATES = 256
+
+# --- private attribute blocks ---------------------------------------------------------------------------
+
+
+def attribute_block(dataset: Any, column: str) -> tuple[np.ndarray, list[str]]:
+    """Column indices and category names of the one-hot block of raw column ``column``."""
+    cols = [i for i, s in enumerate(dataset.feature_sources) if s == column]
+    if not cols:
+        raw = list(dict.fromkeys(dataset.feature_sources))
+        raise DataValidationError(f"unknown attribute {column!r}; available columns: {', '.join(raw)}")
+    if len(cols) < 2:
+        raise DataValidationError(
+            f"attribute {column!r} is encoded in a single numeric column; attribute inference here needs a "
+            f"categorical (one-hot) attribute"
+        )
+    names = [dataset.feature_names[i].split("=", 1)[-1] for i in cols]
+    return np.asarray(cols), names
+
+
+def _codes(X: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    block = X[:, cols]
+    return np.argmax(block, axis=1)
+
+
+# --- Theorem 4's bound for a run -------------------------------------------------------------------------
+
+
+def _tradeoff_for(plan: Any) -> tuple[Any, str] | None:
+    """The tight trade-off curve of the run from featuredp.accounting.tradeoff, when it exists."""
+    try:
+        from featuredp.accounting import tradeoff as tr  # provided by the accounting module
+    except ImportError:
+        return None
+    fn = getattr(tr, "dpsgd_tradeoff", None) or getattr(tr, "tradeoff_curve", None)
+    if fn is None or plan is None or not plan.noise_multiplier:
+        return None
+    try:
+        f = fn(plan.noise_multiplier, plan.sampling_rate, plan.steps)
+    except Exception:  # an unexpected signature: fall back to the (ε, δ) form, say so in the report
+        return None
+    return (f, "tight trade-off curve of the accountant") if callable(f) else None
+
+
+def run_bound(ball: float, epsilon: float, delta: float, plan: Any = None) -> tuple[float, str]:
+    """Theorem 4's bound for a model with claimed (ε, δ) (and its plan when available)."""
+    if math.isinf(epsilon):
+        return 1.0, "no guarantee (ε = ∞): the bound is vacuous"
+    tight = _tradeoff_for(plan)
+    if tight is not None:
+        f, how = tight
+        return theorem4_bound(ball, tradeoff=f), how
+    return theorem4_bound(ball, epsilon=epsilon, delta=delta), "1 − f_{ε,δ}(Ball) from the claimed (ε, δ)"
+
+
+# --- attribute inference ---------------------------------------------------------------------------------
+
+
+def attribute_audit(
+    model: Any,
+    train: Any,
+    test: Any,
+    attribute: str,
+    *,
+    private_columns: list[str] | None = None,
+    label_public: bool = True,
+    epsilon: float = math.inf,
+    delta: float = 0.0,
+    plan: Any = None,
+    n_targets: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Attribute inference of ``attribute`` on members (train) and non-members (test).
+
+    The adversary knows Ψ(x): every column except the hidden ones (``private_columns`` plus
+    ``attribute``), and the label when ``label_public``. Hidden attributes other than the
+    target are unknown too, so candidates range over the joint values of all hidden
+    attributes and the attacks marginalise. The imputation model is fitted on one half of
+    the test split; the non-member targets come from the other half.
+    """
+    n_targets = check_int("n_targets", n_targets, minimum=10)
+    check_open_unit("confidence", confidence)
+    hidden = list(dict.fromkeys([*(private_columns or []), attribute]))
+    blocks = [attribute_block(train, c) for c in hidden]
+    sizes = [len(b[0]) for b in blocks]
+    n_joint = int(np.prod(sizes))
+    if n_joint > MAX_JOINT_CANDIDATES:
+        raise ValueError(
+            f"the hidden attributes {hidden} have {n_joint} joint values (> {MAX_JOINT_CANDIDATES}); "
+            f"audit fewer private columns at once"
+        )
+    a_pos = hidden.index(attribute)
+    joint_values = list(itertools.product(*[range(s) for s in sizes]))
+    hidden_cols = np.concatenate([b[0] for b in blocks])
+    candidates = []
+    for combo in joint_values:
+        vals = np.concatenate([np.eye(s, dtype=np.float32)[v] for s, v in zip(sizes, combo)])
+        candidates.append((hidden_cols, vals))
+    attr_of_joint = np.array([combo[a_pos] for combo in joint_values])
+    radix = np.cumprod([1, *sizes[::-1]])[:-1][::-1]
+
+    def joint_code(X: np.ndarray) -> np.ndarray:
+        return sum(_codes(X, b[0]) * r for b, r in zip(blocks, radix))
+
+    public_cols = np.setdiff1d(np.arange(train.X.shape[1]), hidden_cols)
+    n_classes = max(2, len(train.classes))
+
+    def knowledge(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        parts = [X[:, public_cols]]
+        if label_public:
+            parts.append(np.eye(n_classes, dtype=np.float32)[y])
+        return np.hstack(parts)
+
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(test.n)
+    half = test.n // 2
+    pop_idx, nonmem_pool = perm[:half], perm[half:]
+    n_t = min(n_targets, nonmem_pool.size, train.n)
+    mem_idx = rng.choice(train.n, size=n_t, replace=False)
+    non_idx = nonmem_pool[:n_t]
+
+    imputer = ImputationBaseline().fit(
+        knowledge(test.X[pop_idx], test.y[pop_idx]), joint_code(test.X[pop_idx]), n_joint
+    )
+    groups: dict[str, Any] = {}
+    scores = []
+    for group, ds, idx in (("members", train, mem_idx), ("non-members", test, non_idx)):
+        X, y = ds.X[idx], ds.y[idx]
+        truth = _codes(X, blocks[a_pos][0])
+        prior_joint = imputer.predict_proba(knowledge(X, y))
+        prior = np.zeros((n_t, sizes[a_pos]))
+        for j, a in enumerate(attr_of_joint):
+            prior[:, a] += prior_joint[:, j]
+        base_guess = np.argmax(prior, axis=1)
+        losses, conf = ta.candidate_scores(model, X, y, candidates)
+        guesses = {
+            "loss": attr_of_joint[loss_attack(losses)],
+            "confidence": attr_of_joint[confidence_attack(conf)],
+        }
+        # MAP: p(a | Ψ, y, θ) ∝ Σ_{others} p(joint | Ψ, y) · p_θ(y | x_joint)
+        logpost = np.log(np.clip(prior_joint, 1e-300, None)) - losses
+        logpost -= logpost.max(axis=1, keepdims=True)
+        post = np.zeros_like(prior)
+        for j, a in enumerate(attr_of_joint):
+            post[:, a] += np.exp(logpost[:, j])
+        guesses["map"] = np.argmax(post, axis=1)
+        ball = estimate_ball(prior, truth, confidence)
+        bound, how = run_bound(ball.upper, epsilon, delta, plan)
+        rows = [score_attack("imputation", group, truth, base_guess, base_guess, confidence)]
+        rows += [score_attack(name, group, truth, g, base_guess, confidence) for name, g in guesses.items()]
+        scores += rows
+        best = max(rows[1:], key=lambda s: s.accuracy)
+        groups[group] = {
+            "ball": dataclasses.asdict(ball),
+            "bound": bound,
+            "bound_method": how,
+            "attacks": [r.to_dict() for r in rows],
+            "best_attack": best.attack,
+            "best_accuracy": best.accuracy,
+            "best_advantage": best.advantage,
+            "within_bound": bool(best.accuracy_ci[0] <= bound),
+            "beats_imputation": bool(best.advantage_ci[0] > 0),
+        }
+    mem = groups["members"]
+    applies = attribute in (private_columns or [])
+    verdict = _attribute_verdict(mem, groups["non-members"], applies, epsilon)
+    return {
+        "attack": "attribute",
+        "attribute": attribute,
+        "categories": blocks[a_pos][1],
+        "hidden_columns": hidden,
+        "label_public": label_public,
+        "epsilon_claimed": None if math.isinf(epsilon) else epsilon,
+        "delta": delta,
+        "theorem4_applies": applies,
+        "bound": mem["bound"],
+        "ball": mem["ball"]["upper"],
+        "ball_method": "upper end of the CI of the mean max-probability of the imputation model "
+        "(logistic regression on Ψ(x) and the label, fitted on half of the test split), "
+        "or of the imputation accuracy's Wilson CI if higher",
+        "advantage": mem["best_advantage"],
+        "accuracy": mem["best_accuracy"],
+        "groups": groups,
+        "verdict": verdict,
+        "n_targets": n_t,
+    }
+
+
+def _attack_row(group: dict, attack: str) -> dict:
+    return next(a for a in group["attacks"] if a["attack"] == attack)
+
+
+def _adv_of(group: dict, attack: str) -> float:
+    return float(_attack_row(group, attack)["advantage"])
+
+
+def _adv_se(group: dict, attack: str) -> float:
+    lo, hi = _attack_row(group, attack)["advantage_ci"]
+    return (hi - lo) / (2 * 1.959964)
+
+
+def _attribute_verdict(mem: dict, non: dict, applies: bool, epsilon: float) -> str:
+    parts = []
+    if not applies:
+        parts.append("the attribute was not private in this run, so Theorem 4 does not cover it.")
+    if math.isinf(epsilon):
+        parts.append("The model has no privacy guarantee (ε = ∞).")
+    if mem["beats_imputation"]:
+        # Separate memorisation (members only) from a model that is simply a better imputer for everyone
+        # (distributional inference, also on non-members, which no privacy notion forbids).
+        gap = mem["best_advantage"] - _adv_of(non, mem["best_attack"])
+        se = math.hypot(_adv_se(mem, mem["best_attack"]), _adv_se(non, mem["best_attack"]))
+        if gap > 2 * se:
+            parts.append(
+                f"LEAK: the {mem['best_attack']} attack beats the imputation baseline on training records by "
+                f"{100 * mem['best_advantage']:.1f} points (CI excludes 0), {100 * gap:.1f} points more than on "
+                f"non-members: the model reveals the attribute of its training records."
+            )
+        else:
+            parts.append(
+                f"The {mem['best_attack']} attack beats the imputation baseline by {100 * mem['best_advantage']:.1f} "
+                f"points on training records but about as much on non-members: the model is a better imputer "
+                f"(distributional inference), not a memoriser of its training records."
+            )
+    else:
+        parts.append("No attack beats the imputation baseline on training records (CI includes 0).")
+    if applies and not math.isinf(epsilon):
+        if mem["within_bound"]:
+            parts.append(f"Attack success is within Theorem 4's bound {mem['bound']:.3f}.")
+        else:
+            parts.append(
+                f"VIOLATION: attack success exceeds Theorem 4's bound {mem['bound']:.3f} — the claim or the Ball "
+                f"estimate is wrong."
+            )
+    return " ".join(parts)
+
+
+# --- membership inference --------------------------------------------------------------------------------
+
+
+def _concat(ds: Any, X: np.ndarray, y: np.ndarray, name: str | None = None) -> Any:
+    return dataclasses.replace(ds, name=name or ds.name, X=X, y=y, X_cat=None)
+
+
+def membership_audit(
+    model: Any,
+    train: Any,
+    test: Any,
+    *,
+    n_targets: int = 2000,
+    shadows: int = 0,
+    train_fn: Any = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Membership inference: loss threshold always; LiRA and Shokri's attack with ``shadows`` >= 2.
+
+    ``train_fn(dataset) -> model`` trains a shadow model with the run's configuration. The
+    shadow pool is the member and non-member targets plus the rest of the test split and an
+    equal share of the training split; each shadow trains on a random half of the pool.
+    """
+    n_targets = check_int("n_targets", n_targets, minimum=10)
+    shadows = check_int("shadows", shadows, minimum=0)
+    if shadows == 1:
+        raise ValueError("shadows must be 0 or >= 2 (LiRA needs in- and out-models), got 1")
+    rng = np.random.default_rng(seed)
+    n_t = min(n_targets, train.n, test.n)
+    mem_idx = rng.choice(train.n, size=n_t, replace=False)
+    non_idx = rng.choice(test.n, size=n_t, replace=False)
+    X = np.vstack([train.X[mem_idx], test.X[non_idx]])
+    y = np.r_[train.y[mem_idx], test.y[non_idx]]
+    labels = np.r_[np.ones(n_t, bool), np.zeros(n_t, bool)]
+    z = ta.logits(model, X)
+    loss = ta.losses_from_logits(z, y)
+    curves: dict[str, np.ndarray] = {"loss threshold": loss_threshold_scores(loss)}
+    train_loss = float(ta.per_example_loss(model, train.X[: min(train.n, 5000)], train.y[: min(train.n, 5000)]).mean())
+    yeom = yeom_attack(loss, labels, train_loss)
+    out: dict[str, Any] = {
+        "attack": "membership",
+        "n_members": n_t,
+        "n_nonmembers": n_t,
+        "yeom": {"threshold": yeom.threshold, "tpr": yeom.tpr, "fpr": yeom.fpr, "advantage": yeom.advantage},
+    }
+    if shadows:
+        if train_fn is None:
+            raise ValueError("shadows > 0 needs train_fn (a function training a model like the run's)")
+        # pool: targets first, then population records; shadows see random halves of it
+        rest_test = np.setdiff1d(np.arange(test.n), non_idx)
+        rest_train = rng.choice(np.setdiff1d(np.arange(train.n), mem_idx), size=min(rest_test.size, train.n - n_t),
+                                replace=False)  # fmt: skip
+        pool_X = np.vstack([X, test.X[rest_test], train.X[rest_train]])
+        pool_y = np.r_[y, test.y[rest_test], train.y[rest_train]]
+        phi = np.empty((shadows, 2 * n_t))
+        probs = []
+        inmask = np.zeros((shadows, 2 * n_t), bool)
+        from tqdm.auto import tqdm
+
+        for k in tqdm(range(shadows), desc="shadow models", disable=not progress):
+            sel = rng.random(pool_y.size) < 0.5
+            inmask[k] = sel[: 2 * n_t]
+            shadow = train_fn(_concat(train, pool_X[sel], pool_y[sel], name=f"{train.name}-shadow{k}"))
+            zk = ta.logits(shadow, X)
+            phi[k] = ta.logit_scaled_confidence(zk, y)
+            probs.append(ta.softmax(zk))
+        target_phi = ta.logit_scaled_confidence(z, y)
+        if inmask.any(axis=0).all() and (~inmask).any(axis=0).all():
+            curves["LiRA online"] = lira_scores(target_phi, phi, inmask, mode="online",
+                                                variance="fixed" if shadows < 16 else "per-example")  # fmt: skip
+        if (~inmask).any(axis=0).all():
+            curves["LiRA offline"] = lira_scores(target_phi, phi, inmask, mode="offline",
+                                                 variance="fixed" if shadows < 16 else "per-example")  # fmt: skip
+        # Shokri: attack model on shadows' outputs, cross-fitted (shadow k's outputs, its own in/out)
+        sh_p = np.vstack(probs)
+        sh_y = np.tile(y, shadows)
+        attack = ShadowModelAttack(seed=seed).fit(sh_p, sh_y, inmask.ravel())
+        curves["Shokri shadow"] = attack.score(ta.softmax(z), y)
+        out["shadows"] = shadows
+    metrics = {name: membership_metrics(s, labels).to_dict() for name, s in curves.items()}
+    best = max(metrics, key=lambda k: metrics[k]["auc"])
+    out.update(
+        {
+            "metrics": metrics,
+            "auc": metrics[best]["auc"],
+            "best_attack": best,
+            "advantage": metrics[best]["advantage"],
+            "tpr_at_fpr": metrics[best]["tpr_at_fpr"],
+            "_arrays": {"labels": labels, **curves},
+        }
+    )
+    return out
+
+
+# --- canary audits -----------------------------------------------------------------------------------
+
+
+CANARY_KINDS = ("feature", "mislabelled", "gradient")
+
+
+def canary_audit(
+    run: Any,
+    *,
+    kind: str = "feature",
+    canaries: int = 1000,
+    runs: int = 1,
+    train_size: int | None = None,
+    steps: int | None = None,
+    epochs: float | None = None,
+    flip_label: bool = True,
+    beta: float = 0.05,
+    seed: int = 0,
+    progress: bool = True,
+    data: tuple[Any, Any] | None = None,
+) -> dict[str, Any]:
+    """Train ``runs`` models with the run's configuration and ``canaries`` canaries each; certify ε.
+
+    The audit models keep the run's method, model, hyperparameters, noise multiplier σ and
+    sampling rate p; ``train_size`` (a random subset of the training split), ``steps`` or
+    ``epochs`` shorten them, and the claimed ε is recomputed for what was actually run.
+    Canaries come from the test split (never in the training data otherwise).
+
+    * ``feature``: pairs differing only in the private columns (FDP's replacement neighbours),
+      compared with the *replace-one* ε of the audit models.
+    * ``mislabelled``: inserted or not; compared with the record-level (add/remove) DP ε —
+      which FDP methods do not claim (their record-level ε is ∞: membership is not hidden).
+    * ``gradient``: white-box Dirac canaries through the run's (σ, p, T) mechanism, simulated
+      (no training): audits the mechanism and its accounting, not the implementation.
+    """
+    kind = check_choice("kind", kind, CANARY_KINDS)
+    canaries = check_int("canaries", canaries, minimum=1)
+    runs = check_int("runs", runs, minimum=1)
+    check_open_unit("beta", beta)
+    plan = run.plan
+    method = run.info.get("method")
+    delta = float(plan.delta) if plan is not None and plan.delta else 1e-5
+    if kind == "gradient":
+        return _gradient_canary_audit(run, canaries, runs, delta, beta, seed)
+    train, test = data if data is not None else run.load_data()
+    if getattr(train, "X_cat", None) is not None:
+        train = dataclasses.replace(train, X_cat=None)
+        test = dataclasses.replace(test, X_cat=None)
+    if run.info.get("model_spec", {}).get("kind") == "sparse_logreg":
+        raise ValueError("canary audits support dense models (mlp, logreg); this run uses sparse_logreg")
+    private = run.private_columns
+    if kind == "feature" and not private:
+        raise ValueError("feature canaries need private columns; this run declares none")
+    if canaries > test.n:
+        raise ValueError(f"canaries must be <= the test split size {test.n}, got {canaries}")
+    rng = np.random.default_rng(seed)
+    all_scores, all_bits, claims = [], [], []
+    from tqdm.auto import tqdm
+
+    for r in tqdm(range(runs), desc="canary runs", disable=not progress or runs == 1):
+        base = train if train_size is None else train.subset(rng.choice(train.n, size=min(train_size, train.n),
+                                                                        replace=False))  # fmt: skip
+        if kind == "feature":
+            groups = [attribute_block(train, c)[0] for c in private]
+            cs = feature_canaries(test.X, test.y, groups, canaries, rng, flip_label=flip_label,
+                                  n_classes=max(2, len(train.classes)))  # fmt: skip
+        else:
+            cs = mislabelled_canaries(test.X, test.y, max(2, len(train.classes)), canaries, rng)
+        cX, cy = cs.training_rows()
+        data_r = _concat(base, np.vstack([base.X, cX]), np.r_[base.y, cy])
+        model, result = retrain_like(run, data_r, steps=steps, epochs=epochs, seed=seed + 1 + r, progress=progress)
+        if kind == "feature":
+            s = feature_canary_scores(
+                ta.per_example_loss(model, cs.X, cs.y), ta.per_example_loss(model, cs.X_alt, cs.y)
+            )
+        else:
+            s = -ta.per_example_loss(model, cs.X, cs.y)
+        all_scores.append(s)
+        all_bits.append(cs.bits)
+        claims.append(_claims(method, result))
+    scores, bits = np.concatenate(all_scores), np.concatenate(all_bits)
+    one = one_run_audit(scores, bits, delta, beta=beta)
+    claim = {
+        "feature": max(c["replace_one"] for c in claims),
+        "mislabelled": max(c["record_level"] for c in claims),
+    }[kind]
+    out: dict[str, Any] = {
+        "attack": "canary",
+        "kind": kind,
+        "method": method,
+        "canaries_per_run": canaries,
+        "runs": runs,
+        "delta": delta,
+        "beta": beta,
+        "epsilon_lower_bound": one.epsilon_lower_bound,
+        "ceiling": one.ceiling,
+        "epsilon_claimed": None if math.isinf(claim) else claim,
+        "claim_relation": (
+            "replace-one feature-DP ε of the audit models"
+            if kind == "feature"
+            else "record-level (add/remove) DP ε of the audit models"
+        ),
+        "audit_model_claims": claims,
+        "one_run": one.to_dict(),
+        "_arrays": {"scores": scores, "bits": bits},
+    }
+    if canaries == 1 and runs >= 4:
+        mr = multi_run_epsilon_lower_bound(scores[bits], scores[~bits], delta, confidence=1 - beta)
+        out["multi_run"] = mr.to_dict()
+        out["epsilon_lower_bound"] = max(out["epsilon_lower_bound"], mr.epsilon_lower_bound)
+    out["verdict"] = _canary_verdict(out)
+    return out
+
+
+def _claims(method: str, result: Any) -> dict[str, float]:
+    from featuredp.accounting import epsilon_for
+
+    plan = result.plan
+    if method == "nonprivate" or not plan.noise_multiplier:
+        return {"add_remove": math.inf, "replace_one": math.inf, "record_level": math.inf}
+    steps = int(result.steps)
+    if steps == 0:
+        return {"add_remove": 0.0, "replace_one": 0.0, "record_level": 0.0 if method == "dpsgd" else math.inf}
+    ar = epsilon_for(plan.noise_multiplier, plan.sampling_rate, steps, plan.delta)
+    ro = epsilon_for(plan.noise_multiplier, plan.sampling_rate, steps, plan.delta, relation="replace-one")
+    # dpsgd is record-level DP; the FDP methods read Ψ(S) (labels, public columns) freely
+    return {"add_remove": ar, "replace_one": ro, "record_level": ar if method == "dpsgd" else math.inf}
+
+
+def _canary_verdict(out: dict[str, Any]) -> str:
+    lb, claim, ceil = out["epsilon_lower_bound"], out["epsilon_claimed"], out["ceiling"]
+    head = (
+        f"Empirical ε lower bound {lb:.3f} (confidence {1 - out['beta']:.0%}); this design cannot certify more "
+        f"than ε ≈ {ceil:.2f} even with a perfect attack, so a small lower bound is NOT evidence of privacy."
+    )
+    if claim is None:
+        if out["kind"] == "mislabelled" and out["method"] in ("fdp", "fdp_dpsgd", "public"):
+            return head + " The method makes no record-level claim: FDP does not hide membership."
+        return head + " The model makes no claim (ε = ∞)."
+    if lb > claim:
+        return head + f" VIOLATION: the lower bound exceeds the claimed ε = {claim:.3f}."
+    return head + f" Consistent with the claimed ε = {claim:.3f}."
+
+
+def _gradient_canary_audit(run: Any, canaries: int, runs: int, delta: float, beta: float, seed: int) -> dict:
+    from featuredp.accounting import epsilon_for
+
+    plan = run.plan
+    if plan is None or not plan.noise_multiplier or not plan.steps:
+        raise ValueError("gradient canaries need a private run (noise multiplier and steps in its plan)")
+    rng = np.random.default_rng(seed)
+    steps = int(run.info.get("result", {}).get("steps") or plan.steps)
+    scores, bits = simulate_dpsgd_gradient_canaries(canaries * runs, plan.noise_multiplier, plan.sampling_rate,
+                                                    steps, rng)  # fmt: skip
+    one = one_run_audit(scores, bits, delta, beta=beta)
+    claim = epsilon_for(plan.noise_multiplier, plan.sampling_rate, steps, delta)
+    out = {
+        "attack": "canary",
+        "kind": "gradient",
+        "method": run.info.get("method"),
+        "canaries_per_run": canaries * runs,
+        "runs": 1,
+        "delta": delta,
+        "beta": beta,
+        "epsilon_lower_bound": one.epsilon_lower_bound,
+        "ceiling": one.ceiling,
+        "epsilon_claimed": claim,
+        "claim_relation": "add/remove ε of the run's (σ, p, T) — the mechanism, simulated white-box",
+        "one_run": one.to_dict(),
+        "_arrays": {"scores": scores, "bits": bits},
+    }
+    out["verdict"] = _canary_verdict(out)
+    return out
+
+
+# --- retraining with a run's configuration ----------------------------------------------------------------
+
+_SPLIT_NAMES = {"gaussian_padding": "padding", "label_dp": "labeldp", "masking": "zero"}
+
+
+def retrain_like(
+    run: Any,
+    data: Any,
+    *,
+    steps: int | None = None,
+    epochs: float | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> tuple[Any, Any]:
+    """Train a fresh model on ``data`` with ``run``'s method, model and hyperparameters.
+
+    Private methods keep the run's noise multiplier and sampling rate (not its ε target),
+    so that the audit models' claimed ε is the run's when the length is the same.
+    Returns ``(model, TrainResult)``.
+    """
+    from featuredp.engine import PRIVATE_METHODS, Trainer, init_seed
+    from featuredp.features import Columns
+    from featuredp.losses import default_split
+    from featuredp.models import build_model
+
+    info = run.info
+    cfg = dict(info.get("config") or {})
+    method = info["method"]
+    model = build_model(info["model_spec"], seed=init_seed(seed))
+    split = None
+    if method != "nonprivate" or run.private_columns:
+        fmap = Columns(private=run.private_columns, label_private=bool(run.dataset.get("label_private"))).bind(data)
+        split_name = ((info.get("result") or {}).get("privacy_report") or {}).get("loss_split", {}).get("split")
+        split = default_split(fmap, _SPLIT_NAMES.get(split_name))
+    keep = ("public_batch_size", "pretrain_epochs", "delta", "max_grad_norm", "alpha", "optimizer", "lr",
+            "pretrain_lr", "momentum", "weight_decay", "projection_radius", "averaging", "average_fraction",
+            "ema_decay", "relation", "accountant")  # fmt: skip
+    kwargs = {k: cfg[k] for k in keep if k in cfg and cfg[k] is not None}
+    if kwargs.get("max_grad_norm") == "inf":
+        kwargs["max_grad_norm"] = math.inf
+    plan = run.plan
+    if method in PRIVATE_METHODS:
+        kwargs["noise_multiplier"] = plan.noise_multiplier
+        kwargs["sampling_rate"] = plan.sampling_rate
+        kwargs["steps"] = int(steps if steps is not None else (info.get("result") or {}).get("steps") or plan.steps)
+        if epochs is not None:
+            kwargs.pop("steps")
+            kwargs["epochs"] = epochs
+    else:
+        for k in ("public_batch_size", "pretrain_epochs", "max_grad_norm", "alpha", "pretrain_lr"):
+            kwargs.pop(k, None)
+        kwargs["batch_size"] = cfg.get("batch_size") or 256
+        if steps is not None:
+            kwargs["steps"] = steps
+        else:
+            kwargs["epochs"] = epochs if epochs is not None else (cfg.get("epochs") or 1.0)
+    if method == "dpsgd":
+        for k in ("alpha", "public_batch_size", "pretrain_epochs", "pretrain_lr"):
+            kwargs.pop(k, None)
+    if method == "fdp_dpsgd":
+        kwargs.pop("alpha", None)
+    if method == "nonprivate":
+        kwargs.pop("delta", None)
+    trainer = Trainer(model, method, loss_split=split, seed=seed, progress=progress, **kwargs)
+    result = trainer.fit(data)
+    trainer.model.eval()
+    return trainer.model, result
+
+
+def membership_verdict(result: dict[str, Any], method: str | None, epsilon: float, delta: float) -> str:
+    """Say whether membership is visible, and what the method claims about it."""
+    n1, n0 = result["n_members"], result["n_nonmembers"]
+    se = math.sqrt((n1 + n0 + 1) / (12.0 * n1 * n0))  # AUC's standard error under "no signal"
+    auc = result["auc"]
+    detected = auc > 0.5 + 3 * se
+    parts = [
+        f"Best attack {result['best_attack']!r}: AUC {auc:.4f} "
+        + ("— membership signal DETECTED" if detected else "— no membership signal beyond chance")
+        + f" (3 standard errors under chance = {3 * se:.4f})."
+    ]
+    if method in ("fdp", "fdp_dpsgd", "public"):
+        parts.append(
+            "Feature-DP protects the private attributes only; it does NOT hide membership (the public part of a "
+            "record, label included, is used without noise)."
+        )
+    elif method == "dpsgd" and not math.isinf(epsilon):
+        adv_max = (math.exp(epsilon) - 1 + 2 * delta) / (math.exp(epsilon) + 1)
+        ok = result["advantage"] <= adv_max
+        parts.append(
+            f"Record-level ({epsilon:.3g}, {delta:g})-DP allows a membership advantage of at most {adv_max:.4f}: "
+            + ("consistent." if ok else "VIOLATION.")
+        )
+    elif method == "nonprivate":
+        parts.append("The model is not private: nothing limits membership inference.")
+    return " ".join(parts)

@@ -1,0 +1,161 @@
+"""``featuredp audit``: attack a trained run and compare what leaks with what was promised."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+ATTACKS = ("attribute", "membership", "canary")
+CANARY_KINDS = ("feature", "mislabelled", "gradient")
+
+
+def _columns(text: str) -> list[str]:
+    cols = [c.strip() for c in text.split(",") if c.strip()]
+    if not cols:
+        raise argparse.ArgumentTypeError(f"expected comma-separated column names, got {text!r}")
+    return cols
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``audit`` subcommand."""
+    p = subparsers.add_parser(
+        "audit",
+        help="audit a trained run: attribute / membership inference, canary ε lower bounds",
+        description="Attack the model of RUN_DIR and report what leaks next to what its guarantee allows. "
+        "Reports (Markdown + PNG + JSON) go to RUN_DIR/audit/. A small empirical ε lower bound is not a proof "
+        "of privacy: every canary report prints the largest ε its design could certify.",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `featuredp train --out`")
+    p.add_argument("--attack", choices=ATTACKS, default="attribute")
+    p.add_argument("--attribute", type=_columns, default=None,
+                   help="private attribute(s) to infer, comma-separated (default: the run's private columns)")
+    p.add_argument("--targets", type=int, default=2000, help="member and non-member targets each (default 2000)")
+    p.add_argument("--shadows", type=int, default=0,
+                   help="membership: shadow models for LiRA and Shokri's attack (0 = loss attack only)")
+    p.add_argument("--canaries", type=int, default=1000, help="canaries per audit model (default 1000)")
+    p.add_argument("--runs", type=int, default=1, help="audit models to train (default 1: a one-run audit)")
+    p.add_argument("--canary-kind", choices=CANARY_KINDS, default="feature",
+                   help="feature: pairs differing only in private columns (FDP); mislabelled: record-level; "
+                        "gradient: simulated white-box Dirac canaries through the run's (sigma, p, T)")
+    p.add_argument("--train-size", type=int, default=None,
+                   help="canary / shadow models: train on a random subset of this size (faster)")
+    p.add_argument("--steps", type=int, default=None, help="canary / shadow models: training steps (faster)")
+    p.add_argument("--epochs", type=float, default=None, help="canary / shadow models: training epochs")
+    p.add_argument("--no-flip-label", action="store_true",
+                   help="feature canaries keep their true label (default: a wrong label, same in both versions)")
+    p.add_argument("--beta", type=float, default=0.05, help="1 - confidence of the epsilon lower bound")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="report directory (default RUN_DIR/audit)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-able copy without the plotting arrays; inf -> None."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items() if k != "_arrays"}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, float) and math.isinf(obj):
+        return None
+    if hasattr(obj, "item") and getattr(obj, "ndim", 1) == 0:
+        return obj.item()
+    return obj
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the requested audit, write the reports, print a summary (or JSON)."""
+    from featuredp._validate import check_int, check_open_unit
+
+    check_int("--targets", args.targets, minimum=10)
+    check_int("--shadows", args.shadows, minimum=0)
+    check_int("--canaries", args.canaries, minimum=1)
+    check_int("--runs", args.runs, minimum=1)
+    check_open_unit("--beta", args.beta)
+    if args.train_size is not None:
+        check_int("--train-size", args.train_size, minimum=10)
+    if args.steps is not None and args.epochs is not None:
+        raise ValueError("give --steps or --epochs, not both")
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "run.json").exists():
+        raise FileNotFoundError(f"RUN_DIR must be a run directory with run.json, got {str(run_dir)!r}")
+
+    import torch
+
+    from featuredp._io import atomic_write_json
+    from featuredp.attacks import report, tabular
+    from featuredp.runs import load_run
+
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
+    run_ = load_run(run_dir)
+    out_dir = Path(args.out) if args.out else run_dir / "audit"
+    method = run_.info.get("method")
+    eps = run_.epsilon
+    delta = float(run_.plan.delta) if run_.plan is not None and run_.plan.delta else 0.0
+    title = f"{method}, ε = {'∞' if math.isinf(eps) else f'{eps:.3g}'}"
+    progress = not (args.quiet or args.json)
+    results: list[dict[str, Any]] = []
+    files: list[str] = []
+
+    if args.attack == "canary":
+        res = tabular.canary_audit(run_, kind=args.canary_kind, canaries=args.canaries, runs=args.runs,
+                                   train_size=args.train_size, steps=args.steps, epochs=args.epochs,
+                                   flip_label=not args.no_flip_label, beta=args.beta, seed=args.seed,
+                                   progress=progress)  # fmt: skip
+        files += report.write_canary_report(res, out_dir, title=title)
+        results.append(res)
+    else:
+        train, test = run_.load_data()
+        if getattr(train, "X_cat", None) is not None and run_.info.get("model_spec", {}).get("kind") == "sparse_logreg":
+            raise ValueError("featuredp audit supports dense models (mlp, logreg); this run uses sparse_logreg")
+        if args.attack == "attribute":
+            attrs = args.attribute or run_.private_columns
+            if not attrs:
+                raise ValueError("--attribute is required: this run declares no private columns")
+            for a in attrs:
+                res = tabular.attribute_audit(
+                    run_.model, train, test, a, private_columns=run_.private_columns,
+                    label_public=not bool(run_.dataset.get("label_private")), epsilon=eps, delta=delta,
+                    plan=run_.plan, n_targets=args.targets, seed=args.seed,
+                )  # fmt: skip
+                files += report.write_attribute_report(res, out_dir, title=title)
+                results.append(res)
+        else:
+            counter = iter(range(10**6))
+
+            def train_fn(ds: Any) -> Any:
+                if args.train_size is not None and ds.n > args.train_size:
+                    ds = ds.subset(range(args.train_size))
+                return tabular.retrain_like(run_, ds, steps=args.steps, epochs=args.epochs,
+                                            seed=args.seed + 1000 + next(counter))[0]  # fmt: skip
+
+            res = tabular.membership_audit(run_.model, train, test, n_targets=args.targets, shadows=args.shadows,
+                                           train_fn=train_fn, seed=args.seed, progress=progress)  # fmt: skip
+            res["epsilon_claimed"] = None if math.isinf(eps) else eps
+            res["method"] = method
+            res["verdict"] = tabular.membership_verdict(res, method, eps, delta)
+            files += report.write_membership_report(res, out_dir, title=title)
+            results.append(res)
+
+    plain = [_plain(r) for r in results]
+    for r in plain:
+        r.setdefault("epsilon_claimed", None if math.isinf(eps) else eps)
+        r["method"] = method
+        r["run_dir"] = str(run_dir)
+    payload: dict[str, Any] = plain[0] if len(plain) == 1 else {"attack": args.attack, "results": plain}
+    payload["report_files"] = [str(out_dir / f) for f in files]
+    name = args.attack if args.attack != "canary" else f"canary_{args.canary_kind}"
+    atomic_write_json(out_dir / f"{name}.json", payload)
+    if args.json:
+        json.dump(payload, sys.stdout, indent=2, default=str)
+        print()
+    else:
+        for r in plain:
+            print(f"[{r['attack']}] {r['verdict']}")
+        print(f"reports: {out_dir}")
+    return 0

@@ -1,0 +1,84 @@
+"""``featuredp benchmark``: samples/s of full training steps, interleaved in rounds, and ratios to non-private."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+METHODS = ("nonprivate", "dpsgd", "fdp")
+
+
+def _methods(text: str) -> list[str]:
+    items = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in items if m not in METHODS]
+    if not items or bad:
+        raise argparse.ArgumentTypeError(f"methods must be a subset of {','.join(METHODS)}, got {text!r}")
+    return list(dict.fromkeys(items))
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``benchmark`` subcommand."""
+    p = subparsers.add_parser(
+        "benchmark",
+        help="throughput of nonprivate / DP-SGD / FDP training steps (samples/s, ratio to non-private)",
+        description="Times the engine's full training step of each method, interleaved in rounds, on synthetic "
+        "Purchase100-shaped data (600 binary inputs, 100 public; MLP 600-300-100; 100 classes). Ratios to "
+        "non-private are computed within each round; medians over rounds are reported.",
+    )
+    p.add_argument("--model", choices=("mlp",), default="mlp", help="model (the paper's Purchase100 MLP)")
+    p.add_argument("--batch-size", type=int, default=1024, help="expected private batch size m (default 1024)")
+    p.add_argument("--methods", type=_methods, default=list(METHODS),
+                   help="comma-separated subset of nonprivate,dpsgd,fdp (nonprivate is always timed as reference)")
+    p.add_argument("--strategy", choices=("ghost", "vmap"), default="ghost",
+                   help="per-example gradient strategy of the private methods (default ghost)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
+    p.add_argument("--min-time", type=float, default=0.5, help="seconds per method per round (default 0.5)")
+    p.add_argument("--dataset-size", type=int, default=None,
+                   help="records of synthetic data (default 16 x batch size, sampling rate 1/16 as in the paper)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object (samples/s and ratios)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark and print a table or JSON."""
+    from featuredp._validate import check_int, check_positive
+
+    batch = check_int("batch_size", args.batch_size, minimum=1)
+    threads = check_int("threads", args.threads, minimum=1)
+    rounds = check_int("rounds", args.rounds, minimum=1)
+    min_time = check_positive("min_time", args.min_time)
+    n = check_int("dataset_size", args.dataset_size if args.dataset_size is not None else 16 * batch, minimum=batch)
+
+    from featuredp import throughput
+
+    throughput.set_threads(threads)
+    data, public = throughput.synthetic_purchase(n, seed=args.seed)
+    methods = ["nonprivate"] + [m for m in args.methods if m != "nonprivate"]
+    runners = [
+        throughput.engine_runner(m, data, public, batch_size=batch, strategy=args.strategy, seed=args.seed, name=m)
+        for m in methods
+    ]
+    res = throughput.interleaved(runners, rounds=rounds, min_time=min_time, progress=not args.json)
+    out: dict[str, Any] = {m: res.median(m) for m in methods}
+    for m in methods[1:]:
+        out[f"ratio_{m}"] = res.median_ratio(m)
+    out.update({
+        "batch_size": batch, "threads": threads, "rounds": rounds, "strategy": args.strategy, "model": args.model,
+        "dataset_size": n, "spread_nonprivate": res.spread("nonprivate"),
+    })
+    if args.json:
+        json.dump(out, sys.stdout)
+        print()
+        return 0
+    print(f"MLP 600-300-100, batch {batch}, {threads} thread(s), strategy {args.strategy}, {rounds} rounds "
+          f"(medians; ratios within rounds)")
+    print(f"{'method':<12}{'samples/s':>12}{'ratio':>8}{'spread':>9}")
+    for m in methods:
+        ratio = 1.0 if m == "nonprivate" else res.median_ratio(m)
+        print(f"{m:<12}{res.median(m):>12,.0f}{ratio:>8.3f}{res.spread(m):>8.0%}")
+    print("spread = (max - min) / median of samples/s over rounds (machine noise)")
+    return 0

@@ -1,0 +1,103 @@
+"""``featuredp train``: train one method on a dataset with declared private columns."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+METHODS = ("nonprivate", "public", "dpsgd", "fdp_dpsgd", "fdp")
+
+
+def _columns(text: str) -> list[str]:
+    cols = [c.strip() for c in text.split(",") if c.strip()]
+    if not cols:
+        raise argparse.ArgumentTypeError(f"expected comma-separated column names, got {text!r}")
+    return cols
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(c) for c in text.split(",") if c.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``train`` subcommand."""
+    p = subparsers.add_parser(
+        "train",
+        help="train a model with feature DP (or a baseline) and report accuracy and epsilon",
+        description="Train nonprivate | public | dpsgd | fdp_dpsgd | fdp on a tabular dataset whose --private "
+        "columns are protected. Unset hyperparameters use tuned per-method defaults (docs/engine.md).",
+    )
+    p.add_argument("--dataset", default="adult", help="dataset name (default: adult, bundled)")
+    p.add_argument("--private", type=_columns, default=None,
+                   help="comma-separated private raw columns (default: the dataset's, sex,race for adult); "
+                        "naming the label makes it private")
+    p.add_argument("--method", choices=METHODS, default="fdp")
+    p.add_argument("--epsilon", type=float, default=None, help="target epsilon (sigma is calibrated)")
+    p.add_argument("--delta", type=float, default=1e-5)
+    p.add_argument("--noise-multiplier", type=float, default=None, help="sigma (with --epsilon: budget stop)")
+    p.add_argument("--epochs", type=float, default=None)
+    p.add_argument("--max-grad-norm", type=float, default=None, help="clipping norm C")
+    p.add_argument("--batch-size", type=int, default=None, help="expected private batch size m (p = m/n)")
+    p.add_argument("--public-batch-size", type=int, default=None, help="public batch size m'")
+    p.add_argument("--alpha", type=float, default=None, help="weight of the private gradient (fdp)")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--momentum", type=float, default=None)
+    p.add_argument("--optimizer", choices=("sgd", "adam"), default=None)
+    p.add_argument("--pretrain-epochs", type=float, default=None, help="public pre-training epochs (fdp, fdp_dpsgd)")
+    p.add_argument("--model", choices=("mlp", "logreg", "sparse_logreg"), default=None)
+    p.add_argument("--hidden", type=_ints, default=None, help="MLP widths, e.g. 64 or 128,64")
+    p.add_argument("--loss-split", choices=("padding", "zero", "mean", "labeldp"), default=None)
+    p.add_argument("--accountant", choices=("pld", "rdp"), default=None)
+    p.add_argument("--relation", choices=("add-remove", "replace-one"), default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="run directory (run.json, model.pt, checkpoint.pt)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train and print the result."""
+    import torch
+
+    from featuredp.train_tabular import train_tabular
+
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
+    if args.resume and not args.out:
+        raise ValueError("--resume needs --out DIR (the run to continue)")
+    summary = train_tabular(
+        dataset=args.dataset, private=args.private, method=args.method, epsilon=args.epsilon, delta=args.delta,
+        seed=args.seed, model=args.model, hidden=args.hidden, loss_split=args.loss_split, out=args.out,
+        resume=args.resume, progress=not (args.quiet or args.json),
+        epochs=args.epochs, noise_multiplier=args.noise_multiplier, max_grad_norm=args.max_grad_norm,
+        batch_size=args.batch_size, public_batch_size=args.public_batch_size, alpha=args.alpha, lr=args.lr,
+        momentum=args.momentum, optimizer=args.optimizer, pretrain_epochs=args.pretrain_epochs,
+        accountant=args.accountant, relation=args.relation,
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    eps = "inf (no privacy)" if summary["epsilon"] is None else f"{summary['epsilon']:.4g}"
+    lines = [
+        f"method            {summary['method']}",
+        f"dataset           {summary['dataset']} (private: {', '.join(summary['private_columns']) or '-'}"
+        f"{', label' if summary['label_private'] else ''})",
+        f"test accuracy     {summary['accuracy']:.4f}",
+        f"epsilon           {eps}" + (f" (delta={summary['delta']:g})" if summary["delta"] else ""),
+    ]
+    if summary["noise_multiplier"] is not None:
+        lines.append(f"noise multiplier  {summary['noise_multiplier']:.4g}  (C={summary['max_grad_norm']:g}, "
+                     f"sampling rate {summary['sampling_rate']:.4g}, {summary['steps']} private steps)")
+    if summary["stopped_early"]:
+        lines.append(f"stopped early     {summary['stop_reason']}")
+    lines.append(f"guarantee         {summary['guarantee']}")
+    if summary.get("out"):
+        lines.append(f"saved             {summary['out']}")
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0

@@ -1,0 +1,856 @@
+"""THE composer: Algorithm 1 (FDP-SGD) and its baselines, with accounting and a budget stop.
+
+Methods (SPEC §3):
+
+=============  ====================================================================  =====================
+method         each step                                                             guarantee
+=============  ====================================================================  =====================
+nonprivate     shuffled batch of m, gradient of mean ℓ                               none
+public         shuffled batch of m' read through Ψ, gradient of mean ℓ_pub           (0, 0)-FDP
+dpsgd          Poisson batch (rate p = m/n), Σ clip_C ∇ℓ + N(0, σ²C²), divided by m  (ε, δ)-DP ⇒ FDP
+fdp_dpsgd      public pre-training on ℓ_pub, then dpsgd                              (ε, δ)-FDP
+fdp            [public pre-training], then Algorithm 1:                              (ε, δ)-FDP (Thm 5)
+               g = g_pub + α·g_priv; g_priv = (Σ clip_C ∇ℓ_priv + N(0, σ²C²)) / m
+               on a Poisson batch, g_pub = mean ∇ℓ_pub on an independent uniform
+               batch of m'
+=============  ====================================================================  =====================
+
+Rules this module keeps (ARCHITECTURE "rules that keep it private"):
+
+* the private batch (Poisson, ``private_sampling`` stream) and the public batch
+  (uniform, ``public_sampling`` stream) never share coins; the public batch's
+  loss draws come from their own torch generator, the noise from another;
+* the private sum is divided by the *expected* batch size m = p·n, never by
+  the realised size;
+* clipping applies to ∇ℓ_priv as a whole (the strategy receives ℓ_priv);
+* n, p, m and m' are explicit and checked against the data;
+* layers that mix examples are refused for private methods;
+* private runtime quantities (indices, realised batch sizes, RNG states,
+  losses of private batches) are never put in the plan, the history or the
+  progress bar. Only public quantities are shown: ε, and ℓ_pub on public
+  batches (or ℓ for nonprivate).
+
+Public batches and public pre-training read Ψ(S) only and add no privacy event
+(Thm 5 / Remark 2); the accountant sees exactly (σ, p, T_private).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from featuredp._validate import (
+    check_choice,
+    check_delta,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    check_real,
+    check_sampling_rate,
+)
+from featuredp.errors import DataValidationError
+from featuredp.features import Batch, PublicFeatureMap
+from featuredp.losses import LossSplit, default_split, forward
+from featuredp.privatize import (
+    GradientStrategy,
+    add_noise,
+    check_no_batch_mixing,
+    get_strategy,
+    trainable_parameters,
+)
+from featuredp.sampling import EpochShuffler, PoissonSampler, UniformSampler, make_streams
+
+__all__ = [
+    "METHODS",
+    "PRIVATE_METHODS",
+    "PrivacyPlan",
+    "TrainResult",
+    "Trainer",
+    "as_batch",
+    "evaluate",
+    "init_seed",
+]
+
+METHODS = ("nonprivate", "public", "dpsgd", "fdp_dpsgd", "fdp")
+PRIVATE_METHODS = ("dpsgd", "fdp_dpsgd", "fdp")
+_NEEDS_FEATURE_MAP = ("public", "fdp_dpsgd", "fdp")
+
+
+def _inf_to_str(v: float | None) -> float | str | None:
+    return "inf" if isinstance(v, float) and math.isinf(v) else v
+
+
+def _str_to_inf(v: Any) -> Any:
+    return math.inf if v == "inf" else v
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The plan
+# ----------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """Everything that determines the privacy guarantee of a run — public and loggable.
+
+    Holds no private runtime input: no data, indices, RNG state or realised batch
+    size. ``steps`` is the planned number of main-phase steps (private steps for
+    private methods); ``budget_steps`` the most private steps the budget allows
+    (training stops there). ``noise_multiplier`` and ``max_grad_norm`` are None
+    for methods that add no noise.
+    """
+
+    method: str
+    dataset_size: int
+    expected_batch_size: float
+    sampling_rate: float
+    steps: int
+    pretrain_steps: int = 0
+    public_batch_size: int | None = None
+    noise_multiplier: float | None = None
+    max_grad_norm: float | None = None
+    alpha: float = 1.0
+    delta: float | None = None
+    target_epsilon: float | None = None
+    budget_steps: int | None = None
+    relation: str = "add-remove"
+    accountant: str = "pld"
+
+    @property
+    def is_private(self) -> bool:
+        """True for methods with a (σ, p, T) privacy event (dpsgd, fdp_dpsgd, fdp)."""
+        return self.method in PRIVATE_METHODS
+
+    def epsilon(self, steps: int | None = None) -> float:
+        """ε(δ) after ``steps`` private steps (default: the planned ``steps``).
+
+        0 for ``public`` ((0, 0)-FDP) and for 0 steps; ∞ for ``nonprivate`` or σ = 0.
+        """
+        if self.method == "public":
+            return 0.0
+        if self.method == "nonprivate":
+            return math.inf
+        t = self.steps if steps is None else int(steps)
+        if t <= 0:
+            return 0.0
+        if not self.noise_multiplier:
+            return math.inf
+        from featuredp import accounting
+
+        return accounting.epsilon_for(
+            self.noise_multiplier, self.sampling_rate, t, self.delta,
+            relation=self.relation, accountant=self.accountant,
+        )  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (∞ written as the string "inf")."""
+        return {k: _inf_to_str(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PrivacyPlan:
+        """Inverse of :meth:`to_dict`."""
+        return cls(**{k: _str_to_inf(v) for k, v in data.items()})
+
+    def guarantee(self, epsilon: float, feature_map: dict[str, Any] | None = None) -> str:
+        """One sentence stating the guarantee of a run that spent ``epsilon``."""
+        what = ""
+        if feature_map and "hides" in feature_map:
+            what = f" protecting {feature_map['hides']}"
+        rel = "add/remove" if self.relation == "add-remove" else "replace-one"
+        if self.method == "nonprivate":
+            return "no privacy guarantee (non-private training)"
+        if self.method == "public":
+            return f"(0, 0)-FDP{what}: training read only the public view Ψ(S)"
+        acc = (
+            f"Poisson-subsampled Gaussian, noise multiplier {self.noise_multiplier:.4g}, sampling rate "
+            f"{self.sampling_rate:.4g}, {{T}} private steps, {self.accountant.upper()} accountant, {rel} neighbours"
+        )
+        if self.method == "dpsgd":
+            return f"({epsilon:.4g}, {self.delta:g})-DP for whole records, hence the same FDP for any Ψ ({acc})"
+        pre = " after public pre-training on Ψ(S) (no cost)" if self.pretrain_steps else ""
+        kind = "Algorithm 1 (Thm 5)" if self.method == "fdp" else "DP-SGD fine-tuning"
+        return f"({epsilon:.4g}, {self.delta:g})-FDP{what}: {kind}{pre} ({acc})"
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`Trainer.fit` returns. ``epsilon`` is ε(δ) for the private steps actually run."""
+
+    method: str
+    plan: PrivacyPlan
+    epsilon: float
+    delta: float | None
+    steps: int
+    pretrain_steps: int
+    stopped_early: bool
+    stop_reason: str | None
+    guarantee: str
+    privacy_report: dict[str, Any]
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary (∞ as "inf")."""
+        return {
+            "method": self.method,
+            "epsilon": _inf_to_str(float(self.epsilon)),
+            "delta": self.delta,
+            "steps": self.steps,
+            "pretrain_steps": self.pretrain_steps,
+            "stopped_early": self.stopped_early,
+            "stop_reason": self.stop_reason,
+            "guarantee": self.guarantee,
+            "plan": self.plan.to_dict(),
+            "privacy_report": self.privacy_report,
+            "history": self.history,
+        }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Data helpers
+# ----------------------------------------------------------------------------------------------------------
+def as_batch(data: Any) -> Batch:
+    """A TabularDataset (X, y, X_cat) or a dict of batch-first tensors/arrays → dict of tensors."""
+    if isinstance(data, dict):
+        out = {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v)) for k, v in data.items()}
+    elif hasattr(data, "X") and hasattr(data, "y"):
+        out = {"x": torch.as_tensor(np.asarray(data.X, dtype=np.float32)),
+               "y": torch.as_tensor(np.asarray(data.y, dtype=np.int64))}
+        if getattr(data, "X_cat", None) is not None:
+            out["x_cat"] = torch.as_tensor(np.asarray(data.X_cat, dtype=np.int64))
+    else:
+        raise TypeError(f"data must be a TabularDataset or a dict of tensors, got {type(data).__name__}")
+    if not out:
+        raise DataValidationError("data holds no tensors")
+    sizes = {k: int(v.shape[0]) for k, v in out.items()}
+    if len(set(sizes.values())) != 1:
+        raise DataValidationError(f"all data tensors must have the same number of records, got {sizes}")
+    for k, v in out.items():
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise DataValidationError(f"data[{k!r}] contains NaN or infinite values")
+    return out
+
+
+def _gather(data: Batch, idx: np.ndarray) -> Batch:
+    it = torch.from_numpy(np.asarray(idx, dtype=np.int64))
+    return {k: v.index_select(0, it) for k, v in data.items()}
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Any, *, batch_size: int = 8192) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of a classifier on ``data`` (full records)."""
+    batch = as_batch(data)
+    n = next(iter(batch.values())).shape[0]
+    was = model.training
+    model.eval()
+    correct, total_loss = 0, 0.0
+    for s in range(0, n, batch_size):
+        b = {k: v[s : s + batch_size] for k, v in batch.items()}
+        logits = forward(model, b)
+        correct += int((logits.argmax(-1) == b["y"]).sum())
+        total_loss += float(nn.functional.cross_entropy(logits, b["y"], reduction="sum"))
+    model.train(was)
+    return {"accuracy": correct / max(n, 1), "loss": total_loss / max(n, 1)}
+
+
+def init_seed(seed: int | None) -> int:
+    """A model-initialisation seed from the ``init`` stream of ``seed`` (independent of training streams)."""
+    return int(make_streams(seed).init.integers(0, 2**62))
+
+
+def _torch_generator(seed: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(int(seed))
+    return g
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The trainer
+# ----------------------------------------------------------------------------------------------------------
+class Trainer:
+    """Runs one method with a model, a Ψ / loss split and a privacy plan.
+
+    Parameters (the important ones):
+
+    * ``method``: one of ``nonprivate, public, dpsgd, fdp_dpsgd, fdp``.
+    * ``feature_map`` (Ψ) or ``loss_split`` (which carries its Ψ): needed for
+      ``public``, ``fdp_dpsgd`` and ``fdp``. Without a split, the default for Ψ
+      is used (Gaussian padding for column maps, the label-DP split for a
+      private label).
+    * ``epochs`` or ``steps``: length of the main phase (epochs × n / m steps).
+    * ``batch_size`` (expected private batch m; or give ``sampling_rate`` p = m/n),
+      ``public_batch_size`` (m', default m), ``dataset_size`` (checked against
+      the data when given).
+    * ``noise_multiplier`` σ or ``target_epsilon`` (with ``delta``): with a
+      target alone, σ is calibrated for the planned steps; with both, training
+      stops before a step would exceed the target.
+    * ``max_grad_norm`` C (``inf``: no clipping), ``alpha`` (weight of g_priv).
+    * ``optimizer`` ``"sgd"`` (``momentum``) or ``"adam"``; ``lr``, ``weight_decay``.
+    * ``projection_radius`` R: project θ onto the L2 ball after every step.
+    * ``averaging``: None, ``"uniform"`` (mean of the iterates in the last
+      ``average_fraction`` of training) or ``"ema"`` (decay ``ema_decay``).
+    * ``strategy``: ``"vmap"``, ``"ghost"`` or a GradientStrategy object.
+    * ``seed``: one seed → independent streams per role (see ``featuredp.sampling``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        method: str = "fdp",
+        *,
+        feature_map: PublicFeatureMap | None = None,
+        loss_split: LossSplit | None = None,
+        epochs: float | None = None,
+        steps: int | None = None,
+        batch_size: int | None = None,
+        sampling_rate: float | None = None,
+        public_batch_size: int | None = None,
+        dataset_size: int | None = None,
+        pretrain_epochs: float = 0.0,
+        noise_multiplier: float | None = None,
+        target_epsilon: float | None = None,
+        delta: float | None = 1e-5,
+        max_grad_norm: float = 1.0,
+        alpha: float = 1.0,
+        optimizer: str = "sgd",
+        lr: float = 0.1,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        pretrain_lr: float | None = None,
+        projection_radius: float | None = None,
+        averaging: str | None = None,
+        average_fraction: float = 0.5,
+        ema_decay: float = 0.99,
+        strategy: str | GradientStrategy = "vmap",
+        physical_batch_size: int | None = 256,
+        relation: str = "add-remove",
+        accountant: str = "pld",
+        seed: int | None = 0,
+        progress: bool = True,
+        log_points: int = 5,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.method = check_choice("method", method, METHODS)
+        if loss_split is not None and not isinstance(loss_split, LossSplit):
+            raise TypeError(f"loss_split must be a LossSplit, got {type(loss_split).__name__}")
+        if feature_map is not None and not isinstance(feature_map, PublicFeatureMap):
+            raise TypeError(f"feature_map must be a PublicFeatureMap, got {type(feature_map).__name__}")
+        if loss_split is not None and feature_map is not None and loss_split.feature_map is not feature_map:
+            raise ValueError("give feature_map or loss_split (which carries its own feature map), not two different")
+        if self.method in _NEEDS_FEATURE_MAP and loss_split is None and feature_map is None:
+            raise ValueError(f"method {self.method!r} needs a public feature map: pass feature_map= or loss_split=")
+        self.feature_map = loss_split.feature_map if loss_split is not None else feature_map
+        self.loss_split = loss_split
+        if (epochs is None) == (steps is None):
+            raise ValueError("give exactly one of epochs= or steps=")
+        self.epochs = None if epochs is None else check_positive("epochs", epochs)
+        self.steps = None if steps is None else check_int("steps", steps, minimum=1)
+        if batch_size is not None and sampling_rate is not None:
+            raise ValueError("give batch_size= or sampling_rate=, not both")
+        if batch_size is None and sampling_rate is None:
+            batch_size = 256
+        self.sampling_rate = None if sampling_rate is None else check_sampling_rate("sampling_rate", sampling_rate)
+        self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, minimum=1)
+        self.public_batch_size = (
+            None if public_batch_size is None else check_int("public_batch_size", public_batch_size, minimum=1)
+        )
+        self.dataset_size = None if dataset_size is None else check_int("dataset_size", dataset_size, minimum=1)
+        self.pretrain_epochs = check_nonnegative("pretrain_epochs", pretrain_epochs)
+        if self.pretrain_epochs and self.method not in ("fdp", "fdp_dpsgd"):
+            raise ValueError(f"pretrain_epochs is for methods 'fdp' and 'fdp_dpsgd', got method={self.method!r}")
+        self.noise_multiplier = (
+            None if noise_multiplier is None else check_nonnegative("noise_multiplier", noise_multiplier)
+        )
+        self.target_epsilon = None if target_epsilon is None else check_positive("target_epsilon", target_epsilon)
+        if self.method in PRIVATE_METHODS and self.noise_multiplier is None and self.target_epsilon is None:
+            raise ValueError(f"method {self.method!r} needs noise_multiplier= or target_epsilon= (with delta=)")
+        if self.method in PRIVATE_METHODS and delta is None:
+            raise ValueError(f"method {self.method!r} needs delta=")
+        self.delta = None if delta is None else check_delta(delta)
+        self.max_grad_norm = check_positive("max_grad_norm", max_grad_norm, allow_inf=True)
+        self.alpha = check_real("alpha", alpha)
+        self.optimizer_name = check_choice("optimizer", optimizer, ("sgd", "adam"))
+        self.lr = check_positive("lr", lr)
+        self.pretrain_lr = self.lr if pretrain_lr is None else check_positive("pretrain_lr", pretrain_lr)
+        self.momentum = check_nonnegative("momentum", momentum)
+        self.weight_decay = check_nonnegative("weight_decay", weight_decay)
+        self.projection_radius = (
+            None if projection_radius is None else check_positive("projection_radius", projection_radius)
+        )
+        self.averaging = None if averaging is None else check_choice("averaging", averaging, ("uniform", "ema"))
+        self.average_fraction = check_real("average_fraction", average_fraction)
+        if not 0 < self.average_fraction <= 1:
+            raise ValueError(f"average_fraction must be in (0, 1], got {average_fraction!r}")
+        self.ema_decay = check_real("ema_decay", ema_decay)
+        if not 0 < self.ema_decay < 1:
+            raise ValueError(f"ema_decay must be in (0, 1), got {ema_decay!r}")
+        self.strategy = get_strategy(strategy, physical_batch_size=physical_batch_size)
+        from featuredp.accounting.events import check_accountant, check_relation
+
+        self.relation = check_relation(relation)
+        self.accountant = check_accountant(accountant)
+        self.seed = None if seed is None else check_int("seed", seed)
+        self.progress = bool(progress)
+        self.log_points = check_int("log_points", log_points, minimum=1)
+        self.plan: PrivacyPlan | None = None
+        self.result: TrainResult | None = None
+
+    # -- configuration -----------------------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """The trainer's settings (JSON-able; no data, no RNG state) for run.json."""
+        return {
+            "method": self.method,
+            "epochs": self.epochs,
+            "steps": self.steps,
+            "batch_size": self.batch_size,
+            "sampling_rate": self.sampling_rate,
+            "public_batch_size": self.public_batch_size,
+            "pretrain_epochs": self.pretrain_epochs,
+            "noise_multiplier": self.noise_multiplier,
+            "target_epsilon": self.target_epsilon,
+            "delta": self.delta,
+            "max_grad_norm": _inf_to_str(self.max_grad_norm),
+            "alpha": self.alpha,
+            "optimizer": self.optimizer_name,
+            "lr": self.lr,
+            "pretrain_lr": self.pretrain_lr,
+            "momentum": self.momentum,
+            "weight_decay": self.weight_decay,
+            "projection_radius": self.projection_radius,
+            "averaging": self.averaging,
+            "average_fraction": self.average_fraction,
+            "ema_decay": self.ema_decay,
+            "strategy": self.strategy.name,
+            "relation": self.relation,
+            "accountant": self.accountant,
+            "seed": self.seed,
+        }
+
+    def make_plan(self, n: int) -> PrivacyPlan:
+        """The privacy plan for a dataset of ``n`` records (calibrates σ when only a target is given)."""
+        n = check_int("dataset_size", n, minimum=1)
+        if self.dataset_size is not None and self.dataset_size != n:
+            raise DataValidationError(f"dataset_size={self.dataset_size} was declared but the data holds {n} records")
+        if self.sampling_rate is not None:
+            p = self.sampling_rate
+            m = p * n
+        else:
+            assert self.batch_size is not None
+            if self.batch_size > n:
+                raise DataValidationError(f"batch_size must be <= the number of records {n}, got {self.batch_size}")
+            m = float(self.batch_size)
+            p = m / n
+        m_pub = self.public_batch_size or max(1, round(m))
+        if m_pub > n:
+            raise DataValidationError(f"public_batch_size must be <= the number of records {n}, got {m_pub}")
+        steps = self.steps if self.steps is not None else max(1, round(self.epochs * n / m))  # type: ignore[operator]
+        pretrain = round(self.pretrain_epochs * n / m_pub) if self.pretrain_epochs else 0
+        delta = self.delta
+        if delta is not None and self.method in PRIVATE_METHODS:
+            delta = check_delta(delta, n)  # warns (PrivacyRiskWarning) when delta >= 1/n
+        sigma, budget = self.noise_multiplier, None
+        if self.method in PRIVATE_METHODS:
+            from featuredp import accounting
+
+            if sigma is None:
+                sigma = accounting.calibrate_noise_multiplier(
+                    self.target_epsilon, delta, p, steps, relation=self.relation, accountant=self.accountant
+                )
+                budget = steps
+            elif self.target_epsilon is not None:
+                if sigma == 0:
+                    raise ValueError("noise_multiplier=0 cannot meet any target_epsilon; drop target_epsilon")
+                budget = accounting.calibrate_steps(
+                    self.target_epsilon, delta, p, sigma, relation=self.relation, accountant=self.accountant
+                )
+        private = self.method in PRIVATE_METHODS
+        if private and sigma and math.isinf(self.max_grad_norm):
+            raise ValueError("max_grad_norm=inf (no clipping) has unbounded sensitivity; it is only allowed with "
+                             "noise_multiplier=0 (a non-private reference run)")
+        uses_public = self.method in ("public", "fdp") or pretrain > 0
+        return PrivacyPlan(
+            method=self.method,
+            dataset_size=n,
+            expected_batch_size=m,
+            sampling_rate=p,
+            steps=steps,
+            pretrain_steps=pretrain,
+            public_batch_size=m_pub if uses_public else None,
+            noise_multiplier=sigma if private else None,
+            max_grad_norm=self.max_grad_norm if private else None,
+            alpha=self.alpha if self.method == "fdp" else 1.0,
+            delta=delta if private else None,
+            target_epsilon=self.target_epsilon if private else None,
+            budget_steps=budget,
+            relation=self.relation,
+            accountant=self.accountant,
+        )
+
+    # -- training ----------------------------------------------------------------------------------------
+    def fit(
+        self,
+        data: Any,
+        *,
+        checkpoint: str | Path | None = None,
+        checkpoint_every: int | None = None,
+        resume: bool = False,
+        max_steps: int | None = None,
+        callback: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> TrainResult:
+        """Train on ``data`` (a TabularDataset or a dict of batch-first tensors); returns a TrainResult.
+
+        ``checkpoint``: file to write every ``checkpoint_every`` steps and at the
+        end (model, optimizer, RNG states, step counter, accountant phases).
+        ``resume=True`` continues from that file when it exists (same run, same ε).
+        ``max_steps``: stop this call after that many total steps (pre-training
+        included); the run can be resumed later.
+        """
+        batch_all = as_batch(data)
+        n = int(next(iter(batch_all.values())).shape[0])
+        if "y" not in batch_all and self.method != "public":
+            raise DataValidationError("data has no labels 'y'")
+        split = self._resolve_split(data)
+        plan = self.make_plan(n)
+        self.plan = plan
+        if plan.is_private:
+            check_no_batch_mixing(self.model)
+        if checkpoint_every is not None:
+            checkpoint_every = check_int("checkpoint_every", checkpoint_every, minimum=1)
+            if checkpoint is None:
+                raise ValueError("checkpoint_every needs checkpoint=PATH")
+        if max_steps is not None:
+            max_steps = check_int("max_steps", max_steps, minimum=1)
+
+        state = _RunState.start(self, plan)
+        if resume and checkpoint is not None and Path(checkpoint).exists():
+            from featuredp.runs import load_checkpoint
+
+            state.load(load_checkpoint(checkpoint))
+
+        total = plan.pretrain_steps + plan.steps
+        log_at = {plan.pretrain_steps + round(plan.steps * (i + 1) / self.log_points) for i in range(self.log_points)}
+        pbar = _progress(total, state.step, self.progress, self.method)
+        params = trainable_parameters(self.model)
+        steps_this_call = 0
+        try:
+            while state.step < total:
+                if max_steps is not None and steps_this_call >= max_steps:
+                    break
+                pre = state.step < plan.pretrain_steps
+                budget = plan.budget_steps if plan.is_private and not pre else None
+                if budget is not None and state.private_steps + 1 > budget:
+                    state.stop_reason = "budget"  # stop before a step would exceed the budget
+                    break
+                shown = self._step(state, split, batch_all, plan, params, pre)
+                state.step += 1
+                steps_this_call += 1
+                if not pre and plan.is_private:
+                    state.private_steps += 1
+                if state.step in log_at:
+                    shown["epsilon"] = plan.epsilon(state.private_steps) if plan.is_private else plan.epsilon(0)
+                    state.history.append({"step": state.step, **shown})
+                    if callback is not None:
+                        callback(state.step, shown)
+                pbar.update(1)
+                if shown:
+                    pbar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=False)
+                if checkpoint is not None and checkpoint_every and state.step % checkpoint_every == 0:
+                    self._save_checkpoint(checkpoint, state)
+        finally:
+            pbar.close()
+        finished = state.step >= total
+        if checkpoint is not None:
+            self._save_checkpoint(checkpoint, state)
+        if finished or state.stop_reason == "budget":
+            state.finalize_average(self.model)
+        eps = plan.epsilon(state.private_steps) if plan.is_private else plan.epsilon(0)
+        report = {
+            "feature_map": None if self.feature_map is None else self.feature_map.describe(),
+            "loss_split": None if split is None else split.describe(),
+            "accounting": "public batches and public pre-training read Ψ(S) only and add no privacy event",
+        }
+        self.result = TrainResult(
+            method=self.method,
+            plan=plan,
+            epsilon=eps,
+            delta=plan.delta,
+            steps=state.private_steps if plan.is_private else max(0, state.step - plan.pretrain_steps),
+            pretrain_steps=min(state.step, plan.pretrain_steps),
+            stopped_early=not finished,
+            stop_reason=state.stop_reason if state.stop_reason else (None if finished else "max_steps"),
+            guarantee=plan.guarantee(eps, report["feature_map"]).replace("{T}", str(state.private_steps)),
+            privacy_report=report,
+            history=list(state.history),
+        )
+        return self.result
+
+    def _resolve_split(self, data: Any) -> LossSplit | None:
+        """Bind Ψ and the split to the data (a dict of tensors has no column names: maps bind to nothing)."""
+        if self.feature_map is None:
+            return None
+        tabular = not isinstance(data, dict)
+        if self.loss_split is None:
+            if tabular:
+                self.feature_map.bind(data)  # the default split depends on whether the label is private
+            self.loss_split = default_split(self.feature_map)
+        if tabular:
+            self.loss_split.bind(data)
+        return self.loss_split
+
+    def _save_checkpoint(self, path: str | Path, state: _RunState) -> None:
+        from featuredp.runs import save_checkpoint
+
+        save_checkpoint(path, state.state_dict())
+
+    def _step(
+        self,
+        state: _RunState,
+        split: LossSplit | None,
+        data: Batch,
+        plan: PrivacyPlan,
+        params: dict[str, torch.Tensor],
+        pre: bool,
+    ) -> dict[str, float]:
+        """One optimisation step; returns the public quantities to show."""
+        shown: dict[str, float] = {}
+        method = plan.method
+        if pre or method == "public":
+            assert split is not None
+            b = _gather(data, state.public_shuffler.sample())
+            d = split.draws(b, state.public_draws)
+            loss = split.public_loss(self.model, b, d).mean()
+            grads = dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
+            shown["public_loss"] = float(loss.detach())
+            opt = state.pretrain_optimizer if pre else state.optimizer
+        elif method == "nonprivate":
+            b = _gather(data, state.shuffler.sample())
+            if split is not None:
+                d = split.draws(b, state.private_draws)
+                loss = split.loss(self.model, b, d).mean()
+            else:
+                loss = nn.functional.cross_entropy(forward(self.model, b), b["y"])
+            grads = dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
+            shown["loss"] = float(loss.detach())
+            opt = state.optimizer
+        else:
+            grads = self._private_gradient(state, split, data, plan)
+            if method == "fdp":
+                assert split is not None
+                # Independent public batch: its own sampler stream and its own draws generator.
+                bp = _gather(data, state.public_sampler.sample())
+                dp = split.draws(bp, state.public_draws)
+                lp = split.public_loss(self.model, bp, dp).mean()
+                gp = torch.autograd.grad(lp, list(params.values()))
+                grads = {k: g_pub + plan.alpha * grads[k] for k, g_pub in zip(params, gp)}
+                shown["public_loss"] = float(lp.detach())
+            opt = state.optimizer
+        for k, p in params.items():
+            p.grad = grads[k].detach().to(p.dtype)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if self.projection_radius is not None:
+            _project(params, self.projection_radius)
+        if not pre:
+            state.update_average(params, plan.steps)
+        return shown
+
+    def _private_gradient(
+        self, state: _RunState, split: LossSplit | None, data: Batch, plan: PrivacyPlan
+    ) -> dict[str, torch.Tensor]:
+        """(Σ_{i∈B} clip_C ∇ℓ_x(θ; x_i) + N(0, σ²C²)) / m for a Poisson batch B (ℓ_x = ℓ_priv for fdp, ℓ for dpsgd)."""
+        idx = state.private_sampler.sample()
+        b = _gather(data, idx)
+        if split is not None:
+            d = split.draws(b, state.private_draws)
+            loss_fn = split.private_loss if plan.method == "fdp" else split.loss
+        else:
+            d = {}
+            loss_fn = _plain_cross_entropy
+        sums, _norms = self.strategy.clipped_sum(self.model, loss_fn, b, d, plan.max_grad_norm)
+        assert plan.noise_multiplier is not None and plan.max_grad_norm is not None
+        std = 0.0 if plan.noise_multiplier == 0 else plan.noise_multiplier * plan.max_grad_norm
+        noisy = add_noise(sums, std, state.noise)
+        # Divide by the EXPECTED batch size m = p·n; the realised size len(idx) is private.
+        return {k: v / plan.expected_batch_size for k, v in noisy.items()}
+
+
+def _plain_cross_entropy(model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
+    return nn.functional.cross_entropy(forward(model, batch), batch["y"], reduction="none")
+
+
+@torch.no_grad()
+def _project(params: dict[str, torch.Tensor], radius: float) -> None:
+    norm = torch.sqrt(sum(p.pow(2).sum() for p in params.values()))
+    if norm > radius:
+        for p in params.values():
+            p.mul_(radius / norm)
+
+
+def _progress(total: int, initial: int, enabled: bool, desc: str) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not enabled, file=sys.stderr, desc=desc, leave=False,
+                dynamic_ncols=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Run state: samplers, generators, optimizers, averaging — everything a checkpoint must restore
+# ----------------------------------------------------------------------------------------------------------
+class _RunState:
+    """The mutable state of one run (private: RNG states reveal batch membership; never logged)."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.private_steps = 0
+        self.stop_reason: str | None = None
+        self.history: list[dict[str, float]] = []
+
+    @classmethod
+    def start(cls, trainer: Trainer, plan: PrivacyPlan) -> _RunState:
+        s = cls()
+        s.trainer = trainer
+        s.plan = plan
+        streams = make_streams(trainer.seed)
+        s.streams = streams
+        n = plan.dataset_size
+        m_int = max(1, round(plan.expected_batch_size))
+        # Torch generators seeded from their own streams: noise from "noise"; loss draws of the
+        # private and of the public batches from two different seeds of the "draws" stream.
+        s.noise = _torch_generator(int(streams.noise.integers(0, 2**62)))
+        draw_seeds = streams.draws.integers(0, 2**62, size=2)
+        s.private_draws = _torch_generator(int(draw_seeds[0]))
+        s.public_draws = _torch_generator(int(draw_seeds[1]))
+        s.private_sampler = PoissonSampler(n, plan.sampling_rate, streams.private_sampling)
+        s.shuffler = EpochShuffler(n, min(m_int, n), streams.private_sampling)
+        m_pub = plan.public_batch_size or m_int
+        s.public_sampler = UniformSampler(n, m_pub, streams.public_sampling)
+        s.public_shuffler = EpochShuffler(n, m_pub, streams.public_sampling)
+        params = list(trainable_parameters(trainer.model).values())
+        s.optimizer = _make_optimizer(trainer, params, trainer.lr)
+        s.pretrain_optimizer = _make_optimizer(trainer, params, trainer.pretrain_lr)
+        s.average: dict[str, torch.Tensor] | None = None
+        s.average_count = 0
+        return s
+
+    # -- iterate averaging (post-processing of the iterates) ---------------------------------------------
+    @torch.no_grad()
+    def update_average(self, params: dict[str, torch.Tensor], main_steps: int) -> None:
+        t = self.trainer
+        if t.averaging is None:
+            return
+        main_done = self.step - self.plan.pretrain_steps + 1  # this step's index in the main phase, 1-based
+        if t.averaging == "ema":
+            if self.average is None:
+                self.average = {k: p.detach().clone() for k, p in params.items()}
+            else:
+                for k, p in params.items():
+                    self.average[k].mul_(t.ema_decay).add_(p.detach(), alpha=1 - t.ema_decay)
+            return
+        start = main_steps - max(1, math.ceil(t.average_fraction * main_steps))
+        if main_done <= start:
+            return
+        self.average_count += 1
+        if self.average is None:
+            self.average = {k: p.detach().clone() for k, p in params.items()}
+        else:
+            for k, p in params.items():
+                self.average[k].add_(p.detach() - self.average[k], alpha=1.0 / self.average_count)
+
+    @torch.no_grad()
+    def finalize_average(self, model: nn.Module) -> None:
+        if self.average is None:
+            return
+        for k, p in trainable_parameters(model).items():
+            p.copy_(self.average[k])
+
+    # -- checkpoint state ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors and plain containers only (safe for ``torch.load(weights_only=True)``)."""
+        return {
+            "format": 1,
+            "plan": self.plan.to_dict(),
+            "step": self.step,
+            "private_steps": self.private_steps,
+            "stop_reason": self.stop_reason,
+            "history": self.history,
+            "accountant_phases": [
+                {"noise_multiplier": self.plan.noise_multiplier, "sampling_rate": self.plan.sampling_rate,
+                 "steps": self.private_steps}
+            ] if self.plan.is_private else [],
+            "model": {k: v.detach().clone() for k, v in self.trainer.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "pretrain_optimizer": self.pretrain_optimizer.state_dict(),
+            "numpy_rng": {name: _np_state(getattr(self.streams, name)) for name in
+                          ("private_sampling", "public_sampling", "noise", "draws", "init")},
+            "torch_rng": {"noise": self.noise.get_state(), "private_draws": self.private_draws.get_state(),
+                          "public_draws": self.public_draws.get_state()},
+            "shufflers": {"private": _shuffler_state(self.shuffler), "public": _shuffler_state(self.public_shuffler)},
+            "average": self.average,
+            "average_count": self.average_count,
+        }
+
+    def load(self, ck: dict[str, Any]) -> None:
+        if ck.get("plan") != self.plan.to_dict():
+            raise ValueError(
+                "the checkpoint belongs to a different plan (dataset size, batch sizes, noise or steps differ); "
+                "resume with the same settings or start a new run"
+            )
+        self.step = int(ck["step"])
+        self.private_steps = int(ck["private_steps"])
+        self.stop_reason = ck.get("stop_reason")
+        self.history = list(ck.get("history", []))
+        self.trainer.model.load_state_dict(ck["model"])
+        self.optimizer.load_state_dict(ck["optimizer"])
+        self.pretrain_optimizer.load_state_dict(ck["pretrain_optimizer"])
+        for name, st in ck["numpy_rng"].items():
+            getattr(self.streams, name).bit_generator.state = _np_state_from(st)
+        self.noise.set_state(ck["torch_rng"]["noise"])
+        self.private_draws.set_state(ck["torch_rng"]["private_draws"])
+        self.public_draws.set_state(ck["torch_rng"]["public_draws"])
+        _load_shuffler(self.shuffler, ck["shufflers"]["private"])
+        _load_shuffler(self.public_shuffler, ck["shufflers"]["public"])
+        self.average = ck.get("average")
+        self.average_count = int(ck.get("average_count", 0))
+
+
+def _make_optimizer(trainer: Trainer, params: list[torch.Tensor], lr: float) -> torch.optim.Optimizer:
+    if trainer.optimizer_name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=trainer.weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=trainer.momentum, weight_decay=trainer.weight_decay)
+
+
+def _np_state(gen: np.random.Generator) -> dict[str, Any]:
+    # PCG64 state holds 128-bit integers; store them as strings so the checkpoint stays plain JSON-able data.
+    return _stringify(gen.bit_generator.state)
+
+
+def _stringify(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _stringify(v) for k, v in obj.items()}
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return {"int": str(obj)}
+    return obj
+
+
+def _np_state_from(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if set(obj) == {"int"}:
+            return int(obj["int"])
+        return {k: _np_state_from(v) for k, v in obj.items()}
+    return obj
+
+
+def _shuffler_state(s: EpochShuffler) -> dict[str, Any]:
+    return {"perm": torch.from_numpy(np.asarray(s._perm, dtype=np.int64).copy()), "pos": int(s._pos)}
+
+
+def _load_shuffler(s: EpochShuffler, st: dict[str, Any]) -> None:
+    s._perm = st["perm"].numpy().astype(np.int64)
+    s._pos = int(st["pos"])

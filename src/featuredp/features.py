@@ -1,0 +1,269 @@
+"""Public feature maps Ψ: what of a record is public.
+
+A :class:`PublicFeatureMap` is *declared* by the user (never inferred from the
+data). Given a batch — a dict of batch-first tensors such as ``"x"`` (float
+features), ``"y"`` (int64 labels) and ``"x_cat"`` (int64 category codes, ``-1``
+= masked) — it returns the *public view* Ψ(batch): the only thing the public
+loss ℓ_pub may read. Private entries are removed (a whole key) or replaced by a
+fixed constant (0 for features, -1 for category codes), so nothing private can
+leak into ℓ_pub through the view.
+
+Maps:
+
+* :class:`Columns` — some raw columns of a tabular dataset are private
+  (optionally the label too);
+* :class:`LabelPrivate` — Ψ(x, y) = x (label differential privacy);
+* :class:`FunctionMap` — a user function batch → public view.
+
+Image maps (e.g. a Gaussian blur) subclass :class:`PublicFeatureMap` elsewhere.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from featuredp.errors import DataValidationError
+
+Batch = dict[str, torch.Tensor]
+
+__all__ = ["Batch", "Columns", "FunctionMap", "LabelPrivate", "PublicFeatureMap"]
+
+
+class PublicFeatureMap(ABC):
+    """Ψ: a batch → its public view (subclass and implement ``__call__`` and ``describe``).
+
+    Contract: ``__call__`` is per example (no mixing across the batch dimension,
+    it must work on a batch of one under ``torch.func.vmap``), deterministic, and
+    its output depends only on the public part of each record.
+    """
+
+    def bind(self, dataset: Any) -> PublicFeatureMap:
+        """Validate the map against a dataset and resolve names; returns ``self``.
+
+        The default accepts any dataset (maps that need no column names).
+        """
+        return self
+
+    @abstractmethod
+    def __call__(self, batch: Batch) -> Batch:
+        """The public view Ψ(batch): a new dict; the input batch is not modified."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """What Ψ reveals and what it hides, for the privacy report (JSON-able)."""
+
+    def private_entries(self) -> dict[str, torch.Tensor]:
+        """Per batch key, a boolean mask over one example's entries that Ψ hides (True = private).
+
+        Which entries are private is itself public (it is declared), so loss
+        splits may use these masks, e.g. to pad private positions with noise.
+        Keys that are wholly hidden (removed from the view) are not listed here.
+        """
+        return {}
+
+
+def _raw_columns(dataset: Any) -> list[str]:
+    """Raw column names of a TabularDataset, in order of first appearance."""
+    names: list[str] = []
+    for src in list(dataset.feature_sources) + list(getattr(dataset, "cat_sources", None) or []):
+        if src not in names:
+            names.append(src)
+    return names
+
+
+class Columns(PublicFeatureMap):
+    """Some raw columns of a tabular dataset are private; the rest are public.
+
+    Give exactly one of ``private`` (the private raw columns) or ``public`` (the
+    public raw columns; all others are private). Raw names are those a user
+    writes (``"sex"``, ``"race"``); :meth:`bind` maps them to the encoded
+    columns (one-hot ``"sex=Female"``, ...) through ``feature_sources`` and to
+    the code columns through ``cat_sources``. Naming the label column among the
+    private ones is the same as ``label_private=True``.
+
+    The public view keeps ``"x"`` with private encoded columns set to 0,
+    ``"x_cat"`` with private code columns set to -1 (the sparse models' "masked"
+    code), and drops ``"y"`` when the label is private.
+    """
+
+    def __init__(
+        self,
+        private: Iterable[str] | None = None,
+        *,
+        public: Iterable[str] | None = None,
+        label_private: bool = False,
+    ) -> None:
+        if (private is None) == (public is None):
+            raise ValueError("give exactly one of private=[...] or public=[...] to Columns")
+        if isinstance(private, str) or isinstance(public, str):
+            raise TypeError("private/public must be a list of column names, not a string; e.g. private=['sex', 'race']")
+        self._private_arg = None if private is None else [str(c) for c in private]
+        self._public_arg = None if public is None else [str(c) for c in public]
+        self.label_private = bool(label_private)
+        self.private_columns: list[str] | None = None
+        self.public_columns: list[str] | None = None
+        self.label_name: str | None = None
+        self._x_mask: torch.Tensor | None = None
+        self._cat_mask: torch.Tensor | None = None
+        self._encoded_private: list[str] = []
+
+    # -- binding -------------------------------------------------------------------------------------
+    def bind(self, dataset: Any) -> Columns:
+        """Resolve raw names against ``dataset`` (a TabularDataset); unknown names raise DataValidationError."""
+        for attr in ("feature_names", "feature_sources", "label_name"):
+            if not hasattr(dataset, attr):
+                raise TypeError(f"Columns.bind needs a TabularDataset (missing {attr!r}), got {type(dataset).__name__}")
+        available = _raw_columns(dataset)
+        label = str(dataset.label_name)
+        given = self._private_arg if self._private_arg is not None else self._public_arg
+        assert given is not None
+        unknown = [c for c in given if c not in available and c != label]
+        if unknown:
+            raise DataValidationError(
+                f"unknown column(s) {unknown} in dataset {getattr(dataset, 'name', '?')!r}; "
+                f"available columns: {', '.join(available)} (label: {label})"
+            )
+        label_private = self.label_private
+        if self._private_arg is not None:
+            private = [c for c in dict.fromkeys(self._private_arg) if c != label]
+            label_private = label_private or label in self._private_arg
+        else:
+            public = set(self._public_arg or [])
+            if label in public and self.label_private:
+                raise ValueError(f"label {label!r} is listed as public but label_private=True")
+            private = [c for c in available if c not in public]
+        if not private and not label_private:
+            raise DataValidationError(
+                "the private set is empty: nothing would be protected; name at least one private column "
+                f"(available: {', '.join(available)}) or use method='nonprivate'"
+            )
+        if len(private) == len(available):
+            raise DataValidationError(
+                f"every feature column is private ({', '.join(private)}): the public view would hold "
+                "nothing to learn from; use ordinary DP-SGD (method='dpsgd') instead"
+            )
+        self.private_columns = private
+        self.public_columns = [c for c in available if c not in private]
+        self.label_private = label_private
+        self.label_name = label
+        priv = set(private)
+        self._x_mask = torch.tensor([s in priv for s in dataset.feature_sources], dtype=torch.bool)
+        self._encoded_private = [n for n, s in zip(dataset.feature_names, dataset.feature_sources) if s in priv]
+        cat_sources = getattr(dataset, "cat_sources", None)
+        self._cat_mask = (
+            None if cat_sources is None else torch.tensor([s in priv for s in cat_sources], dtype=torch.bool)
+        )
+        return self
+
+    def _require_bound(self) -> None:
+        if self._x_mask is None:
+            raise RuntimeError("Columns is not bound to a dataset yet: call .bind(dataset) first")
+
+    # -- the view ------------------------------------------------------------------------------------
+    def __call__(self, batch: Batch) -> Batch:
+        self._require_bound()
+        assert self._x_mask is not None
+        view: Batch = {}
+        for key, value in batch.items():
+            if key == "y" and self.label_private:
+                continue  # the label is private: drop it
+            if key == "x":
+                if value.shape[-1] != self._x_mask.numel():
+                    raise DataValidationError(
+                        f"batch['x'] has {value.shape[-1]} columns, Columns was bound to {self._x_mask.numel()}"
+                    )
+                # torch.where, not multiplication: a private NaN/inf must not survive as NaN.
+                value = torch.where(self._x_mask.to(value.device), torch.zeros((), dtype=value.dtype), value)
+            elif key == "x_cat" and self._cat_mask is not None:
+                value = torch.where(self._cat_mask.to(value.device), torch.full((), -1, dtype=value.dtype), value)
+            view[key] = value
+        return view
+
+    def private_entries(self) -> dict[str, torch.Tensor]:
+        self._require_bound()
+        assert self._x_mask is not None
+        out = {"x": self._x_mask}
+        if self._cat_mask is not None:
+            out["x_cat"] = self._cat_mask
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        if self._x_mask is None:
+            return {
+                "map": "Columns",
+                "bound": False,
+                "private": self._private_arg,
+                "public": self._public_arg,
+                "label_private": self.label_private,
+            }
+        return {
+            "map": "Columns",
+            "reveals": f"the public columns {self.public_columns}"
+            + ("" if self.label_private else f" and the label {self.label_name!r}"),
+            "hides": f"the private columns {self.private_columns}"
+            + (f" and the label {self.label_name!r}" if self.label_private else ""),
+            "private_columns": list(self.private_columns or []),
+            "public_columns": list(self.public_columns or []),
+            "private_encoded_columns": list(self._encoded_private),
+            "label": self.label_name,
+            "label_private": self.label_private,
+        }
+
+
+class LabelPrivate(PublicFeatureMap):
+    """Ψ(x, y) = x: the features are public, the label is private (label DP)."""
+
+    def __init__(self, label_key: str = "y") -> None:
+        self.label_key = label_key
+
+    def __call__(self, batch: Batch) -> Batch:
+        return {k: v for k, v in batch.items() if k != self.label_key}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "map": "LabelPrivate",
+            "reveals": "all features",
+            "hides": f"the label ({self.label_key!r})",
+            "label_private": True,
+        }
+
+
+class FunctionMap(PublicFeatureMap):
+    """Ψ given as a user function ``fn(batch) -> public view``.
+
+    The function must be per example and must not read private entries; the
+    library cannot check this, so ``description`` must say what it reveals.
+    ``private`` optionally lists masks as in :meth:`PublicFeatureMap.private_entries`.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[Batch], Batch],
+        description: str,
+        *,
+        private: dict[str, torch.Tensor | Sequence[bool]] | None = None,
+    ) -> None:
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        if not isinstance(description, str) or not description.strip():
+            raise ValueError("description must say what the function reveals, got an empty description")
+        self.fn = fn
+        self.description = description
+        self._private = {k: torch.as_tensor(v, dtype=torch.bool) for k, v in (private or {}).items()}
+
+    def __call__(self, batch: Batch) -> Batch:
+        view = self.fn(dict(batch))
+        if not isinstance(view, dict):
+            raise TypeError(f"the feature map function must return a dict of tensors, got {type(view).__name__}")
+        return view
+
+    def private_entries(self) -> dict[str, torch.Tensor]:
+        return dict(self._private)
+
+    def describe(self) -> dict[str, Any]:
+        return {"map": "FunctionMap", "function": getattr(self.fn, "__name__", repr(self.fn)),
+                "reveals": self.description}

@@ -1,0 +1,256 @@
+"""Label-DP baselines: randomized response on labels, RR-with-prior and LP-2ST.
+
+Label-DP (Ghazi et al. 2021, "Deep learning with label differential privacy") protects
+only the label: neighbours differ in the label of one record (replace-one). It is
+feature-DP with Ψ(x, y) = x (SPEC §4.1). Each mechanism here releases *noisy labels*;
+any classifier trained on them is post-processing.
+
+* Randomized response (RR) over K classes keeps the label with probability
+  e^ε/(e^ε + K − 1) and otherwise outputs one of the K − 1 others uniformly: ε-label-DP.
+* RR-with-prior: given a prior p(·|x) that does not depend on this record's label, take
+  the k most likely classes Y_k with k maximising e^ε/(e^ε + k − 1)·p(Y_k) and run RR
+  inside Y_k (a label outside Y_k is replaced by a uniform draw from Y_k): ε-label-DP for
+  any prior, because every output has probability in [1/(e^ε + k − 1), e^ε/(e^ε + k − 1)].
+* LP-2ST: split the rows (label-independently) in two; stage 1 releases RR labels of part 1
+  and trains a model on them; stage 2 uses that model's predicted probabilities as the
+  prior of RR-with-prior on part 2; the final model trains on all noisy labels. Each label
+  is randomised once, with a prior that depends only on *other* rows' released labels:
+  parallel composition over the disjoint parts gives ε-label-DP in total.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, clone
+from sklearn.utils import get_tags
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
+from featuredp.errors import DataValidationError
+from featuredp.sampling import make_streams
+
+METHODS = ("rr", "rr-prior", "lp-2st")
+
+
+def rr_keep_probability(epsilon: float, n_classes: int) -> float:
+    """Probability that K-ary randomized response reports the true label: e^ε/(e^ε + K − 1)."""
+    eps = check_positive("epsilon", epsilon)
+    k = check_int("n_classes", n_classes, minimum=2)
+    return 1.0 / (1.0 + (k - 1) * math.exp(-eps))
+
+
+def _check_labels(y: Any, n_classes: int | None) -> tuple[np.ndarray, int]:
+    y = np.asarray(y)
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise DataValidationError(
+            f"y must be a 1-D array of class indices 0..K-1, got dtype {y.dtype}, shape {y.shape}"
+        )
+    k = int(y.max()) + 1 if n_classes is None else check_int("n_classes", n_classes, minimum=2)
+    if len(y) and (y.min() < 0 or y.max() >= k):
+        raise DataValidationError(f"y must hold class indices in 0..{k - 1}, got values in [{y.min()}, {y.max()}]")
+    return y.astype(np.int64), k
+
+
+def optimal_top_k(prior: np.ndarray, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    """For each row of ``prior`` (n, K): the classes sorted by prior (descending) and the k*
+    maximising e^ε/(e^ε + k − 1)·(sum of the k largest priors) (ties: the smallest k)."""
+    order = np.argsort(-prior, axis=1, kind="stable")
+    mass = np.cumsum(np.take_along_axis(prior, order, axis=1), axis=1)
+    k = np.arange(1, prior.shape[1] + 1)
+    keep = math.exp(epsilon) / (math.exp(epsilon) + k - 1)
+    best = np.argmax(mass * keep[None, :], axis=1) + 1
+    return order, best
+
+
+def _rr_in_sets(
+    y: np.ndarray, order: np.ndarray, k: np.ndarray, epsilon: float, rng: np.random.Generator
+) -> np.ndarray:
+    """RR restricted to each row's top-k set (rows: sorted classes ``order``, set sizes ``k``)."""
+    n = len(y)
+    rank = np.argmax(order == y[:, None], axis=1)  # position of the true label in the sorted order
+    inside = rank < k
+    keep_p = np.exp(epsilon) / (np.exp(epsilon) + k - 1)
+    keep = inside & (rng.random(n) < keep_p)
+    # Not kept and inside: uniform over the other k − 1 members; outside: uniform over all k members.
+    j_other = np.floor(rng.random(n) * np.maximum(k - 1, 1)).astype(np.int64)
+    j_other = j_other + (j_other >= rank)
+    j_any = np.floor(rng.random(n) * k).astype(np.int64)
+    pos = np.where(keep, rank, np.where(inside, j_other, j_any))
+    return order[np.arange(n), np.minimum(pos, order.shape[1] - 1)]
+
+
+def randomized_response(
+    y: Any, epsilon: float, n_classes: int | None = None, random_state: int | np.random.Generator | None = None
+) -> np.ndarray:
+    """K-ary randomized response on class indices ``y`` (ε-label-DP)."""
+    eps = check_positive("epsilon", epsilon)
+    y, K = _check_labels(y, n_classes)
+    rng = random_state if isinstance(random_state, np.random.Generator) else make_streams(random_state).noise
+    order = np.tile(np.arange(K), (len(y), 1))
+    return _rr_in_sets(y, order, np.full(len(y), K), eps, rng)
+
+
+def rr_with_prior(
+    y: Any, prior: Any, epsilon: float, random_state: int | np.random.Generator | None = None
+) -> np.ndarray:
+    """RR-with-prior (Ghazi et al. 2021, Alg. 2) on class indices ``y`` with per-row prior (n, K).
+
+    The prior must not depend on the labels being randomised (e.g. a model trained on other
+    rows' noisy labels, or on public data); then the output is ε-label-DP.
+    """
+    eps = check_positive("epsilon", epsilon)
+    prior = np.asarray(prior, dtype=np.float64)
+    if prior.ndim != 2 or prior.shape[1] < 2:
+        raise DataValidationError(f"prior must have shape (n, K) with K >= 2, got {prior.shape}")
+    y, _K = _check_labels(y, prior.shape[1])
+    if len(y) != len(prior):
+        raise DataValidationError(f"prior has {len(prior)} rows but y has {len(y)}")
+    if not np.all(np.isfinite(prior)) or (prior < 0).any():
+        raise DataValidationError("prior must hold finite non-negative probabilities")
+    rng = random_state if isinstance(random_state, np.random.Generator) else make_streams(random_state).noise
+    order, k = optimal_top_k(prior, eps)
+    return _rr_in_sets(y, order, k, eps, rng)
+
+
+def rr_with_prior_distribution(prior_row: Any, label: int, epsilon: float) -> np.ndarray:
+    """The exact output distribution of RR-with-prior for one row (for audits and tests)."""
+    prior_row = np.asarray(prior_row, dtype=np.float64)[None, :]
+    order, k = optimal_top_k(prior_row, epsilon)
+    order, k = order[0], int(k[0])
+    K = prior_row.shape[1]
+    out = np.zeros(K)
+    top = order[:k]
+    e = math.exp(epsilon)
+    if label in top:
+        out[top] = 1.0 / (e + k - 1)
+        out[label] = e / (e + k - 1)
+    else:
+        out[top] = 1.0 / k
+    return out
+
+
+class LabelDPClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
+    """Train any classifier on ε-label-DP noisy labels (RR, RR-with-prior or LP-2ST).
+
+    Parameters
+    ----------
+    estimator : an unfitted scikit-learn classifier (cloned; trained on the noisy labels;
+        for ``'lp-2st'`` it must have ``predict_proba``).
+    epsilon : the label-DP ε (> 0). δ is 0.
+    method : ``'rr'``, ``'rr-prior'`` (needs ``prior_model``) or ``'lp-2st'``.
+    prior_model : for ``'rr-prior'``: a *fitted* classifier with ``predict_proba`` whose training
+        did not use these labels (e.g. trained on public data); its probabilities are the prior.
+    first_stage_fraction : for ``'lp-2st'``: the share of rows in stage 1.
+    random_state : seed of the split and the label noise.
+
+    Attributes
+    ----------
+    estimator_ : the fitted classifier; classes_; epsilon_, delta_ (= 0); privacy_.
+    """
+
+    def __init__(
+        self,
+        estimator: Any = None,
+        epsilon: float = 1.0,
+        method: str = "rr",
+        prior_model: Any = None,
+        first_stage_fraction: float = 0.5,
+        random_state: int | None = None,
+    ) -> None:
+        self.estimator = estimator
+        self.epsilon = epsilon
+        self.method = method
+        self.prior_model = prior_model
+        self.first_stage_fraction = first_stage_fraction
+        self.random_state = random_state
+
+    def _base(self) -> Any:
+        if self.estimator is None:
+            from sklearn.linear_model import LogisticRegression
+
+            return LogisticRegression(max_iter=1000)
+        return clone(self.estimator)
+
+    def fit(self, X: Any, y: Any) -> LabelDPClassifier:
+        """Randomise the labels of y, then fit the estimator on (X, noisy labels); returns self."""
+        eps = check_positive("epsilon", self.epsilon)
+        method = check_choice("method", self.method, METHODS)
+        frac = check_open_unit("first_stage_fraction", self.first_stage_fraction)
+        if method == "rr-prior" and (self.prior_model is None or not hasattr(self.prior_model, "predict_proba")):
+            raise ValueError(
+                f"method='rr-prior' needs prior_model: a fitted classifier with predict_proba trained without "
+                f"these labels; got {self.prior_model!r}"
+            )
+        seed = None if self.random_state is None else check_int("random_state", self.random_state, minimum=0)
+        X, y = validate_data(self, X, y, accept_sparse=True, dtype=None, ensure_all_finite=False)
+        check_classification_targets(y)
+        self.classes_, y_idx = np.unique(y, return_inverse=True)
+        K = len(self.classes_)
+        if K < 2:
+            raise DataValidationError(f"y needs at least 2 classes, got 1 class ({self.classes_[0]!r})")
+        streams = make_streams(seed)
+        if method == "rr":
+            noisy = randomized_response(y_idx, eps, K, streams.noise)
+        elif method == "rr-prior":
+            prior = self._aligned_proba(self.prior_model, X, K)
+            noisy = rr_with_prior(y_idx, prior, eps, streams.noise)
+        else:
+            noisy = self._lp_2st(X, y_idx, K, eps, frac, streams)
+        self.estimator_ = self._base().fit(X, self.classes_[noisy])
+        self.epsilon_, self.delta_ = eps, 0.0
+        self.privacy_ = {"method": f"label-dp-{method}", "guarantee": "label-DP", "relation": "replace-one",
+                         "epsilon": eps, "delta": 0.0, "n": len(y_idx), "classes": K}
+        return self
+
+    def _aligned_proba(self, model: Any, X: Any, K: int) -> np.ndarray:
+        """predict_proba mapped onto this estimator's K classes (missing classes get probability 0)."""
+        proba = np.asarray(model.predict_proba(X), dtype=np.float64)
+        cols = np.searchsorted(self.classes_, getattr(model, "classes_", self.classes_))
+        out = np.zeros((proba.shape[0], K))
+        out[:, cols] = proba
+        return out
+
+    def _lp_2st(self, X: Any, y_idx: np.ndarray, K: int, eps: float, frac: float, streams: Any) -> np.ndarray:
+        n = len(y_idx)
+        perm = streams.draws.permutation(n)  # label-independent split
+        n1 = min(max(1, round(frac * n)), n - 1)
+        first, second = perm[:n1], perm[n1:]
+        noisy = np.empty(n, dtype=np.int64)
+        noisy[first] = randomized_response(y_idx[first], eps, K, streams.noise)
+        stage1 = self._base()
+        if len(np.unique(noisy[first])) >= 2:
+            stage1.fit(X[first], self.classes_[noisy[first]])
+            prior = self._aligned_proba(stage1, X[second], K)
+        else:  # degenerate stage 1: fall back to the uniform prior (= plain RR)
+            prior = np.full((len(second), K), 1.0 / K)
+        noisy[second] = rr_with_prior(y_idx[second], prior, eps, streams.noise)
+        return noisy
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Predictions of the estimator trained on noisy labels."""
+        check_is_fitted(self)
+        return self.estimator_.predict(X)
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Class probabilities of the estimator trained on noisy labels."""
+        check_is_fitted(self)
+        return self.estimator_.predict_proba(X)
+
+    def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
+        tags = super().__sklearn_tags__()
+        # Inputs go straight to the wrapped estimator: accept what it accepts.
+        base = get_tags(self._base())
+        tags.input_tags.sparse = base.input_tags.sparse
+        tags.input_tags.allow_nan = base.input_tags.allow_nan
+        tags.non_deterministic = self.random_state is None
+        return tags
+
+    def record(self, ledger: Any, name: str | None = None) -> Any:
+        """Record the label-DP spend (ε, 0) in a budget ledger."""
+        check_is_fitted(self)
+        return ledger.spend(self.epsilon_, self.delta_, label=name or f"LabelDPClassifier[{self.method}]",
+                            details=self.privacy_)

@@ -1,0 +1,271 @@
+"""Loss splits ℓ = ℓ_priv + ℓ_pub (SPEC §3).
+
+ℓ_pub predicts ℓ from the public view Ψ(x) only; ℓ_priv = ℓ − ℓ_pub is what
+is clipped and noised. Both are evaluated with the *same* model and the *same*
+random draws (padding noise, diffusion timestep, ...), so the difference is
+small and its gradient norm low.
+
+Structure that keeps ℓ_pub honest: :meth:`LossSplit.public_loss` is a template
+method that computes Ψ(batch) itself and hands only the view (and the draws) to
+the subclass's ``_public_loss``; a subclass never sees the private entries
+there.
+
+Splits here (classification with cross-entropy):
+
+* :class:`GaussianPadding` — the paper's choice: private feature positions are
+  filled with N(0, 1) draws;
+* :class:`Masking` — private positions filled with 0 or a mean that comes from
+  public information or the user;
+* :class:`LabelDPSplit` — label privacy: ℓ_pub = logsumexp(logits),
+  ℓ_priv = −logit of the true class (gradient −x·yᵀ for a linear model).
+
+All losses are per example: shape (B,), no reduction, no mixing (vmap-able).
+Models are called as ``model(batch)`` when they declare ``takes_batch = True``
+(the sparse categorical model), else as ``model(batch["x"])``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as nnf
+
+from featuredp._validate import check_choice
+from featuredp.errors import DataValidationError, PrivacyLeakWarning
+from featuredp.features import Batch, Columns, LabelPrivate, PublicFeatureMap
+
+__all__ = ["GaussianPadding", "LabelDPSplit", "LossSplit", "Masking", "default_split", "forward"]
+
+
+def forward(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Logits of ``model`` on ``batch`` (whole dict for ``takes_batch`` models, else ``batch["x"]``)."""
+    if getattr(model, "takes_batch", False):
+        return model(batch)
+    return model(batch["x"])
+
+
+def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-example cross-entropy, shape (B,)."""
+    return nnf.cross_entropy(logits, y, reduction="none")
+
+
+class LossSplit(ABC):
+    """The pair (ℓ, ℓ_pub); ℓ_priv = ℓ − ℓ_pub with the same model and draws.
+
+    Subclasses implement :meth:`loss`, :meth:`_public_loss` (which receives the
+    public view, never the batch) and optionally :meth:`draws`.
+    """
+
+    #: short name recorded in run.json
+    name: str = "split"
+
+    def __init__(self, feature_map: PublicFeatureMap) -> None:
+        if not isinstance(feature_map, PublicFeatureMap):
+            raise TypeError(f"feature_map must be a PublicFeatureMap, got {type(feature_map).__name__}")
+        self.feature_map = feature_map
+
+    def bind(self, dataset: Any) -> LossSplit:
+        """Bind the feature map (and anything the split needs) to a dataset; returns ``self``."""
+        self.feature_map.bind(dataset)
+        return self
+
+    def draws(self, batch: Batch, generator: torch.Generator) -> Batch:
+        """Every random draw the losses use, batch-first; ``{}`` when the split is deterministic."""
+        return {}
+
+    @abstractmethod
+    def loss(self, model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
+        """ℓ per example, shape (B,)."""
+
+    def public_loss(self, model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
+        """ℓ_pub per example: computes Ψ(batch) and reads only that view (and the draws)."""
+        view = self.feature_map(batch)
+        return self._public_loss(model, view, draws)
+
+    @abstractmethod
+    def _public_loss(self, model: nn.Module, view: Batch, draws: Batch) -> torch.Tensor:
+        """ℓ_pub from the public view only, shape (B,)."""
+
+    def private_loss(self, model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
+        """ℓ_priv = ℓ − ℓ_pub, same model and same draws, shape (B,)."""
+        return self.loss(model, batch, draws) - self.public_loss(model, batch, draws)
+
+    def describe(self) -> dict[str, Any]:
+        """The split and the feature map, for run.json and the privacy report."""
+        return {"split": self.name, "feature_map": self.feature_map.describe()}
+
+
+class _FilledClassification(LossSplit):
+    """Cross-entropy; ℓ_pub = cross-entropy of the public view with private positions filled."""
+
+    def _check_label_public(self) -> None:
+        if getattr(self.feature_map, "label_private", False) or isinstance(self.feature_map, LabelPrivate):
+            raise ValueError(
+                f"{type(self).__name__} needs the label in the public view, but the feature map hides it; "
+                "use LabelDPSplit for a private label"
+            )
+
+    def bind(self, dataset: Any) -> LossSplit:
+        super().bind(dataset)
+        self._check_label_public()
+        return self
+
+    def loss(self, model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
+        return cross_entropy(forward(model, batch), batch["y"])
+
+    def _fill(self, view: Batch, draws: Batch) -> Batch:
+        raise NotImplementedError
+
+    def _public_loss(self, model: nn.Module, view: Batch, draws: Batch) -> torch.Tensor:
+        if "y" not in view:
+            raise ValueError("the public view has no label 'y'; use LabelDPSplit for a private label")
+        return cross_entropy(forward(model, self._fill(view, draws)), view["y"])
+
+
+class GaussianPadding(_FilledClassification):
+    """The paper's split (§6.2): private feature positions are filled with N(0, 1) draws.
+
+    Private category codes (``"x_cat"``) stay masked (-1, a zero embedding).
+    The padding draws are per example and are shared by ℓ_pub inside ℓ_priv =
+    ℓ − ℓ_pub (common random numbers).
+    """
+
+    name = "gaussian_padding"
+
+    def __init__(self, feature_map: PublicFeatureMap, *, scale: float = 1.0) -> None:
+        super().__init__(feature_map)
+        self.scale = float(scale)
+
+    def draws(self, batch: Batch, generator: torch.Generator) -> Batch:
+        x = batch["x"]
+        return {"pad": torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device) * self.scale}
+
+    def _fill(self, view: Batch, draws: Batch) -> Batch:
+        mask = self.feature_map.private_entries().get("x")
+        if mask is None or "pad" not in draws:
+            return view
+        out = dict(view)
+        out["x"] = torch.where(mask.to(view["x"].device), draws["pad"], view["x"])
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "padding": f"N(0, {self.scale:g}^2)"}
+
+
+class Masking(_FilledClassification):
+    """Private feature positions filled with 0 (``fill="zero"``) or a mean (``fill="mean"``).
+
+    A mean must be public information: give ``mean`` (a mapping encoded column
+    → value, or a full-length vector). If it is left out, :meth:`bind` computes
+    it from the private columns of the data and warns with PrivacyLeakWarning
+    (those means are not covered by the training guarantee).
+    """
+
+    name = "masking"
+
+    def __init__(
+        self,
+        feature_map: PublicFeatureMap,
+        *,
+        fill: str = "zero",
+        mean: Mapping[str, float] | Sequence[float] | torch.Tensor | None = None,
+    ) -> None:
+        super().__init__(feature_map)
+        self.fill = check_choice("fill", fill, ("zero", "mean"))
+        if fill == "zero" and mean is not None:
+            raise ValueError("mean is only used with fill='mean'")
+        self._mean_arg = mean
+        self._mean: torch.Tensor | None = None
+        self.mean_source: str | None = None
+
+    def bind(self, dataset: Any) -> LossSplit:
+        super().bind(dataset)
+        if self.fill != "mean":
+            return self
+        d = len(dataset.feature_names)
+        if self._mean_arg is None:
+            warnings.warn(
+                "Masking(fill='mean') computed the mean of the private columns from the training data; "
+                "that statistic is not covered by the privacy guarantee. Pass mean=... from public "
+                "information instead",
+                PrivacyLeakWarning,
+                stacklevel=2,
+            )
+            self._mean = torch.as_tensor(dataset.X, dtype=torch.float32).mean(0)
+            self.mean_source = "private data (PrivacyLeakWarning)"
+        elif isinstance(self._mean_arg, Mapping):
+            names = list(dataset.feature_names)
+            unknown = [k for k in self._mean_arg if k not in names]
+            if unknown:
+                raise DataValidationError(f"mean names unknown encoded column(s) {unknown}; available: {names}")
+            vec = torch.zeros(d)
+            for k, v in self._mean_arg.items():
+                vec[names.index(k)] = float(v)
+            self._mean = vec
+            self.mean_source = "user"
+        else:
+            vec = torch.as_tensor(self._mean_arg, dtype=torch.float32).flatten()
+            if vec.numel() != d:
+                raise ValueError(f"mean must have {d} entries (one per encoded column), got {vec.numel()}")
+            self._mean = vec
+            self.mean_source = "user"
+        return self
+
+    def _fill(self, view: Batch, draws: Batch) -> Batch:
+        if self.fill == "zero":
+            return view  # Ψ already sets private features to 0
+        if self._mean is None:
+            raise RuntimeError("Masking(fill='mean') is not bound: call .bind(dataset) first")
+        mask = self.feature_map.private_entries().get("x")
+        if mask is None:
+            return view
+        out = dict(view)
+        x = view["x"]
+        out["x"] = torch.where(mask.to(x.device), self._mean.to(dtype=x.dtype, device=x.device), x)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "fill": self.fill, "mean_source": self.mean_source}
+
+
+class LabelDPSplit(LossSplit):
+    """Label privacy: ℓ = cross-entropy, ℓ_pub = logsumexp(logits of the public view).
+
+    With Ψ(x, y) = x, ℓ_priv = ℓ − ℓ_pub = −logit_y, whose gradient for a linear
+    model W is −x·yᵀ (norm ‖x‖): 1-Lipschitz where ℓ is √2-Lipschitz (SPEC §4.1).
+    If the feature map also hides feature columns, they are zero in the view.
+    """
+
+    name = "label_dp"
+
+    def __init__(self, feature_map: PublicFeatureMap | None = None) -> None:
+        super().__init__(feature_map if feature_map is not None else LabelPrivate())
+
+    def loss(self, model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
+        return cross_entropy(forward(model, batch), batch["y"])
+
+    def _public_loss(self, model: nn.Module, view: Batch, draws: Batch) -> torch.Tensor:
+        return torch.logsumexp(forward(model, view), dim=-1)
+
+
+def default_split(feature_map: PublicFeatureMap, kind: str | None = None) -> LossSplit:
+    """The split to use for ``feature_map``: ``"padding"`` (default for column maps),
+    ``"zero"``, ``"mean"`` or ``"labeldp"`` (default when the label is private)."""
+    label_private = isinstance(feature_map, LabelPrivate) or bool(getattr(feature_map, "label_private", False))
+    if kind is None:
+        kind = "labeldp" if label_private else "padding"
+    kind = check_choice("loss_split", kind, ("padding", "zero", "mean", "labeldp"))
+    if kind == "labeldp":
+        return LabelDPSplit(feature_map)
+    if kind == "padding":
+        return GaussianPadding(feature_map)
+    return Masking(feature_map, fill=kind)
+
+
+# Re-exported for convenience: the maps that go with these splits.
+__all__ += ["Columns", "LabelPrivate"]

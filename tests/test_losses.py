@@ -1,0 +1,125 @@
+"""Loss splits: ℓ_priv + ℓ_pub = ℓ, ℓ_pub reads only Ψ, label-DP gradient −x·yᵀ, leak warnings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from _fdp_synth import make_tabular
+from featuredp.engine import as_batch
+from featuredp.errors import PrivacyLeakWarning
+from featuredp.features import Columns, LabelPrivate
+from featuredp.losses import GaussianPadding, LabelDPSplit, Masking, default_split
+from featuredp.models import MLP, LogisticRegression, SparseLogisticRegression
+from featuredp.privatize import VmapGradients
+
+
+def _splits(data):
+    return [
+        GaussianPadding(Columns(["sex", "race"])),
+        Masking(Columns(["sex", "race"])),
+        Masking(Columns(["sex"]), fill="mean", mean={"sex=F": 0.5, "sex=M": 0.5}),
+        LabelDPSplit(),
+        LabelDPSplit(Columns(["race"], label_private=True)),
+    ]
+
+
+def test_private_plus_public_is_the_loss():
+    data = make_tabular(50, seed=0)
+    batch = as_batch(data)
+    torch.manual_seed(0)
+    model = MLP(7, (5,), 2)
+    for split in _splits(data):
+        split.bind(data)
+        d = split.draws(batch, torch.Generator().manual_seed(0))
+        total = split.private_loss(model, batch, d) + split.public_loss(model, batch, d)
+        torch.testing.assert_close(total, split.loss(model, batch, d))
+        assert split.loss(model, batch, d).shape == (50,)
+
+
+def _scramble(batch, cols):
+    out = dict(batch)
+    x = batch["x"].clone()
+    x[:, cols] = torch.randn(x.shape[0], len(cols)) * 5
+    out["x"] = x
+    return out
+
+
+def test_public_loss_ignores_private_entries_and_the_full_loss_does_not():
+    data = make_tabular(50, seed=1)
+    batch = as_batch(data)
+    model = MLP(7, (5,), 2)
+    for split in _splits(data):
+        split.bind(data)
+        d = split.draws(batch, torch.Generator().manual_seed(0))
+        private_cols = torch.nonzero(split.feature_map.private_entries().get("x", torch.zeros(7, dtype=bool)))
+        cols = private_cols.flatten().tolist()
+        other = _scramble(batch, cols) if cols else batch
+        if getattr(split.feature_map, "label_private", False) or isinstance(split.feature_map, LabelPrivate):
+            other = {**other, "y": 1 - batch["y"]}
+        assert torch.equal(split.public_loss(model, batch, d), split.public_loss(model, other, d))
+        assert not torch.equal(split.loss(model, batch, d), split.loss(model, other, d))
+
+
+def test_gaussian_padding_fills_private_positions_with_standard_normal_draws():
+    data = make_tabular(2000, seed=2)
+    split = GaussianPadding(Columns(["race"])).bind(data)
+    d = split.draws(as_batch(data), torch.Generator().manual_seed(0))
+    filled = split._fill(split.feature_map(as_batch(data)), d)["x"]
+    pad = filled[:, 4:7].flatten()
+    assert abs(float(pad.mean())) < 0.05 and abs(float(pad.std()) - 1) < 0.05
+    torch.testing.assert_close(filled[:, :4], as_batch(data)["x"][:, :4])
+
+
+def test_label_dp_private_gradient_is_minus_x_y_with_norm_x():
+    data = make_tabular(30, seed=3, n_classes=3)
+    batch = as_batch(data)
+    torch.manual_seed(0)
+    model = LogisticRegression(7, 3, bias=False)
+    split = LabelDPSplit()
+    g = VmapGradients().per_example_grads(model, split.private_loss, batch, {})["linear.weight"]  # (B, K, d)
+    y1h = torch.nn.functional.one_hot(batch["y"], 3).float()
+    expected = -torch.einsum("bk,bd->bkd", y1h, batch["x"])
+    torch.testing.assert_close(g, expected)
+    torch.testing.assert_close(g.flatten(1).norm(dim=1), batch["x"].norm(dim=1))
+    # The whole loss's gradient is larger (√2-Lipschitz case): −x(y − p)ᵀ.
+    full = VmapGradients().per_example_grads(model, split.loss, batch, {})["linear.weight"]
+    assert not torch.allclose(full, expected)
+
+
+def test_mean_fill_from_private_data_warns_and_user_mean_does_not(recwarn):
+    data = make_tabular(40, seed=4)
+    with pytest.warns(PrivacyLeakWarning, match="not covered by the privacy guarantee"):
+        Masking(Columns(["sex"]), fill="mean").bind(data)
+    Masking(Columns(["sex"]), fill="mean", mean=np.zeros(7)).bind(data)
+    assert not [w for w in recwarn if issubclass(w.category, PrivacyLeakWarning)]
+    with pytest.raises(ValueError, match="mean must have 7 entries"):
+        Masking(Columns(["sex"]), fill="mean", mean=[0.0, 1.0]).bind(data)
+    with pytest.raises(ValueError, match="unknown encoded column"):
+        Masking(Columns(["sex"]), fill="mean", mean={"sex": 0.5}).bind(data)
+    with pytest.raises(ValueError, match="fill must be one of"):
+        Masking(Columns(["sex"]), fill="median")
+
+
+def test_filled_splits_refuse_a_private_label():
+    data = make_tabular(40, seed=4)
+    with pytest.raises(ValueError, match="use LabelDPSplit"):
+        GaussianPadding(Columns(["sex", "label"])).bind(data)
+    assert isinstance(default_split(Columns(["sex", "label"]).bind(data)), LabelDPSplit)
+    assert isinstance(default_split(LabelPrivate()), LabelDPSplit)
+    assert isinstance(default_split(Columns(["sex"])), GaussianPadding)
+
+
+def test_sparse_model_public_loss_masks_private_codes():
+    data = make_tabular(60, seed=5, codes=True)
+    batch = as_batch(data)
+    model = SparseLogisticRegression([0, 1], [2, 3], 2)
+    with torch.no_grad():
+        model.embedding.weight.normal_()
+    split = GaussianPadding(Columns(["race"])).bind(data)
+    other = {**batch, "x_cat": batch["x_cat"].clone()}
+    other["x_cat"][:, 1] = (other["x_cat"][:, 1] + 1) % 3
+    d = split.draws(batch, torch.Generator().manual_seed(0))
+    assert torch.equal(split.public_loss(model, batch, d), split.public_loss(model, other, d))
+    assert not torch.equal(split.loss(model, batch, d), split.loss(model, other, d))

@@ -1,0 +1,77 @@
+"""Run directories: run.json + model.pt + checkpoint.pt, safe loading, round trips."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+
+from _fdp_synth import make_tabular
+from featuredp.engine import PrivacyPlan, Trainer, evaluate
+from featuredp.features import Columns
+from featuredp.models import build_model, spec_for
+from featuredp.runs import load_checkpoint, load_run, save_checkpoint, save_run
+
+
+def _train(tmp_path):
+    data = make_tabular(120, seed=0)
+    spec = spec_for(data, "mlp", hidden=[4])
+    model = build_model(spec, seed=1)
+    trainer = Trainer(model, "fdp", feature_map=Columns(["sex", "race"]), steps=6, batch_size=12,
+                      noise_multiplier=1.0, delta=1e-4, seed=0, progress=False)  # fmt: skip
+    result = trainer.fit(data, checkpoint=tmp_path / "checkpoint.pt")
+    save_run(tmp_path, trainer, result, model_spec=spec, metrics=evaluate(model, data),
+             dataset={"name": "synthetic", "options": {"n": 120}, "private_columns": ["sex", "race"]})  # fmt: skip
+    return data, trainer, result
+
+
+def test_save_and_load_run_round_trip(tmp_path):
+    data, trainer, result = _train(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "model.pt", "run.json"]
+    run = load_run(tmp_path)
+    for (k, v), (_, w) in zip(trainer.model.state_dict().items(), run.model.state_dict().items()):
+        assert torch.equal(v, w), k
+    assert run.plan == result.plan and isinstance(run.plan, PrivacyPlan)
+    assert run.epsilon == result.epsilon
+    assert run.private_columns == ["sex", "race"] and run.dataset["options"] == {"n": 120}
+    assert run.metrics["accuracy"] == evaluate(trainer.model, data)["accuracy"]
+    info = json.loads((tmp_path / "run.json").read_text())
+    assert info["config"]["method"] == "fdp" and info["plan"]["noise_multiplier"] == 1.0
+
+
+def test_run_json_holds_no_private_runtime_state(tmp_path):
+    _train(tmp_path)
+    text = (tmp_path / "run.json").read_text()
+    for word in ("bit_generator", "numpy_rng", "torch_rng", "perm", "indices"):
+        assert word not in text
+
+
+def test_checkpoint_loads_with_weights_only_and_contains_rng_state(tmp_path):
+    _train(tmp_path)
+    ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert ck["step"] == 6 and ck["private_steps"] == 6
+    assert ck["accountant_phases"] == [{"noise_multiplier": 1.0, "sampling_rate": 0.1, "steps": 6}]
+    assert set(ck["numpy_rng"]) == {"private_sampling", "public_sampling", "noise", "draws", "init"}
+    assert isinstance(ck["torch_rng"]["noise"], torch.Tensor)
+
+
+def test_unsafe_checkpoint_is_refused(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"x": Evil()}, path)
+    with pytest.raises(pickle.UnpicklingError):
+        load_checkpoint(path)
+
+
+def test_atomic_checkpoint_write_leaves_no_temp_files(tmp_path):
+    save_checkpoint(tmp_path / "a.pt", {"t": torch.ones(2)})
+    assert [p.name for p in tmp_path.iterdir()] == ["a.pt"]
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / "missing.pt")
+    with pytest.raises(FileNotFoundError, match="not a run directory"):
+        load_run(tmp_path)
