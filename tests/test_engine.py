@@ -400,3 +400,17 @@ def test_projection_and_adam_and_ema():
             progress=False).fit(data)  # fmt: skip
     norm = torch.sqrt(sum(p.pow(2).sum() for p in model.parameters()))
     assert norm <= 0.3 + 1e-5  # an average of points in the ball stays in the ball
+
+
+def test_ghost_strategy_gives_the_same_run_as_vmap():
+    pytest.importorskip("featuredp.privatize_ghost")
+    data = make_tabular(200, seed=12)
+    models = []
+    for strategy in ("vmap", "ghost"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(7, 8), nn.Tanh(), nn.Linear(8, 2))
+        Trainer(model, "fdp", feature_map=Columns(["sex", "race"]), steps=8, batch_size=20, noise_multiplier=1.0,
+                max_grad_norm=0.1, strategy=strategy, seed=2, progress=False).fit(data)  # fmt: skip
+        models.append(model)
+    for p, q in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)

@@ -360,3 +360,24 @@ def test_sklearn_estimator_checks(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         check(estimator)
+
+
+def test_record_in_budget_ledger_and_refusal(tmp_path):
+    from featuredp.accounting import BudgetLedger, epsilon_for
+    from featuredp.errors import BudgetExceededError
+
+    X, y = _blobs(200, 3, 2, seed=0)
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=3.0, delta=1e-5)
+    out = OutputPerturbationClassifier(epsilon=1.0, data_norm=1.0, random_state=0).fit(X, y)
+    rec = out.record(ledger)
+    assert rec["epsilon"] == 1.0 and ledger.spent() == pytest.approx(1.0)
+    sgd = NoisySGDClassifier(epsilon=1.0, data_norm=1.0, batch_size=20, epochs=1, random_state=0).fit(X, y)
+    rec = sgd.record(ledger)  # same relation and accountant: recorded as its event
+    assert rec["event"] is not None
+    expected = 1.0 + epsilon_for(sgd.noise_multiplier_, sgd.sampling_rate_, sgd.steps_, 1e-5)
+    assert ledger.spent() == pytest.approx(expected, rel=0.02)
+    big = ObjectivePerturbationClassifier(epsilon=2.0, data_norm=1.0, random_state=0).fit(X, y)
+    before = ledger.spent()
+    with pytest.raises(BudgetExceededError):
+        big.record(ledger)
+    assert ledger.spent() == before and len(ledger.records) == 2

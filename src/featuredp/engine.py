@@ -539,6 +539,7 @@ class Trainer:
         pbar = _progress(total, state.step, self.progress, self.method)
         params = trainable_parameters(self.model)
         steps_this_call = 0
+        display: dict[str, float] = {}  # what the bar shows: public quantities and the ε at the last log point
         try:
             while state.step < total:
                 if max_steps is not None and steps_this_call >= max_steps:
@@ -559,8 +560,9 @@ class Trainer:
                     if callback is not None:
                         callback(state.step, shown)
                 pbar.update(1)
-                if shown:
-                    pbar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=False)
+                display.update(shown)
+                if display:
+                    pbar.set_postfix({k: f"{v:.4g}" for k, v in display.items()}, refresh=False)
                 if checkpoint is not None and checkpoint_every and state.step % checkpoint_every == 0:
                     self._save_checkpoint(checkpoint, state)
         finally:

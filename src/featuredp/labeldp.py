@@ -89,9 +89,10 @@ def randomized_response(
     """K-ary randomized response on class indices ``y`` (ε-label-DP)."""
     eps = check_positive("epsilon", epsilon)
     y, K = _check_labels(y, n_classes)
+    from featuredp.mechanisms import RandomizedResponse
+
     rng = random_state if isinstance(random_state, np.random.Generator) else make_streams(random_state).noise
-    order = np.tile(np.arange(K), (len(y), 1))
-    return _rr_in_sets(y, order, np.full(len(y), K), eps, rng)
+    return RandomizedResponse(eps, K).randomize(y, rng)
 
 
 def rr_with_prior(
@@ -249,8 +250,11 @@ class LabelDPClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         tags.non_deterministic = self.random_state is None
         return tags
 
-    def record(self, ledger: Any, name: str | None = None) -> Any:
-        """Record the label-DP spend (ε, 0) in a budget ledger."""
+    def record(self, ledger: Any, name: str | None = None) -> dict[str, Any]:
+        """Record the label-DP spend (ε, 0) in a :class:`featuredp.accounting.BudgetLedger`.
+
+        Raises ``BudgetExceededError`` (recording nothing) if it does not fit the budget.
+        """
         check_is_fitted(self)
-        return ledger.spend(self.epsilon_, self.delta_, label=name or f"LabelDPClassifier[{self.method}]",
-                            details=self.privacy_)
+        return ledger.spend(name or f"LabelDPClassifier[{self.method}] label-DP", epsilon=self.epsilon_,
+                            delta=self.delta_)

@@ -69,6 +69,7 @@ def train_tabular(
     net = build_model(spec, seed=init_seed(seed))
 
     kwargs = method_defaults(method)
+    kwargs.setdefault("strategy", _fast_strategy())
     kwargs.update({k: v for k, v in overrides.items() if v is not None})
     if method in PRIVATE_METHODS:
         if epsilon is None and kwargs.get("noise_multiplier") is None:
@@ -122,3 +123,12 @@ def train_tabular(
                  metrics=metrics)  # fmt: skip
         summary["out"] = str(out)
     return summary
+
+
+def _fast_strategy() -> str:
+    """"ghost" (ghost norms; same result as "vmap", several times faster) when it imports, else "vmap"."""
+    try:
+        import featuredp.privatize_ghost  # noqa: F401
+    except ImportError:  # pragma: no cover - the ghost module is part of the package
+        return "vmap"
+    return "ghost"

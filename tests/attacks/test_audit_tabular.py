@@ -42,9 +42,9 @@ class _Masked(nn.Module):
         return self.net(x * self.mask)
 
 
-def _fit(ds: TabularDataset, *, masked: bool = False, steps: int = 1500, seed: int = 0) -> nn.Module:
+def _fit(ds: TabularDataset, *, masked: bool = False, steps: int = 800, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    net: nn.Module = nn.Sequential(nn.Linear(5, 128), nn.ReLU(), nn.Linear(128, 2))
+    net: nn.Module = nn.Sequential(nn.Linear(5, 64), nn.ReLU(), nn.Linear(64, 2))
     if masked:
         net = _Masked(net, [3, 4])
     opt = torch.optim.Adam(net.parameters(), lr=1e-2)
@@ -68,7 +68,7 @@ def test_logit_scaled_confidence_and_losses():
     p = ta.softmax(z)
     np.testing.assert_allclose(ta.logit_scaled_confidence(z, y)[0], np.log(p[0, 0] / (1 - p[0, 0])), rtol=1e-12)
     assert ta.logit_scaled_confidence(z, y)[1] == pytest.approx(30 - math.log(2), rel=1e-12)  # p rounds to 1
-    np.testing.assert_allclose(ta.losses_from_logits(z, y), -np.log(p[[0, 1], y]), rtol=1e-10)
+    np.testing.assert_allclose(ta.losses_from_logits(z, y), [-np.log(p[0, 0]), 2 * math.exp(-30)], rtol=1e-10)
     with pytest.raises(ValueError, match="y must"):
         ta.losses_from_logits(z, [0, 5])
 
@@ -105,7 +105,7 @@ def test_attribute_audit_catches_memorising_model_and_passes_private_one(data):
 def test_membership_audit_controls(data):
     train, test = data
     leaky = membership_audit(_fit(train), train, test, n_targets=300, progress=False)
-    assert leaky["auc"] > 0.75
+    assert leaky["auc"] > 0.65
     # a model trained on other records of the same population: members look like non-members
     other = _synthetic(300, np.random.default_rng(5))
     clean = membership_audit(_fit(other), train, test, n_targets=300, progress=False)
@@ -117,7 +117,7 @@ def test_membership_audit_with_shadows_runs_lira_and_shokri(data):
     train, test = data
     counter = iter(range(100))
     res = membership_audit(_fit(train), train, test, n_targets=150, shadows=4, progress=False,
-                           train_fn=lambda ds: _fit(ds, steps=400, seed=next(counter)))  # fmt: skip
+                           train_fn=lambda ds: _fit(ds, steps=300, seed=next(counter)))  # fmt: skip
     assert {"loss threshold", "LiRA online", "LiRA offline", "Shokri shadow"} <= set(res["metrics"])
     assert res["metrics"]["LiRA offline"]["auc"] > 0.65
 
@@ -148,3 +148,17 @@ def test_model_inversion_reaches_target_class():
     assert int(np.argmax(x[:3])) == 2
     with pytest.raises(ValueError, match="target_class"):
         ta.model_inversion(lin, 7, 4, steps=2)
+
+
+def test_run_bound_uses_the_tight_tradeoff_curve():
+    from types import SimpleNamespace
+
+    from featuredp.accounting import epsilon_for
+    from featuredp.attacks.tabular import run_bound
+
+    plan = SimpleNamespace(noise_multiplier=1.2, sampling_rate=0.016, steps=190, accountant="pld")
+    eps = epsilon_for(1.2, 0.016, 190, 1e-5)
+    tight, how = run_bound(0.85, eps, 1e-5, plan)
+    loose = theorem4_bound(0.85, epsilon=eps, delta=1e-5)
+    assert 0.85 <= tight < loose - 0.01 and "trade-off" in how
+    assert run_bound(0.85, math.inf, 1e-5, plan)[0] == 1.0

@@ -104,7 +104,7 @@ def _as_event(event_or_params: Any) -> DpEvent:
             raise ValueError(f"event_or_params must have keys {sorted(keys)}, got {sorted(event_or_params)}")
         return dpsgd_event(event_or_params["noise_multiplier"], event_or_params["sampling_rate"],
                            event_or_params["steps"])
-    if isinstance(event_or_params, Sequence) and len(event_or_params) == 3:
+    if isinstance(event_or_params, Sequence) and not isinstance(event_or_params, str) and len(event_or_params) == 3:
         return dpsgd_event(*event_or_params)
     raise TypeError(
         "event_or_params must be a DpEvent, a dict with noise_multiplier/sampling_rate/steps, or a "

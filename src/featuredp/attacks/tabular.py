@@ -63,30 +63,21 @@ def _codes(X: np.ndarray, cols: np.ndarray) -> np.ndarray:
 # --- Theorem 4's bound for a run -------------------------------------------------------------------------
 
 
-def _tradeoff_for(plan: Any) -> tuple[Any, str] | None:
-    """The tight trade-off curve of the run from featuredp.accounting.tradeoff, when it exists."""
-    try:
-        from featuredp.accounting import tradeoff as tr  # provided by the accounting module
-    except ImportError:
-        return None
-    fn = getattr(tr, "dpsgd_tradeoff", None) or getattr(tr, "tradeoff_curve", None)
-    if fn is None or plan is None or not plan.noise_multiplier:
-        return None
-    try:
-        f = fn(plan.noise_multiplier, plan.sampling_rate, plan.steps)
-    except Exception:  # an unexpected signature: fall back to the (ε, δ) form, say so in the report
-        return None
-    return (f, "tight trade-off curve of the accountant") if callable(f) else None
-
-
-def run_bound(ball: float, epsilon: float, delta: float, plan: Any = None) -> tuple[float, str]:
-    """Theorem 4's bound for a model with claimed (ε, δ) (and its plan when available)."""
+def run_bound(
+    ball: float, epsilon: float, delta: float, plan: Any = None, steps: int | None = None
+) -> tuple[float, str]:
+    """Theorem 4's bound for a model with claimed (ε, δ); tight (1 − f(Ball) from the accountant's
+    trade-off curve of the run's (σ, p, T)) when the plan is known, else 1 − f_{ε,δ}(Ball)."""
     if math.isinf(epsilon):
         return 1.0, "no guarantee (ε = ∞): the bound is vacuous"
-    tight = _tradeoff_for(plan)
-    if tight is not None:
-        f, how = tight
-        return theorem4_bound(ball, tradeoff=f), how
+    from featuredp.accounting.tradeoff import attribute_inference_bound
+
+    if plan is not None and plan.noise_multiplier and (steps or plan.steps):
+        t = int(steps or plan.steps)
+        b = attribute_inference_bound((plan.noise_multiplier, plan.sampling_rate, t), ball, relation="add-remove",
+                                      accountant=plan.accountant or "pld")  # fmt: skip
+        return float(b), f"1 − f(Ball), f the accountant's trade-off curve of (σ={plan.noise_multiplier:.4g}, " \
+            f"p={plan.sampling_rate:.4g}, T={t}), add/remove (Thm 4 is stated for f-DP_i^Ψ)"
     return theorem4_bound(ball, epsilon=epsilon, delta=delta), "1 − f_{ε,δ}(Ball) from the claimed (ε, δ)"
 
 
@@ -104,6 +95,7 @@ def attribute_audit(
     epsilon: float = math.inf,
     delta: float = 0.0,
     plan: Any = None,
+    steps: int | None = None,
     n_targets: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
@@ -114,7 +106,8 @@ def attribute_audit(
     ``attribute``), and the label when ``label_public``. Hidden attributes other than the
     target are unknown too, so candidates range over the joint values of all hidden
     attributes and the attacks marginalise. The imputation model is fitted on one half of
-    the test split; the non-member targets come from the other half.
+    the test split; the non-member targets come from the other half. ``plan`` and ``steps``
+    (private steps actually run) give the tight bound; without them the (ε, δ) form is used.
     """
     n_targets = check_int("n_targets", n_targets, minimum=10)
     check_open_unit("confidence", confidence)
@@ -183,7 +176,7 @@ def attribute_audit(
             post[:, a] += np.exp(logpost[:, j])
         guesses["map"] = np.argmax(post, axis=1)
         ball = estimate_ball(prior, truth, confidence)
-        bound, how = run_bound(ball.upper, epsilon, delta, plan)
+        bound, how = run_bound(ball.upper, epsilon, delta, plan, steps)
         rows = [score_attack("imputation", group, truth, base_guess, base_guess, confidence)]
         rows += [score_attack(name, group, truth, g, base_guess, confidence) for name, g in guesses.items()]
         scores += rows
@@ -333,8 +326,12 @@ def membership_audit(
         inmask = np.zeros((shadows, 2 * n_t), bool)
         from tqdm.auto import tqdm
 
+        # Paired design (Carlini et al.): every target is in exactly half of the shadows, so each one
+        # has in- and out-models even with few shadows; other pool records join at random.
+        target_in = np.argsort(rng.random((shadows, 2 * n_t)), axis=0) < shadows // 2
         for k in tqdm(range(shadows), desc="shadow models", disable=not progress):
             sel = rng.random(pool_y.size) < 0.5
+            sel[: 2 * n_t] = target_in[k]
             inmask[k] = sel[: 2 * n_t]
             shadow = train_fn(_concat(train, pool_X[sel], pool_y[sel], name=f"{train.name}-shadow{k}"))
             zk = ta.logits(shadow, X)

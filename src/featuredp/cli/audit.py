@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
                 res = tabular.attribute_audit(
                     run_.model, train, test, a, private_columns=run_.private_columns,
                     label_public=not bool(run_.dataset.get("label_private")), epsilon=eps, delta=delta,
-                    plan=run_.plan, n_targets=args.targets, seed=args.seed,
+                    plan=run_.plan, steps=(run_.info.get("result") or {}).get("steps"), n_targets=args.targets,
+                    seed=args.seed,
                 )  # fmt: skip
                 files += report.write_attribute_report(res, out_dir, title=title)
                 results.append(res)

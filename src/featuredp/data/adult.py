@@ -111,14 +111,22 @@ def load_adult(
     private: Sequence[str] | None = None,
     missing: str = "category",
     categorical: CategoricalEncoding = "onehot",
+    n_train: int | None = None,
+    n_test: int | None = None,
+    seed: int = 0,
 ) -> tuple[TabularDataset, TabularDataset]:
     """Load bundled UCI Adult as (train, test) with the standard 32,561 / 16,281 split.
 
+    ``n_train``/``n_test`` take fixed random subsets of the two parts (``seed``) for quick runs.
     ``private`` sets the dataset's declared private raw columns (default ``["sex", "race"]``);
     ``missing`` is ``"category"`` (keep ``?`` as a category) or ``"drop"`` (drop those rows);
     ``categorical="codes"`` puts categoricals in ``X_cat`` instead of one-hot columns.
     """
+    from featuredp.data.census import subsample
+
     train_df, test_df = adult_frames(missing)
+    train_df = subsample(train_df, n_train, seed, "n_train")
+    test_df = subsample(test_df, n_test, seed + 1, "n_test")
     categorical_cols = list(ADULT_CATEGORIES)
     categories = {
         c: [*cats, "?"] if missing == "category" and c in MISSING_COLUMNS else cats

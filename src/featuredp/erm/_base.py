@@ -186,15 +186,16 @@ class PrivateLinearClassifier(ClassifierMixin, BaseEstimator):
         return np.log(np.maximum(self.predict_proba(X), np.finfo(float).tiny))
 
     # ---- privacy record ---------------------------------------------------------------------
-    def record(self, ledger: Any, name: str | None = None) -> Any:
-        """Record the privacy this fit spent (``epsilon_``, ``delta_``) in a budget ledger.
+    def record(self, ledger: Any, name: str | None = None) -> dict[str, Any]:
+        """Record the privacy this fit spent in a :class:`featuredp.accounting.BudgetLedger`.
 
-        ``ledger`` is a :class:`featuredp.accounting.BudgetLedger`; it refuses (and records
-        nothing) if the spend would exceed its total.
+        One-shot mechanisms are recorded as their (``epsilon_``, ``delta_``) pair (basic
+        composition with other pair spends). The ledger raises ``BudgetExceededError`` and
+        records nothing if the spend does not fit. Returns the ledger's record.
         """
         check_is_fitted(self)
-        label = name or type(self).__name__
-        return ledger.spend(self.epsilon_, self.delta_, label=label, details=self.privacy_)
+        what = name or f"{type(self).__name__} ({self.privacy_['relation']})"
+        return ledger.spend(what, epsilon=self.epsilon_, delta=self.delta_)
 
     def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
         tags = super().__sklearn_tags__()

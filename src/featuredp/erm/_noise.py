@@ -18,15 +18,15 @@ from featuredp._validate import check_int, check_positive
 
 
 def sample_vector_laplace(dim: int, beta: float, rng: np.random.Generator, size: int | None = None) -> np.ndarray:
-    """Draw b ∈ R^dim with density ∝ exp(−beta·‖b‖); shape (dim,) or (size, dim)."""
+    """Draw b ∈ R^dim with density ∝ exp(−beta·‖b‖); shape (dim,) or (size, dim).
+
+    Delegates to :class:`featuredp.mechanisms.VectorMechanism` (rate β = ε/Δ₂, here Δ₂ = 1).
+    """
+    from featuredp.mechanisms import VectorMechanism
+
     dim = check_int("dim", dim, minimum=1)
     beta = check_positive("beta", beta)
-    shape = (1 if size is None else check_int("size", size, minimum=1), dim)
-    direction = rng.standard_normal(shape)
-    direction /= np.linalg.norm(direction, axis=1, keepdims=True)
-    radius = rng.gamma(shape=dim, scale=1.0 / beta, size=(shape[0], 1))
-    out = direction * radius
-    return out[0] if size is None else out
+    return VectorMechanism(epsilon=beta, sensitivity=1.0).noise(dim, size=size, rng=rng)
 
 
 @functools.lru_cache(maxsize=256)

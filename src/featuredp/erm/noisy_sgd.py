@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 from scipy import special
+from sklearn.utils.validation import check_is_fitted
 from tqdm.auto import tqdm
 
 from featuredp._validate import check_choice, check_int, check_nonnegative, check_positive
@@ -231,6 +232,25 @@ class NoisySGDClassifier(PrivateLinearClassifier):
             "steps": T, "clip_norm": C, "model": model, "n": n, "budget_split": self.budget_split_,
         }
         return self
+
+    def record(self, ledger: Any, name: str | None = None) -> dict[str, Any]:
+        """Record this run in a :class:`featuredp.accounting.BudgetLedger`.
+
+        When the ledger composes with the same relation and accountant, the run is recorded
+        as its privacy event (Poisson-subsampled Gaussian × T), so the ledger composes it
+        tightly with other runs; otherwise as the pair (``epsilon_``, ``delta_``).
+        """
+        from featuredp.accounting import dpsgd_event
+
+        check_is_fitted(self)
+        what = name or f"NoisySGDClassifier ({self.privacy_['guarantee']}, {self.privacy_['relation']})"
+        # BudgetLedger keeps relation/accountant in its file header; prefer public attributes if it grows them.
+        data = getattr(ledger, "_data", {})
+        relation = getattr(ledger, "relation", data.get("relation"))
+        accountant = getattr(ledger, "accountant", data.get("accountant"))
+        if relation == self.relation and accountant == self.accountant:
+            return ledger.spend(what, event=dpsgd_event(self.noise_multiplier_, self.sampling_rate_, self.steps_))
+        return ledger.spend(what, epsilon=self.epsilon_, delta=self.delta_)
 
     @staticmethod
     def _model_kind(params: dict[str, Any], K: int) -> str:

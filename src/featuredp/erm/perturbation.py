@@ -74,7 +74,7 @@ def erm_minimizer(
 
     def hess(w: np.ndarray) -> np.ndarray:
         curv = loss.second_derivative(ZY @ w)
-        return (Z.T * curv) @ Z / n + lam * np.eye(len(w))
+        return np.dot(Z.T, Z * curv[:, None]) / n + lam * np.eye(len(w))
 
     # Newton-type trust region: a handful of iterations to a gradient of ~1e-12 even when λ is tiny
     # (L-BFGS needs thousands there); d is small for these linear models, so the d×d Hessian is cheap.

@@ -1,0 +1,127 @@
+"""``featuredp compare``: a privacy–utility grid (method × ε × seed) with results, summary and plot.
+
+``--task tabular`` (default) runs :mod:`featuredp.experiments`; ``--task diffusion``
+delegates to :func:`featuredp.diffusion.experiments.run_compare` with the same
+namespace (``--epsilon`` is a single-value alias of ``--epsilons``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from typing import Any
+
+_METHODS = ("nonprivate", "public", "dpsgd", "fdp_dpsgd", "fdp")
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``compare`` subcommand."""
+    p = subparsers.add_parser(
+        "compare",
+        help="run method × ε × seed and write results.csv, summary.md, privacy_utility.png",
+        description="Compare nonprivate, public, dpsgd, fdp_dpsgd and fdp at several ε on one dataset. "
+        "Resumable: a rerun with the same --out skips finished cells.",
+    )
+    p.add_argument("--task", choices=("tabular", "diffusion"), default="tabular")
+    p.add_argument("--dataset", default=None,
+                   help="tabular: adult | census-income | purchase-style | criteo-style | ... (default adult); "
+                        "diffusion: see its options")
+    p.add_argument("--methods", type=_names, default=None, help=f"comma-separated subset of {','.join(_METHODS)}")
+    p.add_argument("--epsilons", type=_floats, default=None, help="comma-separated targets (default 1,2,4,8)")
+    p.add_argument("--epsilon", type=float, default=None, help="a single target ε (alias of --epsilons)")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3; --quick: 1)")
+    p.add_argument("--seed", type=int, default=None, help="first seed value (default 0)")
+    p.add_argument("--out", required=True, help="results folder")
+    p.add_argument("--quick", action="store_true", help="a reduced grid (~2 minutes) for CI and trying things")
+    p.add_argument("--tune", action="store_true",
+                   help="tune a small grid per method and ε on a validation split of the training data "
+                        "(not accounted for in ε; summary.md says so)")
+    p.add_argument("--private", type=_names, default=None, help="private raw columns (default: the dataset's)")
+    p.add_argument("--cache-dir", default=None, help="dataset cache (census-based sets)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (default 1: steadier on shared machines; cells run one at a time)")
+    try:  # the diffusion task's own options (--delta, --lr, ... live there); optional if that module is absent
+        from featuredp.diffusion.experiments import add_diffusion_arguments
+
+        add_diffusion_arguments(p)
+    except ImportError:  # pragma: no cover
+        p.add_argument("--delta", type=float, default=None)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the grid described by ``args``."""
+    if args.task == "diffusion":
+        from featuredp.diffusion.experiments import run_compare
+
+        for name in ("dataset", "methods", "epsilons", "epsilon", "seeds", "seed"):
+            if getattr(args, name, None) is None and hasattr(args, name):
+                delattr(args, name)  # let the diffusion task apply its own defaults
+        return int(run_compare(args))
+
+    import torch
+
+    from featuredp.experiments import GridConfig, run_grid
+
+    if args.threads < 1:
+        raise ValueError(f"threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
+    if args.epsilon is not None and args.epsilons is not None:
+        raise ValueError(f"give --epsilons or --epsilon, not both (got {args.epsilons} and {args.epsilon})")
+    epsilons = args.epsilons if args.epsilons is not None else [args.epsilon] if args.epsilon is not None else None
+    n_seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
+    if n_seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {n_seeds}")
+    first = args.seed or 0
+    if first < 0:
+        raise ValueError(f"seed must be >= 0, got {first}")
+    dataset = args.dataset or "adult"
+    options = {"cache_dir": args.cache_dir} if args.cache_dir else {}
+    cfg = GridConfig(
+        dataset=dataset,
+        out=args.out,
+        methods=args.methods or list(_METHODS),
+        epsilons=epsilons if epsilons is not None else ([2.0, 8.0] if args.quick else [1.0, 2.0, 4.0, 8.0]),
+        seeds=list(range(first, first + n_seeds)),
+        quick=args.quick,
+        tune=args.tune,
+        delta=getattr(args, "delta", None),
+        private=args.private,
+        dataset_options=options,
+        progress=not args.json and sys.stderr.isatty(),
+        command="featuredp " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["compare"]
+        else "featuredp compare",
+    )
+    result = run_grid(cfg)
+    if args.json:
+        print(json.dumps(result, indent=2, default=_json_default))
+    else:
+        print((cfg.out / "summary.md").read_text())
+        print(f"wrote {cfg.out / 'results.csv'}, {cfg.out / 'summary.md'}, {cfg.out / 'privacy_utility.png'}")
+    return 0
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return None
+    return str(obj)

@@ -1,0 +1,288 @@
+"""Classic differentially private mechanisms (numpy only).
+
+Each mechanism is built from (ε, δ, sensitivity), validates them before doing any work,
+and takes an explicit random source ``rng``: a ``numpy.random.Generator``, an integer
+seed (reproducible, for tests and examples), or ``None`` (fresh OS entropy — what a real
+release should use).
+
+* :class:`CoinFlipSurvey` — binary randomized response by coin flips (ε = ln 3 for a fair coin).
+* :class:`RandomizedResponse` — k-ary randomized response, keep probability e^ε/(e^ε + k − 1).
+* :class:`LaplaceMechanism` — scale Δ₁/ε (pure ε-DP).
+* :class:`GaussianMechanism` — ``method="analytic"`` (Balle & Wang 2018, any ε) or
+  ``"classic"`` (σ = Δ₂·sqrt(2 ln(1.25/δ))/ε, valid only for ε < 1).
+* :class:`VectorMechanism` — noise with density ∝ exp(−β‖b‖), β = ε/Δ₂ (Chaudhuri et al. 2011).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import optimize
+
+from featuredp._validate import check_int, check_nonnegative, check_open_unit, check_positive
+from featuredp.accounting._gaussian import gaussian_delta
+
+__all__ = [
+    "CoinFlipSurvey",
+    "GaussianMechanism",
+    "LaplaceMechanism",
+    "RandomizedResponse",
+    "VectorMechanism",
+    "analytic_gaussian_sigma",
+    "classic_gaussian_sigma",
+]
+
+RngLike = np.random.Generator | int | None
+
+
+def _rng(rng: RngLike) -> np.random.Generator:
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if rng is None:
+        return np.random.default_rng()
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+        return np.random.default_rng(int(rng))
+    raise TypeError(f"rng must be a numpy.random.Generator, an integer seed or None, got {rng!r}")
+
+
+def _check_pure_delta(delta: object) -> float:
+    # A pure ε-DP mechanism satisfies (ε, δ)-DP for every δ >= 0; δ is accepted and recorded only.
+    d = check_nonnegative("delta", delta)
+    if d >= 1:
+        raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+    return d
+
+
+def _values(name: str, value: Any) -> np.ndarray:
+    arr = np.asarray(value, dtype=float)
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return arr
+
+
+# ------------------------------------------------------------------------------------------ randomized response
+
+
+@dataclass(frozen=True)
+class CoinFlipSurvey:
+    """Binary randomized response by coins (Warner 1965): the survey of the slides.
+
+    Each respondent flips a coin that lands heads with probability ``truth_prob``: on heads
+    they answer truthfully; on tails they flip a fair coin and answer "yes" on heads. So
+    P(yes | yes) = t + (1 − t)/2 and P(yes | no) = (1 − t)/2, and ε = ln((1 + t)/(1 − t))
+    (ln 3 for a fair first coin). The unbiased estimate of the true "yes" rate is
+    (p_obs − (1 − t)/2)/t, i.e. 2·p_obs − 1/2 for a fair coin.
+    """
+
+    truth_prob: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_open_unit("truth_prob", self.truth_prob)
+
+    @classmethod
+    def from_epsilon(cls, epsilon: float, delta: float = 0.0, sensitivity: float = 1.0) -> CoinFlipSurvey:
+        """The survey with the given ε (truth_prob = (e^ε − 1)/(e^ε + 1)); δ and sensitivity are trivial here."""
+        epsilon = check_positive("epsilon", epsilon)
+        _check_pure_delta(delta)
+        if check_positive("sensitivity", sensitivity) != 1.0:
+            raise ValueError(f"sensitivity of a yes/no answer is 1, got sensitivity={sensitivity!r}")
+        return cls(truth_prob=math.tanh(epsilon / 2))
+
+    @property
+    def epsilon(self) -> float:
+        """ε = ln(P(yes | yes)/P(yes | no))."""
+        t = self.truth_prob
+        return math.log((1 + t) / (1 - t))
+
+    def randomize(self, answers: Any, rng: RngLike = None) -> np.ndarray:
+        """Randomised yes/no answers (bool array) for the true ``answers`` (bool array)."""
+        a = np.asarray(answers)
+        if a.dtype != bool:
+            if not np.all(np.isin(a, (0, 1))):
+                raise ValueError("answers must be booleans or 0/1 values")
+            a = a.astype(bool)
+        g = _rng(rng)
+        truthful = g.random(a.shape) < self.truth_prob
+        coin = g.random(a.shape) < 0.5
+        return np.where(truthful, a, coin)
+
+    def estimate(self, responses: Any) -> float:
+        """Unbiased estimate of the true "yes" rate from the randomised responses."""
+        r = np.asarray(responses, dtype=float)
+        if r.size == 0:
+            raise ValueError("responses must not be empty")
+        t = self.truth_prob
+        return float((r.mean() - (1 - t) / 2) / t)
+
+
+@dataclass(frozen=True)
+class RandomizedResponse:
+    """k-ary randomized response: keep the true value w.p. e^ε/(e^ε + k − 1), else report one of the other k − 1."""
+
+    epsilon: float
+    k: int
+    delta: float = 0.0
+    keep_prob: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        eps = check_positive("epsilon", self.epsilon)
+        k = check_int("k", self.k, minimum=2)
+        _check_pure_delta(self.delta)
+        object.__setattr__(self, "keep_prob", 1.0 / (1.0 + (k - 1) * math.exp(-eps)))
+
+    def randomize(self, values: Any, rng: RngLike = None) -> np.ndarray:
+        """Randomised reports (int array) for true ``values`` in {0, ..., k − 1}."""
+        v = np.asarray(values)
+        if v.size and (not np.issubdtype(v.dtype, np.integer) or v.min() < 0 or v.max() >= self.k):
+            raise ValueError(f"values must be integers in [0, {self.k - 1}]")
+        g = _rng(rng)
+        keep = g.random(v.shape) < self.keep_prob
+        # a uniform *other* value: shift by 1..k-1 modulo k
+        other = (v + g.integers(1, self.k, size=v.shape)) % self.k
+        return np.where(keep, v, other).astype(np.int64)
+
+    def estimate_frequencies(self, reports: Any) -> np.ndarray:
+        """Unbiased estimates of the true frequencies of each value (may fall outside [0, 1])."""
+        r = np.asarray(reports)
+        if r.size == 0:
+            raise ValueError("reports must not be empty")
+        observed = np.bincount(r.astype(np.int64).ravel(), minlength=self.k)[: self.k] / r.size
+        p = self.keep_prob
+        q = (1 - p) / (self.k - 1)
+        return (observed - q) / (p - q)
+
+
+# ------------------------------------------------------------------------------------------ additive noise
+
+
+@dataclass(frozen=True)
+class LaplaceMechanism:
+    """value + Laplace(0, Δ₁/ε) noise: ε-DP for queries with L1 sensitivity Δ₁."""
+
+    epsilon: float
+    sensitivity: float = 1.0
+    delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_positive("epsilon", self.epsilon)
+        check_positive("sensitivity", self.sensitivity)
+        _check_pure_delta(self.delta)
+
+    @property
+    def scale(self) -> float:
+        """The Laplace scale b = Δ₁/ε."""
+        return self.sensitivity / self.epsilon
+
+    def release(self, value: Any, rng: RngLike = None) -> Any:
+        """``value`` (scalar or array) plus independent Laplace noise per coordinate."""
+        v = _values("value", value)
+        out = v + _rng(rng).laplace(0.0, self.scale, size=v.shape)
+        return float(out) if out.ndim == 0 else out
+
+
+def classic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
+    """σ = Δ₂·sqrt(2 ln(1.25/δ))/ε (Dwork & Roth, Thm A.1) — valid only for ε < 1."""
+    epsilon = check_positive("epsilon", epsilon)
+    delta = check_open_unit("delta", delta)
+    sensitivity = check_positive("sensitivity", sensitivity)
+    if epsilon >= 1:
+        raise ValueError(
+            f"the classic Gaussian calibration holds only for epsilon < 1, got epsilon={epsilon!r}; "
+            "use method='analytic' (Balle & Wang 2018), which is valid for every epsilon and needs less noise"
+        )
+    return sensitivity * math.sqrt(2 * math.log(1.25 / delta)) / epsilon
+
+
+def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
+    """The smallest σ with δ(ε) = Φ(−εσ/Δ + Δ/2σ) − e^ε Φ(−εσ/Δ − Δ/2σ) <= δ (Balle & Wang 2018)."""
+    epsilon = check_positive("epsilon", epsilon)
+    delta = check_open_unit("delta", delta)
+    sensitivity = check_positive("sensitivity", sensitivity)
+
+    def excess(mu: float) -> float:  # δ(ε) at μ = Δ/σ minus the target; increasing in μ
+        return gaussian_delta(epsilon, mu) - delta
+
+    lo, hi = 1e-8, 1.0
+    while excess(hi) < 0:
+        hi *= 2
+    mu = optimize.brentq(excess, lo, hi, xtol=1e-14, rtol=1e-14)
+    # μ must not exceed the root (σ never too small): shrink until the guarantee holds exactly.
+    while excess(mu) > 0:
+        mu *= 1 - 1e-12
+    return sensitivity / mu
+
+
+@dataclass(frozen=True)
+class GaussianMechanism:
+    """value + N(0, σ²) noise per coordinate: (ε, δ)-DP for queries with L2 sensitivity Δ₂.
+
+    ``method="analytic"`` (default) gives the smallest σ (exact Gaussian profile);
+    ``"classic"`` uses the textbook formula and refuses ε >= 1.
+    """
+
+    epsilon: float
+    delta: float
+    sensitivity: float = 1.0
+    method: str = "analytic"
+    sigma: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.method not in ("analytic", "classic"):
+            raise ValueError(f"method must be 'analytic' or 'classic', got {self.method!r}")
+        f = analytic_gaussian_sigma if self.method == "analytic" else classic_gaussian_sigma
+        object.__setattr__(self, "sigma", f(self.epsilon, self.delta, self.sensitivity))
+
+    @property
+    def noise_multiplier(self) -> float:
+        """σ/Δ₂: the ``GaussianDpEvent`` noise multiplier of one release."""
+        return self.sigma / self.sensitivity
+
+    def release(self, value: Any, rng: RngLike = None) -> Any:
+        """``value`` (scalar or array) plus independent N(0, σ²) noise per coordinate."""
+        v = _values("value", value)
+        out = v + _rng(rng).normal(0.0, self.sigma, size=v.shape)
+        return float(out) if out.ndim == 0 else out
+
+
+@dataclass(frozen=True)
+class VectorMechanism:
+    """value + b with density ∝ exp(−β‖b‖₂), β = ε/Δ₂: ε-DP for vector queries with L2 sensitivity Δ₂.
+
+    ‖b‖ ~ Gamma(shape d, scale 1/β) and b/‖b‖ is uniform on the sphere (Chaudhuri,
+    Monteleoni & Sarwate 2011, output perturbation).
+    """
+
+    epsilon: float
+    sensitivity: float = 1.0
+    delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_positive("epsilon", self.epsilon)
+        check_positive("sensitivity", self.sensitivity)
+        _check_pure_delta(self.delta)
+
+    @property
+    def beta(self) -> float:
+        """The rate β = ε/Δ₂ of the noise density."""
+        return self.epsilon / self.sensitivity
+
+    def noise(self, dim: int, size: int | None = None, rng: RngLike = None) -> np.ndarray:
+        """Noise vectors: shape (dim,) or (size, dim)."""
+        dim = check_int("dim", dim, minimum=1)
+        n = 1 if size is None else check_int("size", size, minimum=1)
+        g = _rng(rng)
+        direction = g.standard_normal((n, dim))
+        direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+        norms = g.gamma(shape=dim, scale=1.0 / self.beta, size=(n, 1))
+        b = direction * norms
+        return b[0] if size is None else b
+
+    def release(self, value: Any, rng: RngLike = None) -> np.ndarray:
+        """``value`` (a 1-d vector) plus one noise vector."""
+        v = _values("value", value)
+        if v.ndim != 1:
+            raise ValueError(f"value must be a 1-d vector, got shape {v.shape}")
+        return v + self.noise(v.shape[0], rng=rng)

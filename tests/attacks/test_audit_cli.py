@@ -1,0 +1,67 @@
+"""`featuredp audit` end to end on small Adult runs: JSON keys, report files, error handling."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from featuredp.cli import main
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from featuredp.train_tabular import train_tabular
+
+    root = tmp_path_factory.mktemp("audit_runs")
+    train_tabular(method="nonprivate", out=root / "np", progress=False, epochs=0.3)
+    train_tabular(method="fdp", out=root / "fdp", progress=False, noise_multiplier=1.0, epochs=0.1,
+                  pretrain_epochs=0.1)  # fmt: skip
+    return root
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_attribute_json_and_reports(runs, capsys):
+    out = _json(capsys, ["audit", str(runs / "fdp"), "--attack", "attribute", "--attribute", "sex", "--json",
+                         "--targets", "300"])  # fmt: skip
+    assert out["attack"] == "attribute" and out["attribute"] == "sex"
+    assert out["epsilon_claimed"] > 0 and out["theorem4_applies"]
+    assert out["ball"] <= out["bound"] <= 1.0
+    assert {"advantage", "accuracy", "verdict"} <= set(out)
+    for f in ("attribute_sex.md", "attribute_sex.png", "attribute.json"):
+        assert (runs / "fdp" / "audit" / f).stat().st_size > 0
+
+
+def test_membership_json_and_roc(runs, capsys):
+    out = _json(capsys, ["audit", str(runs / "np"), "--attack", "membership", "--json", "--targets", "300"])
+    assert out["attack"] == "membership" and 0 <= out["auc"] <= 1
+    assert set(out["tpr_at_fpr"]) == {"0.1", "0.01", "0.001"}
+    assert out["epsilon_claimed"] is None and "not private" in out["verdict"]
+    assert (runs / "np" / "audit" / "membership_roc.png").stat().st_size > 0
+
+
+def test_canary_feature_json(runs, capsys):
+    out = _json(capsys, ["audit", str(runs / "fdp"), "--attack", "canary", "--canaries", "60", "--train-size", "400",
+                         "--steps", "5", "--json"])  # fmt: skip
+    assert out["attack"] == "canary" and out["kind"] == "feature"
+    assert 0 <= out["epsilon_lower_bound"] <= out["ceiling"]
+    assert out["epsilon_claimed"] > 0 and "cannot certify more than" in out["verdict"]
+    assert (runs / "fdp" / "audit" / "canary_feature.md").exists()
+
+
+def test_canary_gradient_json(runs, capsys):
+    out = _json(capsys, ["audit", str(runs / "fdp"), "--attack", "canary", "--canary-kind", "gradient", "--json"])
+    assert out["kind"] == "gradient" and out["epsilon_lower_bound"] <= out["epsilon_claimed"]
+
+
+def test_errors_exit_2_with_named_parameter(runs, tmp_path, capsys):
+    assert main(["audit", str(runs / "fdp"), "--attribute", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert main(["audit", str(tmp_path), "--attack", "membership"]) == 2
+    assert "run.json" in capsys.readouterr().err
+    assert main(["audit", str(runs / "fdp"), "--targets", "3"]) == 2
+    assert "--targets" in capsys.readouterr().err

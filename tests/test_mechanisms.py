@@ -1,0 +1,228 @@
+"""Statistical tests of the classic mechanisms, with power.
+
+Every distribution check is run twice: on the mechanism (must pass) and on a sample from
+the same mechanism with 2/3 of the right noise (must be rejected) — so the check would
+catch an under-noised implementation. Seeds are fixed; thresholds: accept p > 1e-3,
+reject p < 1e-6.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from featuredp.mechanisms import (
+    CoinFlipSurvey,
+    GaussianMechanism,
+    LaplaceMechanism,
+    RandomizedResponse,
+    VectorMechanism,
+    analytic_gaussian_sigma,
+    classic_gaussian_sigma,
+)
+
+N = 20_000
+ACCEPT, REJECT = 1e-3, 1e-6
+
+
+def _assert_power(check, good_sample, bad_sample):
+    assert check(good_sample) > ACCEPT
+    assert check(bad_sample) < REJECT
+
+
+# ----------------------------------------------------------------------------------------------- Laplace
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("epsilon,sensitivity", [(1.0, 1.0), (0.3, 2.0)])
+def test_laplace_noise_distribution(epsilon, sensitivity):
+    mech = LaplaceMechanism(epsilon, sensitivity)
+    under = LaplaceMechanism(epsilon * 1.5, sensitivity)  # scale × 2/3
+    assert mech.scale == pytest.approx(sensitivity / epsilon)
+    assert under.scale == pytest.approx(mech.scale * 2 / 3)
+
+    def check(noise):
+        return stats.kstest(noise, stats.laplace(scale=mech.scale).cdf).pvalue
+
+    _assert_power(check, mech.release(np.zeros(N), rng=1), under.release(np.zeros(N), rng=1))
+
+
+# ----------------------------------------------------------------------------------------------- Gaussian
+
+
+def exact_delta(eps, sigma, sens):
+    mu = sens / sigma
+    return stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)
+
+
+@pytest.mark.parametrize("epsilon,delta,sens", [(1.0, 1e-5, 1.0), (0.1, 1e-6, 2.0), (8.0, 1e-5, 0.5)])
+def test_analytic_gaussian_is_exact(epsilon, delta, sens):
+    sigma = analytic_gaussian_sigma(epsilon, delta, sens)
+    assert exact_delta(epsilon, sigma, sens) <= delta * (1 + 1e-9)
+    assert exact_delta(epsilon, sigma * (1 - 1e-6), sens) > delta  # and not a hair more noise than needed
+
+
+def test_gaussian_known_values_and_classic_is_looser():
+    assert analytic_gaussian_sigma(1.0, 1e-5) == pytest.approx(3.7306, abs=1e-3)
+    assert classic_gaussian_sigma(0.5, 1e-5, 2.0) == pytest.approx(2 * math.sqrt(2 * math.log(1.25e5)) / 0.5)
+    for eps in (0.1, 0.5, 0.9):
+        assert classic_gaussian_sigma(eps, 1e-5) > analytic_gaussian_sigma(eps, 1e-5)
+        assert exact_delta(eps, classic_gaussian_sigma(eps, 1e-5), 1.0) <= 1e-5
+
+
+def test_classic_gaussian_refuses_large_epsilon():
+    with pytest.raises(ValueError, match="analytic"):
+        GaussianMechanism(1.0, 1e-5, method="classic")
+    with pytest.raises(ValueError, match="method"):
+        GaussianMechanism(0.5, 1e-5, method="magic")
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("method,epsilon", [("analytic", 2.0), ("analytic", 0.5), ("classic", 0.5)])
+def test_gaussian_noise_distribution(method, epsilon):
+    mech = GaussianMechanism(epsilon, 1e-5, 1.0, method=method)
+    under = GaussianMechanism(epsilon, 1e-5, 2 / 3, method=method)  # sensitivity under-estimated: σ × 2/3
+    assert under.sigma == pytest.approx(mech.sigma * 2 / 3)
+
+    def check(noise):
+        return stats.kstest(noise, stats.norm(scale=mech.sigma).cdf).pvalue
+
+    _assert_power(check, mech.release(np.zeros(N), rng=2), under.release(np.zeros(N), rng=2))
+
+
+# ----------------------------------------------------------------------------------------------- vector mechanism
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("dim", [1, 5, 50])
+def test_vector_mechanism_norm_and_direction(dim):
+    mech = VectorMechanism(epsilon=2.0, sensitivity=0.5)
+    under = VectorMechanism(epsilon=3.0, sensitivity=0.5)  # β × 3/2: noise × 2/3
+    b = mech.noise(dim, size=N, rng=3)
+    bu = under.noise(dim, size=N, rng=3)
+
+    def check_norm(x):
+        return stats.kstest(np.linalg.norm(x, axis=1), stats.gamma(a=dim, scale=1 / mech.beta).cdf).pvalue
+
+    _assert_power(check_norm, b, bu)
+    if dim > 1:
+        # a uniform direction: (u₁ + 1)/2 ~ Beta((d−1)/2, (d−1)/2); and no preferred direction on average
+        u1 = b[:, 0] / np.linalg.norm(b, axis=1)
+        a = (dim - 1) / 2
+        assert stats.kstest((u1 + 1) / 2, stats.beta(a, a).cdf).pvalue > ACCEPT
+        mean_dir = (b / np.linalg.norm(b, axis=1, keepdims=True)).mean(axis=0)
+        assert np.all(np.abs(mean_dir) < 5 / math.sqrt(N * dim))  # each coordinate has sd 1/sqrt(N·d)
+
+
+def test_vector_release_shape_and_validation():
+    mech = VectorMechanism(1.0)
+    out = mech.release(np.ones(4), rng=0)
+    assert out.shape == (4,)
+    with pytest.raises(ValueError, match="1-d"):
+        mech.release(np.ones((2, 2)), rng=0)
+    with pytest.raises(ValueError, match="dim"):
+        mech.noise(0)
+
+
+# ----------------------------------------------------------------------------------------------- randomized response
+
+
+@pytest.mark.statistical
+def test_coin_flip_survey_distribution_and_estimate():
+    survey = CoinFlipSurvey()
+    assert survey.epsilon == pytest.approx(math.log(3))
+    # 2/3 of the noise: the random-answer probability 1/2 becomes 1/3 (truth_prob 2/3)
+    under = CoinFlipSurvey(truth_prob=2 / 3)
+
+    def check(responses):  # P(yes | yes) must be 3/4
+        return stats.binomtest(int(responses.sum()), responses.size, 0.75).pvalue
+
+    yes = np.ones(N, dtype=bool)
+    _assert_power(check, survey.randomize(yes, rng=4), under.randomize(yes, rng=4))
+    # P(yes | no) = 1/4
+    assert stats.binomtest(int(survey.randomize(~yes, rng=5).sum()), N, 0.25).pvalue > ACCEPT
+    # unbiased estimate p_true = 2·p_obs − 1/2, within 4 standard errors
+    truth = np.random.default_rng(6).random(50_000) < 0.3
+    est = survey.estimate(survey.randomize(truth, rng=7))
+    se = 2 * math.sqrt(0.4 * 0.6 / truth.size)
+    assert abs(est - truth.mean()) < 4 * se
+    r = np.array([True, False, True, True])
+    assert survey.estimate(r) == pytest.approx(2 * 0.75 - 0.5)
+
+
+def test_coin_flip_from_epsilon():
+    assert CoinFlipSurvey.from_epsilon(math.log(3)).truth_prob == pytest.approx(0.5)
+    s = CoinFlipSurvey.from_epsilon(1.0)
+    assert s.epsilon == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="truth_prob"):
+        CoinFlipSurvey(truth_prob=1.0)
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("epsilon,k", [(1.0, 4), (2.0, 10)])
+def test_kary_randomized_response_distribution(epsilon, k):
+    rr = RandomizedResponse(epsilon, k)
+    p = math.exp(epsilon) / (math.exp(epsilon) + k - 1)
+    assert rr.keep_prob == pytest.approx(p)
+    # 2/3 of the noise: change probability (1 − p) × 2/3
+    p_under = 1 - (1 - p) * 2 / 3
+    under = RandomizedResponse(math.log(p_under * (k - 1) / (1 - p_under)), k)
+    assert under.keep_prob == pytest.approx(p_under)
+    expected = np.array([p] + [(1 - p) / (k - 1)] * (k - 1))
+
+    def check(reports):
+        counts = np.bincount(reports, minlength=k)
+        return stats.chisquare(counts, expected * reports.size).pvalue
+
+    zeros = np.zeros(N, dtype=np.int64)
+    _assert_power(check, rr.randomize(zeros, rng=8), under.randomize(zeros, rng=8))
+
+
+@pytest.mark.statistical
+def test_kary_frequency_estimate_is_unbiased():
+    rr = RandomizedResponse(1.0, 3)
+    truth = np.random.default_rng(9).choice(3, size=60_000, p=[0.5, 0.3, 0.2])
+    est = rr.estimate_frequencies(rr.randomize(truth, rng=10))
+    true_freq = np.bincount(truth, minlength=3) / truth.size
+    assert np.allclose(est, true_freq, atol=0.02)
+    assert est.sum() == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------------------------------------- validation, rng
+
+
+@pytest.mark.parametrize(
+    "build,name",
+    [
+        (lambda: LaplaceMechanism(0.0), "epsilon"),
+        (lambda: LaplaceMechanism(1.0, -1.0), "sensitivity"),
+        (lambda: LaplaceMechanism(1.0, 1.0, delta=1.0), "delta"),
+        (lambda: GaussianMechanism(1.0, 0.0), "delta"),
+        (lambda: GaussianMechanism(-1.0, 1e-5), "epsilon"),
+        (lambda: GaussianMechanism(1.0, 1e-5, sensitivity=0.0), "sensitivity"),
+        (lambda: VectorMechanism(float("nan")), "epsilon"),
+        (lambda: RandomizedResponse(1.0, 1), "k"),
+        (lambda: RandomizedResponse(0.0, 3), "epsilon"),
+    ],
+)
+def test_bad_parameters_are_named(build, name):
+    with pytest.raises(ValueError, match=name):
+        build()
+
+
+def test_rng_handling():
+    mech = LaplaceMechanism(1.0)
+    assert mech.release(0.0, rng=123) == mech.release(0.0, rng=123)
+    g = np.random.default_rng(5)
+    a, b = mech.release(np.zeros(3), rng=g), mech.release(np.zeros(3), rng=g)
+    assert not np.array_equal(a, b)
+    assert isinstance(mech.release(1.0), float)
+    with pytest.raises(TypeError, match="rng"):
+        mech.release(0.0, rng="seed")
+    with pytest.raises(ValueError, match="value"):
+        mech.release([np.nan], rng=0)
+    with pytest.raises(ValueError, match="values"):
+        RandomizedResponse(1.0, 3).randomize(np.array([0, 3]), rng=0)
