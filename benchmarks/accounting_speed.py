@@ -79,7 +79,7 @@ def dpa_calibrate(steps: int) -> float:
         lambda s: _dpa_event(s, steps),
         TARGET,
         DELTA,
-        mc.LowerEndpointAndGuess(0.1, 1.0),
+        mc.ExplicitBracketInterval(0.5, 2.0),  # a generous bracket; a low σ endpoint makes huge PLDs
         tol=0.01 * TARGET,
     )
 
@@ -100,7 +100,7 @@ def prv_epsilon(steps: int) -> float:
 
 
 def prv_calibrate(steps: int) -> float:
-    lo, hi = 0.3, 5.0
+    lo, hi = 0.5, 2.0  # the same bracket as dp-accounting gets
     while hi / lo > 1.005:  # bisection on log σ until the bracket is 0.5% wide
         mid = (lo * hi) ** 0.5
         if _prv(mid, steps, 0.05)[1] > TARGET:

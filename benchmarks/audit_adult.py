@@ -23,7 +23,10 @@ from featuredp.attacks import report, tabular
 from featuredp.runs import load_run
 from featuredp.train_tabular import train_tabular
 
-CONFIGS = [("nonprivate", None), ("public", None), ("dpsgd", 1.0), ("dpsgd", 4.0), ("fdp", 1.0), ("fdp", 4.0)]
+CONFIGS = [("nonprivate", None), ("public", None), ("dpsgd", 1.0), ("dpsgd", 4.0), ("fdp", 1.0), ("fdp", 4.0),
+           ("overfit", None)]
+# Positive control: a non-private MLP (256, 256) trained 300 epochs on 2,000 training records.
+OVERFIT = {"hidden": [256, 256], "epochs": 300, "n": 2000}
 
 
 def _name(method: str, eps: float | None) -> str:
@@ -51,12 +54,25 @@ def main() -> None:
             continue
         t0 = time.time()
         rd = runs_dir / name
-        if not (rd / "run.json").exists():
-            train_tabular(method=method, epsilon=eps, out=rd, progress=False, seed=args.seed)
-        run = load_run(rd)
-        train, test = run.load_data()
+        if method == "overfit":
+            import numpy as np
+
+            from featuredp.data import load_dataset
+
+            full, test = load_dataset("adult")
+            train = full.subset(np.random.default_rng(args.seed).choice(full.n, OVERFIT["n"], replace=False))
+            if not (rd / "run.json").exists():
+                train_tabular(method="nonprivate", data=(train, test), out=rd, progress=False, seed=args.seed,
+                              hidden=OVERFIT["hidden"], epochs=OVERFIT["epochs"])  # fmt: skip
+            run = load_run(rd)
+        else:
+            if not (rd / "run.json").exists():
+                train_tabular(method=method, epsilon=eps, out=rd, progress=False, seed=args.seed)
+            run = load_run(rd)
+            train, test = run.load_data()
         delta = float(run.plan.delta) if run.plan is not None and run.plan.delta else 0.0
-        entry = {"method": method, "epsilon": None if math.isinf(run.epsilon) else run.epsilon,
+        label = method if method != "overfit" else "nonprivate (overfit control)"
+        entry = {"method": label, "epsilon": None if math.isinf(run.epsilon) else run.epsilon,
                  "accuracy": run.metrics.get("accuracy"), "attribute": {}}  # fmt: skip
         for attr in ("sex", "race"):
             r = tabular.attribute_audit(run.model, train, test, attr, private_columns=["sex", "race"],
@@ -75,7 +91,7 @@ def main() -> None:
                 "verdict": r["verdict"],
             }  # fmt: skip
         m = tabular.membership_audit(run.model, train, test, n_targets=args.targets, seed=args.seed, progress=False)
-        m["verdict"] = tabular.membership_verdict(m, method, run.epsilon, delta)
+        m["verdict"] = tabular.membership_verdict(m, run.info.get("method"), run.epsilon, delta)
         report.write_membership_report(m, rd / "audit", title=name)
         entry["membership"] = {"auc": m["auc"], "advantage": m["advantage"], "tpr_at_fpr": m["tpr_at_fpr"],
                                "verdict": m["verdict"]}  # fmt: skip
@@ -85,13 +101,24 @@ def main() -> None:
         print(name, json.dumps({k: entry[k] for k in ("accuracy", "epsilon")}), flush=True)
     if not args.skip_canary:
         for name, kind in (("fdp_eps4", "feature"), ("nonprivate", "feature"), ("fdp_eps4", "mislabelled"),
-                           ("dpsgd_eps4", "mislabelled"), ("fdp_eps4", "gradient"), ("fdp_eps1", "feature")):
+                           ("dpsgd_eps4", "mislabelled"), ("fdp_eps4", "gradient"), ("fdp_eps1", "feature"),
+                           ("overfit", "feature"), ("overfit", "mislabelled")):
             key = f"{name}/{kind}"
             if only and key not in only and name not in only:
                 continue
             t0 = time.time()
             run = load_run(runs_dir / name)
-            c = tabular.canary_audit(run, kind=kind, canaries=args.canaries, seed=args.seed, progress=False)
+            data = None
+            if name == "overfit":  # the control was trained on a 2,000-record subset: audit models too
+                import numpy as np
+
+                from featuredp.data import load_dataset
+
+                full, test = load_dataset("adult")
+                sub = full.subset(np.random.default_rng(args.seed).choice(full.n, OVERFIT["n"], replace=False))
+                data = (sub, test)
+            c = tabular.canary_audit(run, kind=kind, canaries=args.canaries, seed=args.seed, progress=False,
+                                     data=data)  # fmt: skip
             report.write_canary_report(c, runs_dir / name / "audit", title=name)
             results["canary"][key] = {k: c[k] for k in ("kind", "method", "epsilon_lower_bound", "epsilon_claimed",
                                                         "claim_relation", "ceiling", "verdict")}  # fmt: skip

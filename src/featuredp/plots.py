@@ -23,9 +23,12 @@ def privacy_utility_plot(
     *,
     title: str = "accuracy vs ε",
     metric: str = "accuracy",
-) -> None:
+) -> dict[str, Any]:
     """Accuracy vs target ε per private method (mean ± std over seeds as error bars), with the
-    non-private and public-only means as horizontal reference lines (shaded ± std)."""
+    non-private and public-only means as horizontal reference lines (shaded ± std).
+
+    Returns what was drawn: ``{"lines": {method: (eps, means, stds)}, "references": {method: (mean, std)}}``.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -41,6 +44,7 @@ def privacy_utility_plot(
         by.setdefault((r["method"], eps), []).append(100.0 * float(r[metric]))
     if not by:
         raise ValueError("rows must hold at least one result, got none")
+    drawn: dict[str, Any] = {"lines": {}, "references": {}}
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     eps_all = sorted({e for (_, e) in by if e is not None})
     for method in PRIVATE_METHODS:
@@ -51,6 +55,7 @@ def privacy_utility_plot(
         means = [float(np.mean(v)) for _, v in pts]
         stds = [float(np.std(v, ddof=1)) if len(v) > 1 else 0.0 for _, v in pts]
         ax.errorbar(xs, means, yerr=stds, capsize=3, label=LABELS[method], **_STYLE[method])
+        drawn["lines"][method] = (xs, means, stds)
     for method, (color, style) in _REFERENCE.items():
         vals = by.get((method, None))
         if not vals:
@@ -58,6 +63,7 @@ def privacy_utility_plot(
         mean = float(np.mean(vals))
         std = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
         ax.axhline(mean, color=color, linestyle=style, label=f"{LABELS[method]} ({mean:.1f}%)")
+        drawn["references"][method] = (mean, std)
         if std > 0:
             ax.axhspan(mean - std, mean + std, color=color, alpha=0.08)
     if eps_all:
@@ -73,3 +79,4 @@ def privacy_utility_plot(
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
+    return drawn

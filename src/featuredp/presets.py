@@ -15,12 +15,12 @@ DEFAULT_MODEL: dict[str, Any] = {"kind": "mlp", "hidden": [64]}
 #: Trainer keyword arguments per method
 METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "nonprivate": {"epochs": 5, "batch_size": 256, "lr": 0.05, "momentum": 0.9},
-    "public": {"epochs": 5, "batch_size": 256, "lr": 0.05, "momentum": 0.9},
-    "dpsgd": {"epochs": 5, "batch_size": 512, "lr": 0.5, "momentum": 0.9, "max_grad_norm": 1.0},
+    "public": {"epochs": 3, "batch_size": 256, "lr": 0.05, "momentum": 0.9},
+    "dpsgd": {"epochs": 5, "batch_size": 1024, "lr": 1.0, "momentum": 0.9, "max_grad_norm": 1.0},
     "fdp_dpsgd": {"epochs": 3, "batch_size": 512, "lr": 0.2, "momentum": 0.9, "max_grad_norm": 1.0,
                   "pretrain_epochs": 3, "pretrain_lr": 0.05},
     "fdp": {"epochs": 3, "batch_size": 512, "public_batch_size": 256, "lr": 0.05, "momentum": 0.9,
-            "max_grad_norm": 1.0, "alpha": 1.0, "pretrain_epochs": 3, "pretrain_lr": 0.05},
+            "max_grad_norm": 1.0, "alpha": 0.5, "pretrain_epochs": 3, "pretrain_lr": 0.05},
 }  # fmt: skip
 
 

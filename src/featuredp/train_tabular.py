@@ -88,7 +88,8 @@ def train_tabular(
         kwargs.pop("alpha", None)
     trainer = Trainer(net, method, loss_split=split, seed=seed, progress=progress, **kwargs)
     checkpoint = None if out is None else Path(out) / "checkpoint.pt"
-    result = trainer.fit(train, checkpoint=checkpoint, resume=resume)
+    # Periodic checkpoints (between steps, so a resumed run equals an uninterrupted one).
+    result = trainer.fit(train, checkpoint=checkpoint, checkpoint_every=200 if checkpoint else None, resume=resume)
     metrics = evaluate(trainer.model, test)
     plan = result.plan
     summary = {

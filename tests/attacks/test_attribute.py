@@ -38,7 +38,7 @@ def test_attacks_pick_expected_candidates():
 
 
 def test_theorem4_bound_forms():
-    assert theorem4_bound(0.3, epsilon=1.0, delta=1e-5) == pytest.approx(math.e * 0.3 + 1e-5)
+    assert theorem4_bound(0.1, epsilon=1.0, delta=1e-5) == pytest.approx(math.e * 0.1 + 1e-5)
     assert theorem4_bound(0.5, epsilon=0.0) == pytest.approx(0.5)
     # the second branch of f_{ε,δ}: 1 − e^{−ε}(1 − δ − Ball) < 1 for a majority attribute
     assert theorem4_bound(0.9, epsilon=1.0, delta=1e-5) == pytest.approx(1 - math.exp(-1) * (0.1 - 1e-5))

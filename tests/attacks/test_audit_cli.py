@@ -65,3 +65,18 @@ def test_errors_exit_2_with_named_parameter(runs, tmp_path, capsys):
     assert "run.json" in capsys.readouterr().err
     assert main(["audit", str(runs / "fdp"), "--targets", "3"]) == 2
     assert "--targets" in capsys.readouterr().err
+
+
+def test_membership_with_shadows(runs, capsys):
+    out = _json(capsys, ["audit", str(runs / "np"), "--attack", "membership", "--json", "--targets", "100",
+                         "--shadows", "2", "--train-size", "400", "--steps", "5",
+                         "--out", str(runs / "np_sh")])  # fmt: skip
+    assert {"loss threshold", "LiRA online", "LiRA offline", "Shokri shadow"} <= set(out["metrics"])
+    assert out["shadows"] == 2
+
+
+def test_canary_multi_run_design(runs, capsys):
+    out = _json(capsys, ["audit", str(runs / "fdp"), "--attack", "canary", "--canaries", "1", "--runs", "6",
+                         "--train-size", "200", "--steps", "2", "--json", "--quiet"])  # fmt: skip
+    assert out["runs"] == 6 and "multi_run" in out
+    assert out["multi_run"]["ceiling"] < 2.0  # 6 trials cannot certify much: the ceiling says so

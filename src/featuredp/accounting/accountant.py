@@ -47,6 +47,8 @@ _REFINE = 3.0
 _MIN_INTERVAL = 1e-7
 _MAX_INTERVAL = 0.05
 _MAX_ROUNDS = 8
+# absolute floor on the tolerated excess of ε (ε below ~1e-4 is 'practically zero' anyway)
+_EPS_ATOL = 1e-5
 
 
 @dataclass(frozen=True)
@@ -177,12 +179,14 @@ def _interval_schedule(eps_scale: float, sensitivity: float, steps: int) -> list
     return [snap_interval(first / _REFINE**k) for k in range(_MAX_ROUNDS)]
 
 
-def _pld_adaptive(atoms, inv_var, relation, scale, query, rtol):
+def _pld_adaptive(atoms, inv_var, relation, scale, query, rtol, atol=0.0):
     """Refine the interval ×3 until the estimated excess of the last answer is <= ``rtol`` (relative).
 
     Observed (and expected for connect-the-dots PLDs) convergence is quadratic in the
     interval, so the excess of the finer answer is ≈ (difference of the last two)/8; we
-    use /4 for margin. Returns (the pessimistic, upper-bound answer, the interval that gave it).
+    use /4 for margin; ``atol`` is an absolute floor on the tolerated excess (so that
+    ε ≈ 1e-5 does not force absurdly fine intervals). Returns (the pessimistic, upper-bound
+    answer, the interval that gave it).
     """
     prev = None
     best = (math.inf, _MAX_INTERVAL)
@@ -191,7 +195,7 @@ def _pld_adaptive(atoms, inv_var, relation, scale, query, rtol):
         value = query(_composed_pld(atoms, inv_var, relation, interval))
         if value <= best[0]:
             best = (value, interval)
-        if prev is not None and value <= prev and (prev - value) / 4 <= rtol * max(value, 1e-12):
+        if prev is not None and value <= prev and (prev - value) / 4 <= max(rtol * value, atol, 1e-15):
             return best
         prev = value
     return best
@@ -199,7 +203,9 @@ def _pld_adaptive(atoms, inv_var, relation, scale, query, rtol):
 
 def _pld_epsilon(atoms, inv_var, relation, delta, rtol):
     scale = _rdp_guess(atoms, inv_var, delta)
-    return _pld_adaptive(atoms, inv_var, relation, scale, lambda pld: pld.get_epsilon_for_delta(delta), rtol)[0]
+    return _pld_adaptive(
+        atoms, inv_var, relation, scale, lambda pld: pld.get_epsilon_for_delta(delta), rtol, _EPS_ATOL
+    )[0]
 
 
 def _pld_epsilon_fixed(atoms, inv_var, relation, delta, interval):

@@ -219,9 +219,8 @@ def one_run_p_value(m: int, r: int, v: int, epsilon: float, delta: float = 0.0) 
 def one_run_epsilon_lower_bound(m: int, r: int, v: int, delta: float = 0.0, beta: float = 0.05) -> float:
     """The largest ε with ``one_run_p_value(m, r, v, ε, δ) <= β`` (0 if even ε = 0 is not rejected).
 
-    The p-value increases with ε, so bisection finds the boundary (to 1e-6 relative).
-    Returns ``inf`` when no ε is large enough to explain ``v`` (only possible with δ = 0 and
-    ``v == r`` ... never, since q → 1 makes the p-value → 1; kept for safety).
+    The p-value increases with ε (to 1 as ε → ∞), so bisection finds the boundary (to 1e-7
+    relative).
     """
     b = check_open_unit("beta", beta)
     if one_run_p_value(m, r, v, 0.0, delta) > b:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from featuredp._validate import check_int, check_nonnegative, check_positive, check_sampling_rate
+from featuredp._validate import check_int, check_positive, check_sampling_rate
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def simulate_dpsgd_gradient_canaries(
     sigma = check_positive("noise_multiplier", noise_multiplier)
     p = check_sampling_rate("sampling_rate", sampling_rate)
     t = check_int("steps", steps, minimum=1)
-    check_nonnegative("chunk", chunk)
+    chunk = check_int("chunk", chunk, minimum=1)
     bits = rng.random(m) < 0.5
     scores = np.zeros(m)
     for start in range(0, t, chunk):

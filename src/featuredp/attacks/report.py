@@ -214,8 +214,16 @@ def write_canary_report(result: dict, out_dir: str | os.PathLike[str], *, title:
         fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
     one = result["one_run"]
-    grid = markdown_table(["guesses r", "correct v", "ε lower bound"],
-                          [[g["r"], g["v"], g["epsilon_lower_bound"]] for g in one["grid"]])  # fmt: skip
+    if one is not None:
+        grid = markdown_table(["guesses r", "correct v", "ε lower bound"],
+                              [[g["r"], g["v"], g["epsilon_lower_bound"]] for g in one["grid"]])  # fmt: skip
+        method_text = ("One-run audit (Steinke, Nasr, Jagielski 2023, Theorem 3, with δ): the attacker guesses the "
+                       "r/2 highest scores as bit 1 and the r/2 lowest as bit 0; each r is tested at β/|grid| "
+                       "(Bonferroni).")  # fmt: skip
+    else:
+        grid = ""
+        method_text = ("Multi-run audit: one canary per run, in exactly half of the runs; Clopper–Pearson upper "
+                       "bounds on FPR and FNR, threshold chosen on half of the runs, certified on the other.")
     md = [
         f"# Canary audit ({result['kind']} canaries)" + (f" — {title}" if title else ""),
         f"**Verdict.** {result['verdict']}",
@@ -224,8 +232,7 @@ def write_canary_report(result: dict, out_dir: str | os.PathLike[str], *, title:
             [[result["epsilon_lower_bound"], _f(result["epsilon_claimed"]), result["claim_relation"],
               result["ceiling"], result["canaries_per_run"], result["runs"], result["delta"], result["beta"]]],
         ),
-        "One-run audit (Steinke, Nasr, Jagielski 2023, Theorem 3, with δ): the attacker guesses the r/2 "
-        "highest scores as bit 1 and the r/2 lowest as bit 0; each r is tested at β/|grid| (Bonferroni).",
+        method_text,
         grid,
         f"![scores]({stem}.png)",
     ]

@@ -154,7 +154,6 @@ def attribute_audit(
         knowledge(test.X[pop_idx], test.y[pop_idx]), joint_code(test.X[pop_idx]), n_joint
     )
     groups: dict[str, Any] = {}
-    scores = []
     for group, ds, idx in (("members", train, mem_idx), ("non-members", test, non_idx)):
         X, y = ds.X[idx], ds.y[idx]
         truth = _codes(X, blocks[a_pos][0])
@@ -179,7 +178,6 @@ def attribute_audit(
         bound, how = run_bound(ball.upper, epsilon, delta, plan, steps)
         rows = [score_attack("imputation", group, truth, base_guess, base_guess, confidence)]
         rows += [score_attack(name, group, truth, g, base_guess, confidence) for name, g in guesses.items()]
-        scores += rows
         best = max(rows[1:], key=lambda s: s.accuracy)
         groups[group] = {
             "ball": dataclasses.asdict(ball),
@@ -281,6 +279,7 @@ def membership_audit(
     n_targets: int = 2000,
     shadows: int = 0,
     train_fn: Any = None,
+    shadow_train_size: int | None = None,
     seed: int = 0,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -288,7 +287,8 @@ def membership_audit(
 
     ``train_fn(dataset) -> model`` trains a shadow model with the run's configuration. The
     shadow pool is the member and non-member targets plus the rest of the test split and an
-    equal share of the training split; each shadow trains on a random half of the pool.
+    equal share of the training split (fewer with ``shadow_train_size``, so that each shadow's
+    expected training size is about that); each shadow trains on a random half of the pool.
     """
     n_targets = check_int("n_targets", n_targets, minimum=10)
     shadows = check_int("shadows", shadows, minimum=0)
@@ -316,9 +316,12 @@ def membership_audit(
         if train_fn is None:
             raise ValueError("shadows > 0 needs train_fn (a function training a model like the run's)")
         # pool: targets first, then population records; shadows see random halves of it
-        rest_test = np.setdiff1d(np.arange(test.n), non_idx)
-        rest_train = rng.choice(np.setdiff1d(np.arange(train.n), mem_idx), size=min(rest_test.size, train.n - n_t),
-                                replace=False)  # fmt: skip
+        rest_test = rng.permutation(np.setdiff1d(np.arange(test.n), non_idx))
+        n_rest = min(rest_test.size, train.n - n_t)
+        if shadow_train_size is not None:
+            n_rest = min(n_rest, max(0, check_int("shadow_train_size", shadow_train_size, minimum=1) - n_t))
+        rest_test = rest_test[:n_rest]
+        rest_train = rng.choice(np.setdiff1d(np.arange(train.n), mem_idx), size=n_rest, replace=False)
         pool_X = np.vstack([X, test.X[rest_test], train.X[rest_train]])
         pool_y = np.r_[y, test.y[rest_test], train.y[rest_train]]
         phi = np.empty((shadows, 2 * n_t))
@@ -424,6 +427,10 @@ def canary_audit(
     all_scores, all_bits, claims = [], [], []
     from tqdm.auto import tqdm
 
+    # One canary per run and >= 4 runs is the multi-run design (Clopper–Pearson on a fixed half/half
+    # split of the runs); otherwise the one-run theorem (independent fair coins) is used.
+    multi = canaries == 1 and runs >= 4
+    design = rng.permutation(np.arange(runs) < runs // 2) if multi else None
     for r in tqdm(range(runs), desc="canary runs", disable=not progress or runs == 1):
         base = train if train_size is None else train.subset(rng.choice(train.n, size=min(train_size, train.n),
                                                                         replace=False))  # fmt: skip
@@ -433,6 +440,8 @@ def canary_audit(
                                   n_classes=max(2, len(train.classes)))  # fmt: skip
         else:
             cs = mislabelled_canaries(test.X, test.y, max(2, len(train.classes)), canaries, rng)
+        if multi:  # the classic design: exactly half of the runs get bit 1
+            cs = dataclasses.replace(cs, bits=np.array([bool(design[r])]))
         cX, cy = cs.training_rows()
         data_r = _concat(base, np.vstack([base.X, cX]), np.r_[base.y, cy])
         model, result = retrain_like(run, data_r, steps=steps, epochs=epochs, seed=seed + 1 + r, progress=progress)
@@ -446,7 +455,7 @@ def canary_audit(
         all_bits.append(cs.bits)
         claims.append(_claims(method, result))
     scores, bits = np.concatenate(all_scores), np.concatenate(all_bits)
-    one = one_run_audit(scores, bits, delta, beta=beta)
+    one = None if multi else one_run_audit(scores, bits, delta, beta=beta)
     claim = {
         "feature": max(c["replace_one"] for c in claims),
         "mislabelled": max(c["record_level"] for c in claims),
@@ -459,8 +468,8 @@ def canary_audit(
         "runs": runs,
         "delta": delta,
         "beta": beta,
-        "epsilon_lower_bound": one.epsilon_lower_bound,
-        "ceiling": one.ceiling,
+        "epsilon_lower_bound": None if one is None else one.epsilon_lower_bound,
+        "ceiling": None if one is None else one.ceiling,
         "epsilon_claimed": None if math.isinf(claim) else claim,
         "claim_relation": (
             "replace-one feature-DP ε of the audit models"
@@ -468,13 +477,15 @@ def canary_audit(
             else "record-level (add/remove) DP ε of the audit models"
         ),
         "audit_model_claims": claims,
-        "one_run": one.to_dict(),
+        "one_run": None if one is None else one.to_dict(),
         "_arrays": {"scores": scores, "bits": bits},
     }
-    if canaries == 1 and runs >= 4:
+    if multi:
+        # two-sided CP at level 1 − β: each one-sided bound holds w.p. 1 − β/2, both jointly w.p. >= 1 − β
         mr = multi_run_epsilon_lower_bound(scores[bits], scores[~bits], delta, confidence=1 - beta)
         out["multi_run"] = mr.to_dict()
-        out["epsilon_lower_bound"] = max(out["epsilon_lower_bound"], mr.epsilon_lower_bound)
+        out["epsilon_lower_bound"] = mr.epsilon_lower_bound
+        out["ceiling"] = mr.ceiling
     out["verdict"] = _canary_verdict(out)
     return out
 
@@ -580,6 +591,8 @@ def retrain_like(
     kwargs = {k: cfg[k] for k in keep if k in cfg and cfg[k] is not None}
     if kwargs.get("max_grad_norm") == "inf":
         kwargs["max_grad_norm"] = math.inf
+    if kwargs.get("public_batch_size"):  # a shrunken audit set (--train-size) may be smaller than m'
+        kwargs["public_batch_size"] = min(int(kwargs["public_batch_size"]), int(data.n))
     plan = run.plan
     if method in PRIVATE_METHODS:
         kwargs["noise_multiplier"] = plan.noise_multiplier

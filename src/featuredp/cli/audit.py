@@ -130,13 +130,12 @@ def run(args: argparse.Namespace) -> int:
             counter = iter(range(10**6))
 
             def train_fn(ds: Any) -> Any:
-                if args.train_size is not None and ds.n > args.train_size:
-                    ds = ds.subset(range(args.train_size))
                 return tabular.retrain_like(run_, ds, steps=args.steps, epochs=args.epochs,
                                             seed=args.seed + 1000 + next(counter))[0]  # fmt: skip
 
             res = tabular.membership_audit(run_.model, train, test, n_targets=args.targets, shadows=args.shadows,
-                                           train_fn=train_fn, seed=args.seed, progress=progress)  # fmt: skip
+                                           train_fn=train_fn, shadow_train_size=args.train_size, seed=args.seed,
+                                           progress=progress)  # fmt: skip
             res["epsilon_claimed"] = None if math.isinf(eps) else eps
             res["method"] = method
             res["verdict"] = tabular.membership_verdict(res, method, eps, delta)

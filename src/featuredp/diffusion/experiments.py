@@ -72,6 +72,8 @@ def add_diffusion_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ddim-steps", type=int, default=25)
     g.add_argument("--inception-samples", type=int, default=0,
                    help="samples per method for Inception FID/KID (0 = skip; ~2-5 img/s on CPU)")
+    g.add_argument("--inception-reference", type=int, default=1000,
+                   help="real test images in the Inception reference set")
     g.add_argument("--rejection-quantile", type=float, default=0.5,
                    help="FDP (Alg. 1) keeps samples sharper than this quantile of the blurred (public) images")
     g.add_argument("--overwrite", action="store_true", help="retrain methods whose results exist")
@@ -117,6 +119,7 @@ class _Settings:
     samples: int
     ddim_steps: int
     inception_samples: int
+    inception_reference: int
     rejection_quantile: float
     overwrite: bool
     summary: bool
@@ -142,7 +145,10 @@ def _settings(args: argparse.Namespace) -> _Settings:
     for m in methods:
         check_choice("methods", m, DIFFUSION_METHODS)
     eps = _first(get("epsilon") if get("epsilon") is not None else get("epsilons", 8.0))
-    seed = _first(get("seed") if get("seed") is not None else get("seeds", 0))
+    seed = get("seed") if get("seed") is not None else 0
+    if get("seeds") is not None and int(get("seeds")) != 1:
+        raise ValueError(f"seeds must be 1 for the diffusion task (one seed per call; pick it with --seed), "
+                         f"got {get('seeds')!r}")
     if get("out") is None:
         raise ValueError("out must name a results folder, got None")
     quick = bool(get("quick", False))
@@ -172,6 +178,7 @@ def _settings(args: argparse.Namespace) -> _Settings:
         samples=check_int("samples", get("samples", 1000), minimum=2),
         ddim_steps=check_int("ddim_steps", get("ddim_steps", 25), minimum=1),
         inception_samples=check_int("inception_samples", get("inception_samples", 0), minimum=0),
+        inception_reference=check_int("inception_reference", get("inception_reference", 1000), minimum=2),
         rejection_quantile=check_open_unit("rejection_quantile", get("rejection_quantile", 0.5)),
         overwrite=bool(get("overwrite", False)),
         summary=not bool(get("no_summary", False)),
@@ -402,7 +409,7 @@ def _summarize(ctx: _Context) -> dict[str, Any]:
     holder: list = []
     k = s.inception_samples
     if k:
-        ref = _inception_features(ctx, "test", ctx.test.images[: min(len(ctx.test), max(k, 1000))], holder)
+        ref = _inception_features(ctx, "test", ctx.test.images[: min(len(ctx.test), s.inception_reference)], holder)
         f_real = _inception_features(ctx, "train", real[:k], holder)
         rows[0]["inception_fid"] = frechet_from_features(f_real, ref)
         rows[0]["kid"] = kernel_distance(f_real, ref, subset_size=min(k, 1000))[0]
@@ -510,7 +517,10 @@ def run_compare(args: argparse.Namespace) -> int:
     import torch
 
     s = _settings(args)
-    if s.quick:  # smoke runs share machines: stay on one core
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        torch.set_num_threads(check_int("threads", threads, minimum=1))
+    elif s.quick:  # smoke runs share machines: stay on one core
         torch.set_num_threads(1)
     ctx = _Context(s)
     s.out.mkdir(parents=True, exist_ok=True)
