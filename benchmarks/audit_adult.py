@@ -23,14 +23,31 @@ from featuredp.attacks import report, tabular
 from featuredp.runs import load_run
 from featuredp.train_tabular import train_tabular
 
-CONFIGS = [("nonprivate", None), ("public", None), ("dpsgd", 1.0), ("dpsgd", 4.0), ("fdp", 1.0), ("fdp", 4.0),
-           ("overfit", None)]
-# Positive control: a non-private MLP (256, 256) trained 300 epochs on 2,000 training records.
-OVERFIT = {"hidden": [256, 256], "epochs": 300, "n": 2000}
+# (name, method, target ε, options): the default Adult runs, then an overfitting regime on 2,000
+# training records with a wide MLP, where membership is visible: a non-private positive control, and
+# FDP vs DP-SGD at ε = 1 (FDP's free public pre-training and public gradient may memorise Ψ(x), y).
+WIDE = {"hidden": [256, 256], "small": True}
+CONFIGS: list[tuple[str, str, float | None, dict]] = [
+    ("nonprivate", "nonprivate", None, {}),
+    ("public", "public", None, {}),
+    ("dpsgd_eps1", "dpsgd", 1.0, {}),
+    ("dpsgd_eps4", "dpsgd", 4.0, {}),
+    ("fdp_eps1", "fdp", 1.0, {}),
+    ("fdp_eps4", "fdp", 4.0, {}),
+    ("overfit_nonprivate", "nonprivate", None, {**WIDE, "epochs": 300}),
+    ("overfit_fdp_eps1", "fdp", 1.0, {**WIDE, "epochs": 30, "batch_size": 256, "pretrain_epochs": 300}),
+    ("overfit_dpsgd_eps1", "dpsgd", 1.0, {**WIDE, "epochs": 30, "batch_size": 256}),
+]
+SMALL_N = 2000
 
 
-def _name(method: str, eps: float | None) -> str:
-    return method if eps is None else f"{method}_eps{eps:g}"
+def _small_data(seed: int):
+    import numpy as np
+
+    from featuredp.data import load_dataset
+
+    full, test = load_dataset("adult")
+    return full.subset(np.random.default_rng(seed).choice(full.n, SMALL_N, replace=False)), test
 
 
 def main() -> None:
@@ -42,37 +59,30 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-canary", action="store_true")
     ap.add_argument("--only", default=None, help="comma-separated run names to (re)do")
+    ap.add_argument("--markdown-only", action="store_true", help="only rewrite adult_audit.md from the JSON")
     args = ap.parse_args()
     torch.set_num_threads(1)
     runs_dir, out = Path(args.runs_dir), Path(args.out)
     res_path = out / "adult_audit.json"
     results = json.loads(res_path.read_text()) if res_path.exists() else {"runs": {}, "canary": {}}
     only = set(args.only.split(",")) if args.only else None
-    for method, eps in CONFIGS:
-        name = _name(method, eps)
+    if args.markdown_only:
+        atomic_write_text(out / "adult_audit.md", to_markdown(results))
+        return
+    for name, method, eps, opts in CONFIGS:
         if only and name not in only:
             continue
         t0 = time.time()
         rd = runs_dir / name
-        if method == "overfit":
-            import numpy as np
-
-            from featuredp.data import load_dataset
-
-            full, test = load_dataset("adult")
-            train = full.subset(np.random.default_rng(args.seed).choice(full.n, OVERFIT["n"], replace=False))
-            if not (rd / "run.json").exists():
-                train_tabular(method="nonprivate", data=(train, test), out=rd, progress=False, seed=args.seed,
-                              hidden=OVERFIT["hidden"], epochs=OVERFIT["epochs"])  # fmt: skip
-            run = load_run(rd)
-        else:
-            if not (rd / "run.json").exists():
-                train_tabular(method=method, epsilon=eps, out=rd, progress=False, seed=args.seed)
-            run = load_run(rd)
-            train, test = run.load_data()
+        opts = dict(opts)
+        small = opts.pop("small", False)
+        data = _small_data(args.seed) if small else None
+        if not (rd / "run.json").exists():
+            train_tabular(method=method, epsilon=eps, out=rd, progress=False, seed=args.seed, data=data, **opts)
+        run = load_run(rd)
+        train, test = data if data is not None else run.load_data()
         delta = float(run.plan.delta) if run.plan is not None and run.plan.delta else 0.0
-        label = method if method != "overfit" else "nonprivate (overfit control)"
-        entry = {"method": label, "epsilon": None if math.isinf(run.epsilon) else run.epsilon,
+        entry = {"method": method, "small": small, "epsilon": None if math.isinf(run.epsilon) else run.epsilon,
                  "accuracy": run.metrics.get("accuracy"), "attribute": {}}  # fmt: skip
         for attr in ("sex", "race"):
             r = tabular.attribute_audit(run.model, train, test, attr, private_columns=["sex", "race"],
@@ -91,7 +101,7 @@ def main() -> None:
                 "verdict": r["verdict"],
             }  # fmt: skip
         m = tabular.membership_audit(run.model, train, test, n_targets=args.targets, seed=args.seed, progress=False)
-        m["verdict"] = tabular.membership_verdict(m, run.info.get("method"), run.epsilon, delta)
+        m["verdict"] = tabular.membership_verdict(m, method, run.epsilon, delta)
         report.write_membership_report(m, rd / "audit", title=name)
         entry["membership"] = {"auc": m["auc"], "advantage": m["advantage"], "tpr_at_fpr": m["tpr_at_fpr"],
                                "verdict": m["verdict"]}  # fmt: skip
@@ -102,21 +112,14 @@ def main() -> None:
     if not args.skip_canary:
         for name, kind in (("fdp_eps4", "feature"), ("nonprivate", "feature"), ("fdp_eps4", "mislabelled"),
                            ("dpsgd_eps4", "mislabelled"), ("fdp_eps4", "gradient"), ("fdp_eps1", "feature"),
-                           ("overfit", "feature"), ("overfit", "mislabelled")):
+                           ("overfit_nonprivate", "feature"), ("overfit_nonprivate", "mislabelled"),
+                           ("overfit_fdp_eps1", "feature"), ("overfit_fdp_eps1", "mislabelled")):
             key = f"{name}/{kind}"
             if only and key not in only and name not in only:
                 continue
             t0 = time.time()
             run = load_run(runs_dir / name)
-            data = None
-            if name == "overfit":  # the control was trained on a 2,000-record subset: audit models too
-                import numpy as np
-
-                from featuredp.data import load_dataset
-
-                full, test = load_dataset("adult")
-                sub = full.subset(np.random.default_rng(args.seed).choice(full.n, OVERFIT["n"], replace=False))
-                data = (sub, test)
+            data = _small_data(args.seed) if name.startswith("overfit") else None  # audit models like the run
             c = tabular.canary_audit(run, kind=kind, canaries=args.canaries, seed=args.seed, progress=False,
                                      data=data)  # fmt: skip
             report.write_canary_report(c, runs_dir / name / "audit", title=name)
@@ -152,7 +155,8 @@ def to_markdown(results: dict) -> str:
              for n, e in results["runs"].items()]  # fmt: skip
     t2 = report.markdown_table(["run", "ε", "AUC", "advantage", "TPR@1%FPR", "TPR@0.1%FPR"], rows2)
     rows3 = [[k, _f(c["epsilon_lower_bound"]), _f(c["epsilon_claimed"]), c["claim_relation"], _f(c["ceiling"], 2),
-              f"{c['r_v'][1]}/{c['r_v'][0]}"] for k, c in results.get("canary", {}).items()]  # fmt: skip
+              f"{c['r_v'][1]}/{c['r_v'][0]}" if c["epsilon_lower_bound"] > 0 else "—"]
+             for k, c in results.get("canary", {}).items()]  # fmt: skip
     t3 = report.markdown_table(["run / canaries", "ε lower bound", "claimed ε", "claim", "ceiling", "correct/guesses"],
                                rows3)  # fmt: skip
     return "\n\n".join(["## Attribute inference", t1, "## Membership inference (loss threshold)", t2,

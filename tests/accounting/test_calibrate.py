@@ -108,3 +108,12 @@ def test_step_calibration_bad_input():
         calibrate_steps(1.0, 1e-5, 0.01, -1.0)
     with pytest.raises(ValueError, match="target_epsilon"):
         calibrate_steps(math.nan, 1e-5, 0.01, 1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target,p,steps", [(8.0, 256 / 60000, 100_000), (1.0, 0.001, 100_000), (3.0, 0.01, 30_000)])
+@pytest.mark.parametrize("relation", ["add-remove", "replace-one"])
+def test_noise_calibration_long_runs(target, p, steps, relation):
+    sigma = calibrate_noise_multiplier(target, 1e-5, p, steps, relation=relation)
+    achieved = epsilon_for(sigma, p, steps, 1e-5, relation=relation)
+    assert 0.99 * target <= achieved <= target

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
-from test_image_loaders import write_fake_fashion
 
 from featuredp.diffusion.experiments import DIFFUSION_METHODS, load_model, main
+
+
+def write_fake_fashion(root: Path, n_train: int, n_test: int) -> None:
+    """Tiny Fashion-MNIST-shaped IDX files (uint8 images and labels), gzip-compressed."""
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True, exist_ok=True)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        for kind, arr in (("images-idx3", rng.integers(0, 256, (n, 28, 28))), ("labels-idx1", np.arange(n) % 10)):
+            header = bytes([0, 0, 0x08, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+            (root / f"{prefix}-{kind}-ubyte.gz").write_bytes(gzip.compress(header + arr.astype(np.uint8).tobytes()))
 
 
 def test_quick_compare_all_methods(tmp_path: Path) -> None:

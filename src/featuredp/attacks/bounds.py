@@ -293,19 +293,21 @@ def one_run_audit(
     if guesses is None:
         guesses = tuple(sorted({max(2, (m // k) // 2 * 2) for k in (1, 2, 5, 10, 20, 50, 100)}, reverse=True))
     guesses = tuple(check_int("guesses", g, minimum=1) for g in guesses)
+    if not guesses:
+        raise ValueError("guesses must list at least one guess count, got ()")
     if any(g > m for g in guesses):
         raise ValueError(f"every guess count must be <= m={m}, got {guesses}")
     level = b / len(guesses)
     order = np.argsort(-s, kind="mergesort")
-    grid = []
-    best = (0.0, guesses[0], 0)
+    grid: list[dict[str, float]] = []
+    best = (-1.0, 0, 0)  # every ε >= 0 beats it: the first grid entry is the default
     for r in guesses:
         k_in = r // 2 + r % 2
         k_out = r // 2
         v = int(inc[order[:k_in]].sum()) + (int((~inc[order[m - k_out :]]).sum()) if k_out else 0)
         eps = one_run_epsilon_lower_bound(m, r, v, delta, level)
         grid.append({"r": r, "v": v, "epsilon_lower_bound": eps})
-        if eps > best[0]:
+        if eps > best[0]:  # ties keep the first (largest) guess count
             best = (eps, r, v)
     return OneRunBound(
         epsilon_lower_bound=float(best[0]),
