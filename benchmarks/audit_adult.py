@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--canaries", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-canary", action="store_true")
+    ap.add_argument("--shadows", type=int, default=0, help="shadow models for LiRA/Shokri on the small (overfit) runs")
     ap.add_argument("--only", default=None, help="comma-separated run names to (re)do")
     ap.add_argument("--markdown-only", action="store_true", help="only rewrite adult_audit.md from the JSON")
     args = ap.parse_args()
@@ -105,6 +106,19 @@ def main() -> None:
         report.write_membership_report(m, rd / "audit", title=name)
         entry["membership"] = {"auc": m["auc"], "advantage": m["advantage"], "tpr_at_fpr": m["tpr_at_fpr"],
                                "verdict": m["verdict"]}  # fmt: skip
+        if args.shadows and small:
+            counter = iter(range(10**6))
+            ms = tabular.membership_audit(
+                run.model, train, test, n_targets=args.targets, seed=args.seed, progress=False, shadows=args.shadows,
+                shadow_train_size=SMALL_N,
+                train_fn=lambda ds: tabular.retrain_like(run, ds, seed=args.seed + 1000 + next(counter))[0],  # noqa: B023
+            )
+            ms["verdict"] = tabular.membership_verdict(ms, method, run.epsilon, delta)
+            report.write_membership_report(ms, rd / "audit", title=f"{name}, {args.shadows} shadows")
+            entry["membership_shadows"] = {
+                k: {"auc": v["auc"], "advantage": v["advantage"], "tpr_at_fpr": v["tpr_at_fpr"]}
+                for k, v in ms["metrics"].items()
+            }
         entry["seconds"] = time.time() - t0
         results["runs"][name] = entry
         atomic_write_json(res_path, results)
@@ -154,6 +168,12 @@ def to_markdown(results: dict) -> str:
               _f(e["membership"]["tpr_at_fpr"]["0.01"]), _f(e["membership"]["tpr_at_fpr"]["0.001"])]
              for n, e in results["runs"].items()]  # fmt: skip
     t2 = report.markdown_table(["run", "ε", "AUC", "advantage", "TPR@1%FPR", "TPR@0.1%FPR"], rows2)
+    rows2b = [[n, _f(e["epsilon"], 2), a, _f(m["auc"]), _f(m["advantage"]), _f(m["tpr_at_fpr"]["0.01"]),
+               _f(m["tpr_at_fpr"]["0.001"])]
+              for n, e in results["runs"].items() for a, m in e.get("membership_shadows", {}).items()]  # fmt: skip
+    if rows2b:
+        t2 += "\n\nWith shadow models (the small-data runs):\n\n" + report.markdown_table(
+            ["run", "ε", "attack", "AUC", "advantage", "TPR@1%FPR", "TPR@0.1%FPR"], rows2b)  # fmt: skip
     rows3 = [[k, _f(c["epsilon_lower_bound"]), _f(c["epsilon_claimed"]), c["claim_relation"], _f(c["ceiling"], 2),
               f"{c['r_v'][1]}/{c['r_v'][0]}" if c["epsilon_lower_bound"] > 0 else "—"]
              for k, c in results.get("canary", {}).items()]  # fmt: skip

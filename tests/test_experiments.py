@@ -135,3 +135,14 @@ def test_real_engine_on_a_tiny_table(tmp_path, tiny_csv) -> None:
     assert (private.noise_multiplier > 0).all() and (private.steps > 0).all()
     assert df.loc[df.method == "public", "epsilon"].item() == 0.0
     assert df.accuracy.between(0, 1).all()
+
+
+def test_report_only_summarises_finished_cells_and_trains_nothing(tmp_path, tiny_csv) -> None:
+    cfg = _cfg(tmp_path, tiny_csv)
+    with pytest.raises(KeyboardInterrupt):
+        run_grid(cfg, trainer_fn=FakeTrainer(fail_on=4))
+    idle = FakeTrainer()
+    out = run_grid(_cfg(tmp_path, tiny_csv, report_only=True), trainer_fn=idle)
+    assert idle.calls == [] and out["meta"]["cells_missing"] == 13
+    assert len(pd.read_csv(cfg.out / "results.csv")) == 3
+    assert "13 cells of the grid are not finished yet" in (cfg.out / "summary.md").read_text()

@@ -156,3 +156,19 @@ def test_sklearn_estimator_checks(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         check(estimator)
+
+
+def test_all_noisy_labels_one_class_gives_a_constant_predictor():
+    # A very skewed class prior at small ε: RR-with-prior releases the top class for every row.
+    class Prior:
+        classes_ = np.arange(2)
+
+        def predict_proba(self, X):
+            return np.tile([0.9, 0.1], (len(X), 1))
+
+    X, y, Xt, _ = _digits()
+    yb = (y == 3).astype(int)
+    with pytest.warns(UserWarning, match="constant predictor"):
+        clf = LabelDPClassifier(epsilon=0.5, method="rr-prior", prior_model=Prior(), random_state=0).fit(X, yb)
+    assert np.all(clf.predict(Xt) == 0)
+    assert clf.predict_proba(Xt).shape == (len(Xt), 2)

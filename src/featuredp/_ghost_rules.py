@@ -205,7 +205,8 @@ def weighted_sum(c: Contribution, factors: torch.Tensor) -> torch.Tensor:
         if c.example.numel():
             out.index_add_(0, c.index, c.value * factors.to(c.value.dtype)[c.example].unsqueeze(1))
         return out
-    return torch.einsum("b,b...->...", factors.to(c.grad.dtype), c.grad)
+    B = c.grad.shape[0]
+    return torch.mv(c.grad.reshape(B, -1).t(), factors.to(c.grad.dtype)).reshape(c.grad.shape[1:])
 
 
 def abs_sum(c: Contribution) -> torch.Tensor:

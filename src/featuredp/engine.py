@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -58,7 +59,7 @@ from featuredp._validate import (
 )
 from featuredp.errors import DataValidationError
 from featuredp.features import Batch, PublicFeatureMap
-from featuredp.losses import LossSplit, default_split, forward
+from featuredp.losses import LabelDPSplit, LossSplit, default_split, forward
 from featuredp.privatize import (
     GradientStrategy,
     add_noise,
@@ -517,6 +518,13 @@ class Trainer:
         if "y" not in batch_all and self.method != "public":
             raise DataValidationError("data has no labels 'y'")
         split = self._resolve_split(data)
+        if self.pretrain_epochs and isinstance(split, LabelDPSplit):
+            warnings.warn(
+                "public pre-training with LabelDPSplit minimises logsumexp(logits) alone, which has no minimiser "
+                "and only pushes the logits down; use pretrain_epochs=0 for a private label",
+                UserWarning,
+                stacklevel=2,
+            )
         plan = self.make_plan(n)
         self.plan = plan
         if plan.is_private:

@@ -233,6 +233,7 @@ class GridConfig:
     val_fraction: float = 0.2
     progress: bool = True
     command: str = ""
+    report_only: bool = False  # summarise the finished cells; run nothing (e.g. while a grid is still running)
 
     def __post_init__(self) -> None:
         if not isinstance(self.dataset, str) or not self.dataset:
@@ -432,6 +433,12 @@ class GridRunner:
             atomic_write_json(path, {"tag": tag, "method": method, "epsilon": eps, "best": best, "trials": trials})
             self.tuned[key] = best
 
+    def _load_tuned(self, cells: Sequence[Cell]) -> None:
+        for method, eps in dict.fromkeys((c.method, c.epsilon) for c in cells):
+            path = self.cfg.out / "tuning" / f"{_tune_key(method, eps)}.json"
+            if path.is_file():
+                self.tuned[_tune_key(method, eps)] = json.loads(path.read_text())["best"]
+
     # -- the grid -------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Run (or skip) every cell; write results.csv, summary.md and privacy_utility.png; return the summary."""
@@ -443,11 +450,16 @@ class GridRunner:
         started = time.perf_counter()
         ran = skipped = 0
         with tqdm(total=len(cells), desc=f"compare {cfg.dataset}", unit="cell", disable=not cfg.progress) as bar:
-            if cfg.tune:
+            if cfg.tune and not cfg.report_only:
                 self.tune(cells, bar)
+            elif cfg.tune:
+                self._load_tuned(cells)
             rows = []
             for cell in cells:
                 row = self.stored(cell)
+                if row is None and cfg.report_only:
+                    bar.update(1)
+                    continue
                 if row is None:
                     bar.set_postfix_str(cell.key)
                     row = self.run_cell(cell)
@@ -456,7 +468,12 @@ class GridRunner:
                     skipped += 1
                 rows.append(row)
                 bar.update(1)
-                self.write_results(rows)  # keep results.csv current while the grid runs
+                if not cfg.report_only:
+                    self.write_results(rows)  # keep results.csv current while the grid runs
+        if not rows:
+            raise FileNotFoundError(f"no finished cells of this grid in {str(cfg.out)!r}")
+        if cfg.report_only:
+            self.write_results(rows)
         summary = summarize(rows)
         meta = {
             "dataset": cfg.dataset, "description": self.data[0].description, "train_rows": self.data[0].n,
@@ -464,7 +481,8 @@ class GridRunner:
             "model": self.preset.get("model"), "hidden": self.preset.get("hidden"),
             "loss_split": self.preset.get("loss_split"), "delta": self.delta, "quick": cfg.quick, "tuned": cfg.tune,
             "methods": {m: self.preset["methods"].get(m, {}) for m in cfg.methods}, "tuned_params": self.tuned,
-            "cells_run": ran, "cells_reused": skipped, "invocation_wall_s": round(time.perf_counter() - started, 1),
+            "cells_run": ran, "cells_reused": skipped, "cells_missing": len(cells) - ran - skipped,
+            "invocation_wall_s": round(time.perf_counter() - started, 1),
             "command": cfg.command,
         }  # fmt: skip
         atomic_write_text(cfg.out / "summary.md", render_summary_md(rows, summary, meta))
@@ -590,7 +608,9 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
         "",
         f"Total training time of the {len(rows)} runs: {total / 60:.1f} min wall, {total_cpu / 60:.1f} min CPU "
         f"(sums over runs; one torch thread; this invocation ran {meta.get('cells_run')} and reused "
-        f"{meta.get('cells_reused')} finished cells).",
+        f"{meta.get('cells_reused')} finished cells"
+        + (f"; **{meta['cells_missing']} cells of the grid are not finished yet**" if meta.get("cells_missing") else "")
+        + ").",
         "",
         "## Hyperparameters",
         "",

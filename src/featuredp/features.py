@@ -204,8 +204,10 @@ class Columns(PublicFeatureMap):
             "map": "Columns",
             "reveals": f"the public columns {self.public_columns}"
             + ("" if self.label_private else f" and the label {self.label_name!r}"),
-            "hides": f"the private columns {self.private_columns}"
-            + (f" and the label {self.label_name!r}" if self.label_private else ""),
+            "hides": " and ".join(
+                ([f"the private columns {self.private_columns}"] if self.private_columns else [])
+                + ([f"the label {self.label_name!r}"] if self.label_private else [])
+            ),
             "private_columns": list(self.private_columns or []),
             "public_columns": list(self.public_columns or []),
             "private_encoded_columns": list(self._encoded_private),

@@ -21,6 +21,7 @@ any classifier trained on them is post-processing.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -201,7 +202,18 @@ class LabelDPClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
             noisy = rr_with_prior(y_idx, prior, eps, streams.noise)
         else:
             noisy = self._lp_2st(X, y_idx, K, eps, frac, streams)
-        self.estimator_ = self._base().fit(X, self.classes_[noisy])
+        if len(np.unique(noisy)) < 2:
+            # The mechanism's output (post-processing): every released label is one class — e.g. RR-with-prior
+            # at small ε with a skewed prior. Most classifiers refuse one class; predict that class instead.
+            warnings.warn(
+                f"all noisy labels are class {self.classes_[noisy[0]]!r}; fitting a constant predictor",
+                UserWarning, stacklevel=2,
+            )
+            from sklearn.dummy import DummyClassifier
+
+            self.estimator_ = DummyClassifier(strategy="most_frequent").fit(X, self.classes_[noisy])
+        else:
+            self.estimator_ = self._base().fit(X, self.classes_[noisy])
         self.epsilon_, self.delta_ = eps, 0.0
         self.privacy_ = {"method": f"label-dp-{method}", "guarantee": "label-DP", "relation": "replace-one",
                          "epsilon": eps, "delta": 0.0, "n": len(y_idx), "classes": K}
@@ -237,9 +249,10 @@ class LabelDPClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         return self.estimator_.predict(X)
 
     def predict_proba(self, X: Any) -> np.ndarray:
-        """Class probabilities of the estimator trained on noisy labels."""
+        """Class probabilities of the estimator trained on noisy labels, one column per ``classes_``
+        (0 for a class that no noisy label took)."""
         check_is_fitted(self)
-        return self.estimator_.predict_proba(X)
+        return self._aligned_proba(self.estimator_, X, len(self.classes_))
 
     def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
         tags = super().__sklearn_tags__()

@@ -23,6 +23,11 @@ METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
             "max_grad_norm": 1.0, "alpha": 0.5, "pretrain_epochs": 3, "pretrain_lr": 0.05},
 }  # fmt: skip
 
+#: changes to the fdp / fdp_dpsgd defaults when the label is private (LabelDPSplit): ℓ_pub = logsumexp(logits)
+#: has no minimiser, so no public pre-training; g_pub + α·g_priv is the cross-entropy gradient only for α = 1
+#: and when clipping leaves ∇ℓ_priv mostly intact (C = 5; C = 1 collapsed to the majority class on Adult).
+LABEL_DP_DEFAULTS: dict[str, Any] = {"pretrain_epochs": 0, "alpha": 1.0, "max_grad_norm": 5.0}
+
 
 def method_defaults(method: str) -> dict[str, Any]:
     """A copy of the defaults for ``method``."""

@@ -386,7 +386,8 @@ class GhostGradients:
             for c in combined.values():
                 sq += squared_norms(c)
             norms = sq.sqrt()
-            factors = clip_factors(norms, C)
+            # Factors in the parameters' dtype once (not per layer); min(1, C/‖g‖) ≤ 1 is safe to round.
+            factors = clip_factors(norms, C).to(losses.dtype)
 
         sums: dict[str, torch.Tensor] = {}
         if self.reweight == "backward":

@@ -16,9 +16,9 @@ from typing import Any
 from featuredp._validate import check_choice
 from featuredp.engine import METHODS, PRIVATE_METHODS, Trainer, evaluate, init_seed
 from featuredp.features import Columns
-from featuredp.losses import default_split
+from featuredp.losses import LabelDPSplit, default_split
 from featuredp.models import build_model, spec_for
-from featuredp.presets import DEFAULT_MODEL, method_defaults
+from featuredp.presets import DEFAULT_MODEL, LABEL_DP_DEFAULTS, method_defaults
 
 __all__ = ["train_tabular"]
 
@@ -70,6 +70,8 @@ def train_tabular(
 
     kwargs = method_defaults(method)
     kwargs.setdefault("strategy", _fast_strategy())
+    if isinstance(split, LabelDPSplit) and method in ("fdp", "fdp_dpsgd"):
+        kwargs.update(LABEL_DP_DEFAULTS)  # defaults only: the user's overrides below still win
     kwargs.update({k: v for k, v in overrides.items() if v is not None})
     if method in PRIVATE_METHODS:
         if epsilon is None and kwargs.get("noise_multiplier") is None:

@@ -11,9 +11,9 @@ every number is an upper bound):
   analytic Gaussian profile with μ = Δ·sqrt(Σ T_i/σ_i²) (μ-GDP), no discretisation.
 * Poisson-subsampled Gaussians use an *adaptive* discretisation: the interval is set
   relative to the expected ε (from a cheap RDP estimate) and refined ×3 until the
-  estimated excess of the pessimistic answer over the exact one is <= ``rtol`` (relative). The cost of a
-  PLD is ~ (support width)/(interval) and the support width scales with ε, so a
-  relative interval makes the cost nearly independent of the number of steps T.
+  estimated excess of the pessimistic answer over the exact one is <= ``rtol`` (relative)
+  or 1e-5 (absolute). The cost of a PLD is ~ (support width)/(interval) and the support
+  width scales with ε, so a relative interval makes the cost nearly independent of T.
 
 RDP backend: dp-accounting's ``RdpAccountant`` with its default orders. For
 ``"replace-one"`` plain Gaussians are accounted with sensitivity 2 (σ/2); a
@@ -24,8 +24,11 @@ do not silently substitute a looser or unproven conversion).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import dp_accounting
@@ -257,9 +260,23 @@ def _rdp_event(event: DpEvent, relation: str) -> DpEvent:
     raise ValueError(f"event {event!r} is not supported by accountant 'rdp' with relation='replace-one'")
 
 
+@contextlib.contextmanager
+def _quiet_absl() -> Iterator[None]:
+    # dp-accounting logs a WARNING for every fractional RDP order whose series does not converge
+    # (it drops that order, which is safe); users of the CLI should not see dozens of those lines.
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _rdp_accountant(event: DpEvent, relation: str):
     acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=_NeighborRel.ADD_OR_REMOVE_ONE)
-    _compose_generic(acc, _rdp_event(event, relation), "rdp")
+    with _quiet_absl():
+        _compose_generic(acc, _rdp_event(event, relation), "rdp")
     return acc
 
 

@@ -12,6 +12,7 @@ evaluations because log ε is nearly linear in log σ and in log T.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -153,7 +154,7 @@ def calibrate_noise_multiplier(
     start, slope = _clt_start(target, delta, p, steps, sens), -1.0
     if accountant == "pld" and p < 1:
         # Coarse-to-fine. A pessimistic PLD at one fixed interval is an upper bound at any interval;
-        # at an interval of 3e-4·ε it is ≈3% pessimistic but cheap, and the ratio fine/coarse barely
+        # at the coarse interval (≈ ε·0.1/√T) it is ≈1–3% pessimistic but cheap, and the ratio fine/coarse barely
         # moves with σ. So: solve on coarse, measure the ratio once with the fine accountant, solve
         # coarse·ratio (cheap), and let the fine accountant confirm (usually one evaluation).
         coarse_interval = target * _coarse_relative(steps) * sens
@@ -173,10 +174,16 @@ def calibrate_noise_multiplier(
     found = _secant_sigma(fine, target, aim, start, tolerance, slope)
     if found is None:
         eps_max = fine(_SIGMA_MAX)
+        fix = "fewer"
+        if steps > 1:  # say which number of steps would reach the target at the largest noise we consider
+            with contextlib.suppress(UnreachableTargetError):
+                n = calibrate_steps(target, delta, p, _SIGMA_MAX, relation=relation, accountant=accountant)
+                fix = f"at most {n}"
         raise UnreachableTargetError(
             f"target_epsilon={target_epsilon} is not reachable: even noise_multiplier={_SIGMA_MAX:g} gives "
-            f"epsilon={eps_max:.4g}; use fewer steps (steps={steps}), a smaller sampling_rate "
-            f"(sampling_rate={p}) or a larger target_epsilon"
+            f"epsilon={eps_max:.4g} for steps={steps}; use "
+            + (f"{fix} steps, " if steps > 1 else "")
+            + f"a smaller sampling_rate (sampling_rate={p}) or a larger target_epsilon"
         )
     return float(found[0])
 

@@ -55,6 +55,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tune", action="store_true",
                    help="tune a small grid per method and ε on a validation split of the training data "
                         "(not accounted for in ε; summary.md says so)")
+    p.add_argument("--report-only", action="store_true",
+                   help="write results.csv, summary.md and the plot from the finished cells; train nothing")
     p.add_argument("--private", type=_names, default=None, help="private raw columns (default: the dataset's)")
     p.add_argument("--cache-dir", default=None, help="dataset cache (census-based sets)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -108,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         delta=getattr(args, "delta", None),
         private=args.private,
         dataset_options=options,
+        report_only=args.report_only,
         progress=not args.json and sys.stderr.isatty(),
         command="featuredp " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["compare"]
         else "featuredp compare",
