@@ -139,6 +139,7 @@ def _time(fn, arg, runs: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global SIGMA, P  # the benchmark functions read the setting from module level
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="repetitions per cell (median reported)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -147,19 +148,27 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs of the prv-accountant calibration (a bisection of ~8 PRV evaluations, minutes "
                              "each at T=1e5 here; default 1)")
     parser.add_argument("--log", metavar="JSONL", help="also append each result row to this file as it completes")
+    parser.add_argument("--noise-multiplier", type=float, default=SIGMA, help=f"σ of the ε rows (default {SIGMA})")
+    parser.add_argument("--sampling-rate", type=float, default=P, help=f"p of all rows (default {P:.6f})")
+    parser.add_argument("--epsilon-only", action="store_true", help="skip the calibration rows")
+    parser.add_argument("--no-prv", action="store_true", help="skip prv-accountant")
     args = parser.parse_args(argv)
     runs = 1 if args.quick else args.runs
     if runs < 1:
         parser.error(f"--runs must be >= 1, got {runs}")
+    SIGMA, P = args.noise_multiplier, args.sampling_rate
+    if not (SIGMA > 0 and 0 < P <= 1):
+        parser.error(f"need --noise-multiplier > 0 and --sampling-rate in (0, 1], got {SIGMA}, {P}")
 
     jobs = []
     for steps in (1_000, 10_000, 100_000):
-        jobs += [("epsilon", steps, "featuredp", fdp_epsilon), ("epsilon", steps, "dp-accounting PLD", dpa_epsilon),
-                 ("epsilon", steps, "prv-accountant", prv_epsilon)]
-    for steps in (10_000, 100_000):
+        jobs += [("epsilon", steps, "featuredp", fdp_epsilon), ("epsilon", steps, "dp-accounting PLD", dpa_epsilon)]
+        if not args.no_prv:
+            jobs.append(("epsilon", steps, "prv-accountant", prv_epsilon))
+    for steps in () if args.epsilon_only else (10_000, 100_000):
         jobs += [("calibrate", steps, "featuredp", fdp_calibrate),
                  ("calibrate", steps, "dp-accounting PLD", dpa_calibrate)]
-        if not args.quick:
+        if not (args.quick or args.no_prv):
             jobs.append(("calibrate", steps, "prv-accountant", prv_calibrate))
 
     _warm_up()

@@ -127,7 +127,8 @@ def main() -> None:
         for name, kind in (("fdp_eps4", "feature"), ("nonprivate", "feature"), ("fdp_eps4", "mislabelled"),
                            ("dpsgd_eps4", "mislabelled"), ("fdp_eps4", "gradient"), ("fdp_eps1", "feature"),
                            ("overfit_nonprivate", "feature"), ("overfit_nonprivate", "mislabelled"),
-                           ("overfit_fdp_eps1", "feature"), ("overfit_fdp_eps1", "mislabelled")):
+                           ("overfit_fdp_eps1", "feature"), ("overfit_fdp_eps1", "mislabelled"),
+                           ("overfit_dpsgd_eps1", "mislabelled")):
             key = f"{name}/{kind}"
             if only and key not in only and name not in only:
                 continue

@@ -36,3 +36,16 @@ def test_atomic_write_keeps_old_file_on_crash(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["ledger.json"]
     atomic_write_text(target, "new")
     assert target.read_text() == "new"
+
+
+def test_atomic_write_uses_umask_mode(tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        target = tmp_path / "results.csv"
+        atomic_write_text(target, "a,b\n")
+        assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    finally:
+        os.umask(old)

@@ -26,6 +26,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    # mkstemp creates 0600 files; give the result the mode a plain open() would (0666 minus the umask).
+    os.chmod(tmp_path, 0o666 & ~_current_umask())
     try:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:
@@ -35,6 +37,12 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

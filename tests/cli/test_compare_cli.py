@@ -76,3 +76,14 @@ def test_quick_compare_on_adult_end_to_end(tmp_path) -> None:
     before = (out / "results.csv").read_text()
     assert main(["compare", "--dataset", "adult", "--quick", "--out", str(out)]) == 0
     assert (out / "results.csv").read_text() == before
+
+
+def test_csv_dataset_from_the_command_line(tmp_path, monkeypatch) -> None:
+    seen = {}
+    monkeypatch.setattr("featuredp.experiments.run_grid", lambda cfg: {"dataset": seen.setdefault("cfg", cfg).dataset})
+    path = tmp_path / "t.csv"
+    path.write_text("a,s,y\n1,x,0\n")
+    assert main(["compare", "--dataset", "csv", "--dataset-path", str(path), "--out", str(tmp_path)]) == 2
+    assert main(["compare", "--dataset", "csv", "--dataset-path", str(path), "--label", "y", "--private", "s",
+                 "--out", str(tmp_path / "o"), "--json"]) == 0
+    assert seen["cfg"].dataset_options == {"path": str(path), "label": "y", "private": ["s"]}

@@ -56,3 +56,12 @@ def test_demo_short_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert [r["method"] for r in out["rows"]] == ["nonprivate", "dpsgd", "fdp"]
     assert all(r["epsilon"] is None or r["epsilon"] <= 1.0 for r in out["rows"])
+
+
+def test_train_private_label_uses_the_label_dp_split(capsys):
+    rc = main(["train", "--private", "income", "--method", "fdp", "--epsilon", "1", "--epochs", "0.2", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["label_private"] and out["private_columns"] == []
+    assert out["max_grad_norm"] == 5.0 and out["alpha"] == 1.0 and out["pretrain_steps"] == 0
+    assert "the label 'income'" in out["guarantee"]

@@ -21,7 +21,7 @@ from featuredp import __version__
 from featuredp.errors import FeatureDPError
 
 # The order commands appear in ``featuredp --help``; unknown modules go last.
-_ORDER = ("account", "calibrate", "train", "demo", "compare", "audit", "data", "benchmark")
+_ORDER = ("account", "calibrate", "train", "demo", "compare", "convex", "audit", "data", "benchmark")
 
 
 def _command_modules() -> list[str]:

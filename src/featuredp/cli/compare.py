@@ -59,6 +59,7 @@ def register(subparsers: Any) -> None:
                    help="write results.csv, summary.md and the plot from the finished cells; train nothing")
     p.add_argument("--private", type=_names, default=None, help="private raw columns (default: the dataset's)")
     p.add_argument("--cache-dir", default=None, help="dataset cache (census-based sets)")
+    p.add_argument("--label", default=None, help="label column of --dataset csv (with --dataset-path FILE)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (default 1: steadier on shared machines; cells run one at a time)")
@@ -98,7 +99,13 @@ def run(args: argparse.Namespace) -> int:
     if first < 0:
         raise ValueError(f"seed must be >= 0, got {first}")
     dataset = args.dataset or "adult"
-    options = {"cache_dir": args.cache_dir} if args.cache_dir else {}
+    options: dict[str, Any] = {"cache_dir": args.cache_dir} if args.cache_dir else {}
+    if getattr(args, "dataset_path", None):  # your own file: --dataset csv|purchase100|criteo --dataset-path FILE
+        options = {"path": args.dataset_path}
+        if dataset == "csv":
+            if not args.label or not args.private:
+                raise ValueError("--dataset csv needs --dataset-path FILE, --label COLUMN and --private a,b")
+            options.update(label=args.label, private=args.private)
     cfg = GridConfig(
         dataset=dataset,
         out=args.out,

@@ -20,7 +20,6 @@ covers it). Without an intercept z = x / data_norm. The learned ``coef_`` and
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 from typing import Any
 
@@ -208,8 +207,3 @@ class PrivateLinearClassifier(ClassifierMixin, BaseEstimator):
 def ovr_split(epsilon: float, delta: float, n_problems: int) -> list[tuple[float, float]]:
     """Basic composition: ``n_problems`` releases on the same data at (ε/K, δ/K) each sum to (ε, δ)."""
     return [(epsilon / n_problems, delta / n_problems)] * n_problems
-
-
-def is_seed(value: object) -> bool:
-    """True for an integer seed (bools excluded)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
