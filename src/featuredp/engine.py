@@ -328,7 +328,7 @@ class Trainer:
         average_fraction: float = 0.5,
         ema_decay: float = 0.99,
         strategy: str | GradientStrategy = "vmap",
-        physical_batch_size: int | None = 256,
+        physical_batch_size: int | str | None = "auto",
         relation: str = "add-remove",
         accountant: str = "pld",
         seed: int | None = 0,

@@ -143,7 +143,8 @@ class GaussianPadding(_FilledClassification):
 
     def draws(self, batch: Batch, generator: torch.Generator) -> Batch:
         x = batch["x"]
-        return {"pad": torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device) * self.scale}
+        pad = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+        return {"pad": pad if self.scale == 1.0 else pad.mul_(self.scale)}
 
     def _fill(self, view: Batch, draws: Batch) -> Batch:
         mask = self.feature_map.private_entries().get("x")

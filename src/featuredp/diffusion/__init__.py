@@ -8,11 +8,34 @@ Modules: :mod:`~featuredp.diffusion.unet` (class-conditional GroupNorm U-Net),
 (the five-method comparison; ``run_compare``). Training goes through :class:`featuredp.engine.Trainer`.
 """
 
-from featuredp.diffusion.losses import DiffusionLoss, denoising_loss
-from featuredp.diffusion.rejection import laplacian_variance, public_threshold, rejection_sample
-from featuredp.diffusion.sampler import ddim_sample, ddpm_sample, generate
-from featuredp.diffusion.schedule import NoiseSchedule
-from featuredp.diffusion.unet import PRESETS, UNet, UNetConfig, build_unet, count_parameters
+import importlib
+from typing import Any
+
+# Names resolve lazily (PEP 562) so that ``featuredp.diffusion.experiments`` can register its CLI
+# options without importing torch: every ``featuredp`` command builds the full parser.
+_EXPORTS = {
+    "DiffusionLoss": "losses",
+    "denoising_loss": "losses",
+    "laplacian_variance": "rejection",
+    "public_threshold": "rejection",
+    "rejection_sample": "rejection",
+    "ddim_sample": "sampler",
+    "ddpm_sample": "sampler",
+    "generate": "sampler",
+    "NoiseSchedule": "schedule",
+    "PRESETS": "unet",
+    "UNet": "unet",
+    "UNetConfig": "unet",
+    "build_unet": "unet",
+    "count_parameters": "unet",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "PRESETS",
