@@ -52,7 +52,7 @@ from featuredp._ghost_rules import (
 )
 from featuredp._validate import check_choice, check_int, check_positive
 from featuredp.features import Batch
-from featuredp.privatize import LossFn, check_no_batch_mixing, clip_factors, trainable_parameters
+from featuredp.privatize import LossFn, _LossModule, check_no_batch_mixing, clip_factors, trainable_parameters
 
 __all__ = ["GhostGradients", "GhostPlan"]
 
@@ -85,18 +85,6 @@ class _Call:
     kwargs: dict
     output: torch.Tensor
     versions: list[tuple[torch.Tensor, int]]  # tensors whose in-place modification would invalidate the call
-
-
-class _LossModule(nn.Module):
-    """(model, loss_fn) as one module so ``functional_call`` swaps θ for every use of the model in the loss."""
-
-    def __init__(self, model: nn.Module, loss_fn: LossFn) -> None:
-        super().__init__()
-        self.model = model
-        self._loss_fn = loss_fn
-
-    def forward(self, batch: Batch, draws: Batch) -> torch.Tensor:
-        return self._loss_fn(self.model, batch, draws)
 
 
 def _signature(model: nn.Module) -> tuple:
