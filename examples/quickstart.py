@@ -13,20 +13,21 @@ from featuredp.features import Columns
 from featuredp.models import build_model, spec_for
 
 
-def main() -> None:
+def main(epochs: float = 2.0) -> None:
+    """Train both models for ``epochs`` (FDP also pre-trains on the public view for as long) and print."""
     torch.set_num_threads(1)
     train, test = load_dataset("adult")                 # bundled, no download
     spec = spec_for(train, "mlp", hidden=[64])
 
     # Feature DP: only sex and race are private; the other columns and the income label are public.
     fdp = Trainer(build_model(spec, seed=init_seed(0)), "fdp", feature_map=Columns(private=["sex", "race"]),
-                  epochs=2, pretrain_epochs=2, batch_size=512, public_batch_size=256, target_epsilon=1.0,
-                  delta=1e-5, lr=0.05, progress=False)
+                  epochs=epochs, pretrain_epochs=epochs, batch_size=512, public_batch_size=256, target_epsilon=1.0,
+                  delta=1e-5, lr=0.05, strategy="ghost", progress=False)
     r_fdp = fdp.fit(train)
 
     # DP-SGD protects whole records (hence also sex and race) at the same epsilon.
-    dp = Trainer(build_model(spec, seed=init_seed(0)), "dpsgd", epochs=2, batch_size=512, target_epsilon=1.0,
-                 delta=1e-5, lr=0.5, progress=False)
+    dp = Trainer(build_model(spec, seed=init_seed(0)), "dpsgd", epochs=epochs, batch_size=512, target_epsilon=1.0,
+                 delta=1e-5, lr=0.5, strategy="ghost", progress=False)
     r_dp = dp.fit(train)
 
     for name, trainer, res in (("FDP-SGD", fdp, r_fdp), ("DP-SGD", dp, r_dp)):
