@@ -503,3 +503,57 @@ def test_no_warning_for_fully_supported_models():
         strategy = GhostGradients()
         strategy.clipped_sum(model, single(), {"x": torch.randn(4, 3)}, {}, 1.0)
     assert strategy.fallback_layers == []
+
+
+# -- Column subsets (ColumnLinear) and separate passes --------------------------------------------------------
+
+
+def test_zero_masked_second_pass_on_a_column_subset():
+    """ℓ(x) − ℓ(x with private columns zero), the second pass given only the public columns (FDP's zero
+    masking with ColumnLinear): norms and clipped sums equal per-example autograd, and equal the same loss
+    computed on the full zero-filled input."""
+    from featuredp.models import MLP
+
+    model = MLP(10, (6,), 3)
+    public = torch.tensor([1, 4, 5])
+    x = torch.randn(9, 10)
+    masked = torch.zeros_like(x)
+    masked[:, public] = x[:, public]
+
+    def subset(m, batch, draws):
+        return sq_loss(m(batch["x"])) - sq_loss(m(batch["x"][:, public], columns=public))
+
+    def full(m, batch, draws):
+        return sq_loss(m(batch["x"])) - sq_loss(m(draws["pad"]))
+
+    assert_matches(model, subset, {"x": x})
+    a, na = GhostGradients().clipped_sum(model, subset, {"x": x}, {}, 0.5)
+    b, nb = GhostGradients().clipped_sum(model, full, {"x": x}, {"pad": masked}, 0.5)
+    torch.testing.assert_close(na, nb)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k])
+
+
+def test_passes_on_different_column_subsets_and_a_single_subset_pass():
+    from featuredp.models.layers import ColumnLinear
+
+    layer = ColumnLinear(8, 3)
+    c1, c2 = torch.tensor([0, 2, 3]), torch.tensor([2, 5])
+    x = torch.randn(7, 8)
+
+    def two_subsets(m, batch, draws):
+        return sq_loss(m(batch["x"][:, c1], columns=c1)) - sq_loss(m(batch["x"][:, c2], columns=c2))
+
+    assert_matches(layer, two_subsets, {"x": x})
+    assert_matches(layer, lambda m, b, d: sq_loss(m(b["x"][:, c1], columns=c1)), {"x": x})
+
+
+def test_three_passes_are_exact():
+    model = nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 2))
+    x = torch.randn(8, 6)
+    draws = {"p": torch.randn(8, 6), "q": x + 0.01 * torch.randn(8, 6)}
+
+    def three(m, batch, d):
+        return sq_loss(m(batch["x"])) - 0.5 * sq_loss(m(d["p"])) - 0.5 * sq_loss(m(d["q"]))
+
+    assert_matches(model, three, {"x": x}, draws)

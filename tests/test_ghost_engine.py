@@ -10,6 +10,7 @@ import torch
 from featuredp import engine
 from featuredp.cli import main
 from featuredp.features import Columns
+from featuredp.losses import default_split
 from featuredp.models import build_model, spec_for
 from featuredp.privatize_ghost import GhostGradients
 from featuredp.throughput import interleaved, synthetic_purchase
@@ -20,12 +21,12 @@ def small():
     return synthetic_purchase(300, d=20, n_classes=4, n_public=5, seed=1)
 
 
-def _train(data, public, method, strategy):
+def _train(data, public, method, strategy, split="padding"):
     model = build_model(spec_for(data, "mlp", hidden=[8]), seed=engine.init_seed(3))
     trainer = engine.Trainer(
         model,
         method,
-        feature_map=Columns(public=public) if method == "fdp" else None,
+        loss_split=default_split(Columns(public=public), split) if method == "fdp" else None,
         steps=6,
         batch_size=40,
         noise_multiplier=1.0,
@@ -40,12 +41,13 @@ def _train(data, public, method, strategy):
     return trainer
 
 
-@pytest.mark.parametrize("method", ["dpsgd", "fdp"])
-def test_trainer_with_ghost_matches_vmap(small, method):
-    """Same seed, same data: the ghost and vmap strategies give the same trained model (float rounding)."""
+@pytest.mark.parametrize(("method", "split"), [("dpsgd", None), ("fdp", "padding"), ("fdp", "zero")])
+def test_trainer_with_ghost_matches_vmap(small, method, split):
+    """Same seed, same data: the ghost and vmap strategies give the same trained model (float rounding);
+    with zero masking both see the public passes on the public columns only (ColumnLinear)."""
     data, public = small
-    ghost = _train(data, public, method, GhostGradients())
-    vmap = _train(data, public, method, "vmap")
+    ghost = _train(data, public, method, GhostGradients(), split)
+    vmap = _train(data, public, method, "vmap", split)
     for (n, p), (_, q) in zip(ghost.model.named_parameters(), vmap.model.named_parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=f"parameter {n} differs")
     moved = any(
@@ -86,7 +88,11 @@ def test_benchmark_cli_json(capsys):
     out = json.loads(capsys.readouterr().out)
     for key in ("nonprivate", "dpsgd", "fdp", "ratio_dpsgd", "ratio_fdp"):
         assert out[key] > 0
-    assert out["batch_size"] == 32
+    assert out["batch_size"] == 32 and out["loss_split"] == "zero"
+    rc = main(["benchmark", "--batch-size", "32", "--dataset-size", "256", "--rounds", "1", "--min-time", "0.01",
+               "--methods", "fdp", "--loss-split", "padding", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["loss_split"] == "padding" and out["ratio_fdp"] > 0 and "dpsgd" not in out
 
 
 def test_benchmark_cli_bad_input(capsys):

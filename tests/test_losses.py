@@ -123,3 +123,38 @@ def test_sparse_model_public_loss_masks_private_codes():
     d = split.draws(batch, torch.Generator().manual_seed(0))
     assert torch.equal(split.public_loss(model, batch, d), split.public_loss(model, other, d))
     assert not torch.equal(split.loss(model, batch, d), split.loss(model, other, d))
+
+
+def test_zero_masking_multiplies_only_public_columns_and_equals_the_full_view(monkeypatch):
+    """Masking(fill='zero') and LabelDPSplit give a columns-aware model just the public columns; the public
+    loss and its gradient equal those of the full zero-filled view (a model without ``accepts_columns``)."""
+    from featuredp.models.layers import ColumnLinear
+
+    data = make_tabular(40, seed=2)
+    batch = as_batch(data)
+    torch.manual_seed(0)
+    model = MLP(7, (5,), 2)
+    plain = torch.nn.Sequential(*model.net)  # the same layers, called the ordinary way
+    seen = []
+    original = ColumnLinear.forward
+
+    def spy(self, input, columns=None):
+        seen.append(None if columns is None else columns.tolist())
+        return original(self, input, columns)
+
+    monkeypatch.setattr(ColumnLinear, "forward", spy)
+    for split in (Masking(Columns(["sex", "race"])), LabelDPSplit(Columns(["race"], label_private=True))):
+        split.bind(data)
+        public = (~split.feature_map.private_entries()["x"]).nonzero().flatten().tolist()
+        seen.clear()
+        fast = split.public_loss(model, batch, {})
+        assert seen == [public]
+        slow = split.public_loss(plain, batch, {})
+        torch.testing.assert_close(fast, slow)
+        g_fast = torch.autograd.grad(fast.sum(), list(model.parameters()))
+        g_slow = torch.autograd.grad(slow.sum(), list(plain.parameters()))
+        for a, b in zip(g_fast, g_slow):
+            torch.testing.assert_close(a, b)
+    seen.clear()
+    GaussianPadding(Columns(["sex"])).bind(data).public_loss(model, batch, {"pad": torch.randn(40, 7)})
+    assert seen == [None]  # padding fills the private columns: the full input is multiplied

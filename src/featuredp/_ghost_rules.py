@@ -33,11 +33,14 @@ import torch
 from torch import nn
 from torch.nn import functional as nnf
 
+from featuredp.models.layers import ColumnLinear
+
 __all__ = [
     "RULES",
     "Dense",
     "NotPerExampleError",
     "Outer",
+    "Passes",
     "Rows",
     "abs_sum",
     "combine",
@@ -57,11 +60,29 @@ class NotPerExampleError(ValueError):
 
 @dataclass
 class Outer:
-    """Per-example gradient Σ_t g[b, t, k]ᵀ a[b, t, k] for each group k: a (B, T, K, din), g (B, T, K, dout)."""
+    """Per-example gradient Σ_t g[b, t, k]ᵀ a[b, t, k] for each group k: a (B, T, K, din), g (B, T, K, dout).
+
+    With ``columns`` (K = 1 only), ``a`` holds just those input columns of a wider input whose other
+    columns are zero (:class:`featuredp.models.layers.ColumnLinear`); the gradient's other columns are 0.
+    """
 
     a: torch.Tensor
     g: torch.Tensor
     shape: torch.Size  # the parameter's shape; its elements are ordered (group, dout, din)
+    columns: torch.Tensor | None = None
+
+
+@dataclass
+class Passes:
+    """Per-example gradient Σ_p g_p a_pᵀ of a weight that several passes reach with one token each.
+
+    FDP's ℓ(x) − ℓ_pub(x') sends every example through each Linear layer twice. The passes are kept
+    apart instead of concatenated: the squared norm needs only row-wise dot products
+    Σ_{p,q} (a_p·a_q)(g_p·g_q), and the clipped sum is one matmul per pass accumulated in place.
+    """
+
+    parts: list[Outer]  # each with T = K = 1
+    shape: torch.Size
 
 
 @dataclass
@@ -82,7 +103,7 @@ class Dense:
     grad: torch.Tensor
 
 
-Contribution = Outer | Rows | Dense
+Contribution = Outer | Passes | Rows | Dense
 
 
 def combine(parts: Sequence[Contribution]) -> Contribution:
@@ -93,8 +114,10 @@ def combine(parts: Sequence[Contribution]) -> Contribution:
     if any(type(p) is not type(first) for p in parts):
         raise TypeError("cannot combine contributions of different kinds for one parameter")
     if isinstance(first, Outer):
+        if all(p.a.shape[1] == 1 and p.a.shape[2] == 1 for p in parts):
+            return Passes(list(parts), first.shape)
         # Tokens of all passes side by side: Σ_k Σ_t g a ᵀ, cross terms included in the norm.
-        return Outer(torch.cat([p.a for p in parts], 1), torch.cat([p.g for p in parts], 1), first.shape)
+        return Outer(torch.cat([_full_a(p) for p in parts], 1), torch.cat([p.g for p in parts], 1), first.shape)
     if isinstance(first, Rows):
         return Rows(
             torch.cat([p.example for p in parts]),
@@ -107,6 +130,14 @@ def combine(parts: Sequence[Contribution]) -> Contribution:
     for p in parts[1:]:
         total = total + p.grad
     return Dense(total)
+
+
+def _full_a(c: Outer) -> torch.Tensor:
+    """``c.a`` with the zero columns put back (the full input width)."""
+    if c.columns is None:
+        return c.a
+    full = c.a.new_zeros((*c.a.shape[:-1], c.shape[-1]))
+    return full.index_copy_(-1, c.columns, c.a)
 
 
 def _chunks(n: int, per_item: int) -> list[slice]:
@@ -140,9 +171,26 @@ def _gram_sq_norms(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return sq
 
 
-def _outer_sq_norms(c: Outer) -> torch.Tensor:
+NormCache = dict[tuple[int, tuple[int, ...], tuple[int, ...]], torch.Tensor]
+
+
+def _row_sq(t: torch.Tensor, cache: NormCache | None) -> torch.Tensor:
+    """‖t[i]‖² per row of a 2-d tensor in float64; remembered in ``cache`` (a layer's bias gradient is its
+    output gradient g, whose norm the weight's ‖a‖·‖g‖ has already computed)."""
+    key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+    hit = None if cache is None else cache.get(key)
+    if hit is None:
+        hit = torch.linalg.vector_norm(t, dim=1).to(torch.float64).pow_(2)
+        if cache is not None:
+            cache[key] = hit
+    return hit
+
+
+def _outer_sq_norms(c: Outer, cache: NormCache | None = None) -> torch.Tensor:
     B, T, K, din = c.a.shape
     dout = c.g.shape[-1]
+    if T == 1 and K == 1:
+        return _row_sq(c.a.reshape(B, din), cache) * _row_sq(c.g.reshape(B, dout), cache)
     if T == 1:
         # ‖g aᵀ‖_F = ‖a‖·‖g‖ for a single token: no cancellation, and vector_norm is one fused pass.
         prod = torch.linalg.vector_norm(c.a, dim=-1) * torch.linalg.vector_norm(c.g, dim=-1)  # (B, 1, K)
@@ -164,6 +212,51 @@ def _outer_sq_norms(c: Outer) -> torch.Tensor:
     return out
 
 
+def _row_dot(x: Outer, y: Outer, B: int) -> torch.Tensor:
+    """a_x · a_y per example for single-token passes, either of which may hold a column subset."""
+    a, b = x.a.reshape(B, -1), y.a.reshape(B, -1)
+    if x.columns is None and y.columns is None:
+        return torch.linalg.vecdot(a, b)
+    if x.columns is not None and y.columns is not None and x.columns is not y.columns:
+        if not torch.equal(x.columns, y.columns):
+            return torch.linalg.vecdot(_full_a(x).reshape(B, -1), _full_a(y).reshape(B, -1))
+        return torch.linalg.vecdot(a, b)
+    if x.columns is None:  # only y's columns can be non-zero in the product
+        return torch.linalg.vecdot(a.index_select(1, y.columns), b)
+    if y.columns is None:
+        return torch.linalg.vecdot(a, b.index_select(1, x.columns))
+    return torch.linalg.vecdot(a, b)
+
+
+def _passes_sq_norms_of(parts: list[Outer], B: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σ_{p,q} (a_p·a_q)(g_p·g_q) in float64, and its bound (Σ_p ‖a_p‖‖g_p‖)²."""
+    gs = [p.g.reshape(B, -1) for p in parts]
+    an = [torch.linalg.vector_norm(p.a.reshape(B, -1), dim=1).to(torch.float64) for p in parts]
+    gn = [torch.linalg.vector_norm(g, dim=1).to(torch.float64) for g in gs]
+    sq = sum((x * y).pow(2) for x, y in zip(an, gn))
+    for i in range(len(parts)):
+        for j in range(i + 1, len(parts)):
+            aa = _row_dot(parts[i], parts[j], B).to(torch.float64)
+            sq = sq + 2 * aa * torch.linalg.vecdot(gs[i], gs[j]).to(torch.float64)
+    bound = sum(x * y for x, y in zip(an, gn)).pow(2)
+    return sq, bound
+
+
+def _passes_sq_norms(c: Passes) -> torch.Tensor:
+    B = c.parts[0].a.shape[0]
+    sq, bound = _passes_sq_norms_of(c.parts, B)
+    if c.parts[0].a.dtype == torch.float64:
+        return sq
+    # The same cancellation guard as the Gram form: examples whose passes nearly cancel are redone in float64.
+    risky = (sq < _CANCELLATION * bound).nonzero().flatten()
+    if risky.numel():
+        parts64 = [
+            Outer(p.a[risky].to(torch.float64), p.g[risky].to(torch.float64), p.shape, p.columns) for p in c.parts
+        ]
+        sq[risky] = _passes_sq_norms_of(parts64, int(risky.numel()))[0]
+    return sq
+
+
 def _rows_sq_norms(c: Rows) -> torch.Tensor:
     V = c.shape[0]
     out = torch.zeros(c.batch_size, dtype=torch.float64, device=c.value.device)
@@ -178,22 +271,47 @@ def _rows_sq_norms(c: Rows) -> torch.Tensor:
     return out
 
 
-def squared_norms(c: Contribution) -> torch.Tensor:
-    """Per-example squared gradient norms (float64, shape (B,))."""
+def squared_norms(c: Contribution, cache: NormCache | None = None) -> torch.Tensor:
+    """Per-example squared gradient norms (float64, shape (B,)).
+
+    ``cache`` (one dict per batch, shared by all contributions) lets contributions that hold the same
+    tensor reuse its row norms.
+    """
     if isinstance(c, Outer):
-        return _outer_sq_norms(c)
+        return _outer_sq_norms(c, cache)
+    if isinstance(c, Passes):
+        return _passes_sq_norms(c)
     if isinstance(c, Rows):
         return _rows_sq_norms(c)
     # A sum of squares does not cancel: a float32 norm is accurate, and one fused pass.
-    return torch.linalg.vector_norm(c.grad.reshape(c.grad.shape[0], -1), dim=1).to(torch.float64).pow(2)
+    return _row_sq(c.grad.reshape(c.grad.shape[0], -1), cache)
 
 
 def weighted_sum(c: Contribution, factors: torch.Tensor) -> torch.Tensor:
     """Σ_i factors[i] · (per-example gradient i), in the parameter's shape (one matmul for Outer)."""
+    if isinstance(c, Passes):
+        B = c.parts[0].a.shape[0]
+        f = factors.to(c.parts[0].g.dtype).view(B, 1)
+        total: torch.Tensor | None = None
+        # Full-width passes first, so that the first matmul allocates the result.
+        for p in sorted(c.parts, key=lambda p: p.columns is not None):
+            gw = (p.g.reshape(B, -1) * f).t()
+            a = p.a.reshape(B, -1)
+            if p.columns is None:
+                total = gw @ a if total is None else total.addmm_(gw, a)
+            else:
+                if total is None:
+                    total = a.new_zeros(c.shape[0], c.shape[-1])
+                total.index_add_(1, p.columns, gw @ a)
+        assert total is not None
+        return total.reshape(c.shape)
     if isinstance(c, Outer):
         B, T, K, din = c.a.shape
         dout = c.g.shape[-1]
         gw = c.g * factors.to(c.g.dtype).view(B, 1, 1, 1)
+        if c.columns is not None:
+            total = c.a.new_zeros(c.shape[0], c.shape[-1])
+            return total.index_copy_(1, c.columns, gw.reshape(B * T, dout).t() @ c.a.reshape(B * T, din))
         if K == 1:
             total = gw.reshape(B * T, dout).t() @ c.a.reshape(B * T, din)
         else:
@@ -211,8 +329,11 @@ def weighted_sum(c: Contribution, factors: torch.Tensor) -> torch.Tensor:
 
 def abs_sum(c: Contribution) -> torch.Tensor:
     """Σ_i |per-example gradient i| entrywise, bounding the terms (a scale for rounding tolerances)."""
+    if isinstance(c, Passes):
+        return sum(abs_sum(p) for p in c.parts)
     if isinstance(c, Outer):
-        return weighted_sum(Outer(c.a.abs(), c.g.abs(), c.shape), torch.ones(c.a.shape[0], device=c.a.device))
+        ones = torch.ones(c.a.shape[0], device=c.a.device)
+        return weighted_sum(Outer(c.a.abs(), c.g.abs(), c.shape, c.columns), ones)
     if isinstance(c, Rows):
         return weighted_sum(Rows(c.example, c.index, c.value.abs(), c.batch_size, c.shape), torch.ones(c.batch_size))
     return c.grad.abs().sum(0)
@@ -233,12 +354,13 @@ def _lead(t: torch.Tensor, batch_size: int, layer: str) -> None:
 
 def _linear(m: nn.Linear, args: tuple, kwargs: dict, grad: torch.Tensor, B: int, name: str) -> dict[str, Any]:
     x = args[0] if args else kwargs["input"]
+    columns = args[1] if len(args) > 1 else kwargs.get("columns")  # ColumnLinear's column subset
     if x.dim() < 2:
         raise NotPerExampleError(f"layer {name!r} was called without a batch dimension (input {tuple(x.shape)})")
     _lead(x, B, name)
-    a = x.reshape(B, -1, 1, m.in_features)
+    a = x.reshape(B, -1, 1, x.shape[-1])
     g = grad.reshape(B, -1, 1, m.out_features)
-    out: dict[str, Any] = {"weight": Outer(a, g, m.weight.shape)}
+    out: dict[str, Any] = {"weight": Outer(a, g, m.weight.shape, columns)}
     if m.bias is not None:
         out["bias"] = Dense(grad if grad.dim() == 2 else g.sum((1, 2)))  # one token: no sum, no copy
     return out
@@ -397,6 +519,7 @@ Rule = Callable[[Any, tuple, dict, torch.Tensor, int, str], dict[str, Any]]
 #: Exact module types with a ghost rule (subclasses may override ``forward``, so they fall back).
 RULES: dict[type, Rule] = {
     nn.Linear: _linear,
+    ColumnLinear: _linear,
     nn.Embedding: _embedding,
     nn.EmbeddingBag: _embedding_bag,
     nn.Conv1d: _conv,

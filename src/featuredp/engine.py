@@ -686,9 +686,9 @@ class Trainer:
         sums, _norms = self.strategy.clipped_sum(self.model, loss_fn, b, d, plan.max_grad_norm)
         assert plan.noise_multiplier is not None and plan.max_grad_norm is not None
         std = 0.0 if plan.noise_multiplier == 0 else plan.noise_multiplier * plan.max_grad_norm
-        noisy = add_noise(sums, std, state.noise)
+        noisy = add_noise(sums, std, state.noise)  # new tensors: safe to scale in place
         # Divide by the EXPECTED batch size m = p·n; the realised size len(idx) is private.
-        return {k: v / plan.expected_batch_size for k, v in noisy.items()}
+        return {k: v.div_(plan.expected_batch_size) for k, v in noisy.items()}
 
 
 def _plain_cross_entropy(model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:

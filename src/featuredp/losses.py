@@ -39,7 +39,7 @@ from featuredp._validate import check_choice
 from featuredp.errors import DataValidationError, PrivacyLeakWarning
 from featuredp.features import Batch, Columns, LabelPrivate, PublicFeatureMap
 
-__all__ = ["GaussianPadding", "LabelDPSplit", "LossSplit", "Masking", "default_split", "forward"]
+__all__ = ["GaussianPadding", "LabelDPSplit", "LossSplit", "Masking", "default_split", "forward", "zero_masked_logits"]
 
 
 def forward(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -47,6 +47,31 @@ def forward(model: nn.Module, batch: Batch) -> torch.Tensor:
     if getattr(model, "takes_batch", False):
         return model(batch)
     return model(batch["x"])
+
+
+def zero_masked_logits(model: nn.Module, view: Batch, feature_map: PublicFeatureMap) -> torch.Tensor:
+    """Logits of a public view whose private ``"x"`` columns are zero, multiplying only the public columns.
+
+    With a :class:`~featuredp.features.Columns` map, Ψ sets the private encoded columns to exactly 0.
+    A model that declares ``accepts_columns`` (the MLP and logistic regression, whose first layer is a
+    :class:`~featuredp.models.layers.ColumnLinear`) then gets just the public columns, which gives the
+    same logits and gradients as the full input at a fraction of the first layer's cost. Any other
+    model or map gets the full view.
+    """
+    mask = feature_map.private_entries().get("x") if isinstance(feature_map, Columns) else None
+    if (
+        mask is None
+        or not getattr(model, "accepts_columns", False)
+        or getattr(model, "takes_batch", False)
+        or "x" not in view
+        or not bool(mask.any())
+    ):
+        return forward(model, view)
+    x = view["x"]
+    columns = (~mask).nonzero().flatten().to(x.device)
+    if columns.numel() == 0:
+        return forward(model, view)
+    return model(x.index_select(-1, columns), columns=columns)
 
 
 def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -217,6 +242,14 @@ class Masking(_FilledClassification):
             self.mean_source = "user"
         return self
 
+    def _public_loss(self, model: nn.Module, view: Batch, draws: Batch) -> torch.Tensor:
+        if self.fill != "zero":
+            return super()._public_loss(model, view, draws)
+        if "y" not in view:
+            raise ValueError("the public view has no label 'y'; use LabelDPSplit for a private label")
+        # Ψ already sets private features to 0: only the public columns need multiplying.
+        return cross_entropy(zero_masked_logits(model, view, self.feature_map), view["y"])
+
     def _fill(self, view: Batch, draws: Batch) -> Batch:
         if self.fill == "zero":
             return view  # Ψ already sets private features to 0
@@ -251,7 +284,7 @@ class LabelDPSplit(LossSplit):
         return cross_entropy(forward(model, batch), batch["y"])
 
     def _public_loss(self, model: nn.Module, view: Batch, draws: Batch) -> torch.Tensor:
-        return torch.logsumexp(forward(model, view), dim=-1)
+        return torch.logsumexp(zero_masked_logits(model, view, self.feature_map), dim=-1)
 
 
 def default_split(feature_map: PublicFeatureMap, kind: str | None = None) -> LossSplit:

@@ -147,7 +147,7 @@ class VmapGradients:
 
 
 def add_noise(grads: dict[str, torch.Tensor], std: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """``grads`` + N(0, std²) per coordinate, drawn from ``generator`` (a new dict; std = σ·C)."""
+    """``grads`` + N(0, std²) per coordinate, drawn from ``generator``, as new tensors (std = σ·C)."""
     std = check_nonnegative("std", std)
     if std == 0:
         return {k: v.clone() for k, v in grads.items()}

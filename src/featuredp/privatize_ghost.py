@@ -371,8 +371,9 @@ class GhostGradients:
 
         with torch.no_grad():
             sq = torch.zeros(B, dtype=torch.float64, device=losses.device)
+            cache: dict = {}
             for c in combined.values():
-                sq += squared_norms(c)
+                sq += squared_norms(c, cache)
             norms = sq.sqrt()
             # Factors in the parameters' dtype once (not per layer); min(1, C/‖g‖) ≤ 1 is safe to round.
             factors = clip_factors(norms, C).to(losses.dtype)

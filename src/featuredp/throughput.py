@@ -89,10 +89,16 @@ def engine_runner(
     noise_multiplier: float = 1.0,
     seed: int = 0,
     name: str | None = None,
+    loss_split: str = "padding",
 ) -> StepRunner:
-    """A runner for the engine's training step of ``method`` (nonprivate, dpsgd or fdp) on ``data``."""
+    """A runner for the engine's training step of ``method`` (nonprivate, dpsgd or fdp) on ``data``.
+
+    ``loss_split`` is FDP's split (:func:`featuredp.losses.default_split`): ``"padding"`` (the paper's
+    Gaussian padding of the private columns) or ``"zero"`` (zero masking, featuredp's Purchase preset).
+    """
     from featuredp import engine
     from featuredp.features import Columns
+    from featuredp.losses import default_split
     from featuredp.models import build_model, spec_for
     from featuredp.privatize import trainable_parameters
 
@@ -103,7 +109,6 @@ def engine_runner(
     trainer = engine.Trainer(
         model,
         method,
-        feature_map=fmap,
         steps=10**9,
         batch_size=batch_size,
         public_batch_size=batch_size,
@@ -113,6 +118,7 @@ def engine_runner(
         lr=0.1,
         momentum=0.9,
         strategy=strategy,
+        loss_split=default_split(fmap, loss_split) if fmap is not None else None,
         # Ghost needs no physical batches (its memory is that of a non-private step); vmap keeps the engine's
         # default chunks of 256, without which per-example gradients at batch 4096 need many GB.
         physical_batch_size=None if strategy == "ghost" else 256,
@@ -135,7 +141,7 @@ def engine_runner(
         name or (method if method == "nonprivate" else f"{method}-{strategy_name}"),
         step,
         float(batch_size),
-        {"method": method, "strategy": strategy_name, "trainer": trainer},
+        {"method": method, "strategy": strategy_name, "trainer": trainer, "loss_split": loss_split},
     )
 
 

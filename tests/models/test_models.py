@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from featuredp.data import TabularDataset
-from featuredp.models import MLP, LogisticRegression, SparseLogisticRegression, build_model, spec_for
+from featuredp.models import MLP, ColumnLinear, LogisticRegression, SparseLogisticRegression, build_model, spec_for
 
 
 def _data(codes: bool) -> TabularDataset:
@@ -72,3 +72,41 @@ def test_bad_arguments():
         build_model({"in_features": 3})
     with pytest.raises(ValueError, match="model kind must be one of"):
         build_model({"kind": "cnn"})
+
+
+# -- ColumnLinear: a column subset of an input whose other columns are zero -------------------------------------
+
+
+def _zero_outside(x: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    full = torch.zeros_like(x)
+    full[:, columns] = x[:, columns]
+    return full
+
+
+@pytest.mark.parametrize("make", [lambda: MLP(9, (6,), 3), lambda: MLP(9, (), 3), lambda: LogisticRegression(9, 4)])
+def test_column_subset_forward_and_gradient_equal_the_full_input(make):
+    torch.manual_seed(0)
+    model = make()
+    assert model.accepts_columns
+    columns = torch.tensor([0, 3, 4, 8])
+    x = _zero_outside(torch.randn(5, 9), columns)
+    full = model(x)
+    sub = model(x[:, columns], columns=columns)
+    torch.testing.assert_close(sub, full, rtol=1e-6, atol=1e-6)
+    params = list(model.parameters())
+    g_full = torch.autograd.grad(full.pow(2).sum(), params)
+    g_sub = torch.autograd.grad(sub.pow(2).sum(), params)
+    for a, b in zip(g_sub, g_full):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    first = next(m for m in model.modules() if isinstance(m, ColumnLinear))
+    outside = torch.ones(9, dtype=torch.bool)
+    outside[columns] = False
+    assert bool((g_sub[params.index(first.weight)][:, outside] == 0).all())  # zero columns get exactly no gradient
+
+
+def test_column_linear_is_a_linear_with_the_same_state_dict_and_a_named_error():
+    layer = ColumnLinear(4, 2)
+    assert isinstance(layer, torch.nn.Linear)
+    assert set(MLP(4, (3,), 2).state_dict()) == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
+    with pytest.raises(ValueError, match="3 columns but columns lists 2"):
+        layer(torch.randn(2, 3), columns=torch.tensor([0, 1]))

@@ -33,6 +33,9 @@ def register(subparsers: Any) -> None:
                    help="comma-separated subset of nonprivate,dpsgd,fdp (nonprivate is always timed as reference)")
     p.add_argument("--strategy", choices=("ghost", "vmap"), default="ghost",
                    help="per-example gradient strategy of the private methods (default ghost)")
+    p.add_argument("--loss-split", choices=("zero", "padding"), default="zero",
+                   help="FDP's loss split: zero masking of the private columns (featuredp's Purchase preset; "
+                   "default) or the paper's N(0,1) padding")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     p.add_argument("--min-time", type=float, default=0.5, help="seconds per method per round (default 0.5)")
@@ -59,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
     data, public = throughput.synthetic_purchase(n, seed=args.seed)
     methods = ["nonprivate"] + [m for m in args.methods if m != "nonprivate"]
     runners = [
-        throughput.engine_runner(m, data, public, batch_size=batch, strategy=args.strategy, seed=args.seed, name=m)
+        throughput.engine_runner(
+            m, data, public, batch_size=batch, strategy=args.strategy, seed=args.seed, name=m,
+            loss_split=args.loss_split,
+        )
         for m in methods
     ]
     res = throughput.interleaved(runners, rounds=rounds, min_time=min_time, progress=not args.json)
@@ -68,14 +74,14 @@ def run(args: argparse.Namespace) -> int:
         out[f"ratio_{m}"] = res.median_ratio(m)
     out.update({
         "batch_size": batch, "threads": threads, "rounds": rounds, "strategy": args.strategy, "model": args.model,
-        "dataset_size": n, "spread_nonprivate": res.spread("nonprivate"),
+        "loss_split": args.loss_split, "dataset_size": n, "spread_nonprivate": res.spread("nonprivate"),
     })
     if args.json:
         json.dump(out, sys.stdout)
         print()
         return 0
-    print(f"MLP 600-300-100, batch {batch}, {threads} thread(s), strategy {args.strategy}, {rounds} rounds "
-          f"(medians; ratios within rounds)")
+    print(f"MLP 600-300-100, batch {batch}, {threads} thread(s), strategy {args.strategy}, "
+          f"FDP split {args.loss_split}, {rounds} rounds (medians; ratios within rounds)")
     print(f"{'method':<12}{'samples/s':>12}{'ratio':>8}{'spread':>9}")
     for m in methods:
         ratio = 1.0 if m == "nonprivate" else res.median_ratio(m)

@@ -13,10 +13,19 @@ import torch
 from torch import nn
 
 from featuredp._validate import check_choice
+from featuredp.models.layers import ColumnLinear
 from featuredp.models.linear import LogisticRegression, SparseLogisticRegression
 from featuredp.models.mlp import MLP
 
-__all__ = ["MLP", "MODEL_KINDS", "LogisticRegression", "SparseLogisticRegression", "build_model", "spec_for"]
+__all__ = [
+    "MLP",
+    "MODEL_KINDS",
+    "ColumnLinear",
+    "LogisticRegression",
+    "SparseLogisticRegression",
+    "build_model",
+    "spec_for",
+]
 
 MODEL_KINDS = ("mlp", "logreg", "sparse_logreg")
 

@@ -16,20 +16,24 @@ import torch
 from torch import nn
 
 from featuredp._validate import check_int
+from featuredp.models.layers import ColumnLinear
 
 
 class LogisticRegression(nn.Module):
     """Multinomial logistic regression: logits = W x + b, shape (B, n_classes)."""
 
+    #: ``forward`` accepts ``columns=`` (see :class:`~featuredp.models.layers.ColumnLinear`).
+    accepts_columns = True
+
     def __init__(self, in_features: int, n_classes: int = 2, bias: bool = True) -> None:
         super().__init__()
         in_features = check_int("in_features", in_features, minimum=1)
         n_classes = check_int("n_classes", n_classes, minimum=2)
-        self.linear = nn.Linear(in_features, n_classes, bias=bias)
+        self.linear = ColumnLinear(in_features, n_classes, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits, shape (B, n_classes)."""
-        return self.linear(x)
+    def forward(self, x: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits, shape (B, n_classes); with ``columns``, ``x`` holds only those input columns."""
+        return self.linear(x, columns=columns)
 
 
 class SparseLogisticRegression(nn.Module):
