@@ -17,6 +17,8 @@ Configurations:
 * ``dpsgd-ghost``, ``dpsgd-vmap``, ``fdp-ghost``, ``fdp-vmap`` — the engine's step with featuredp's
   strategies (FDP = ℓ(x) − ℓ(x_padded) with Gaussian padding of the 500 private columns, plus a public
   batch of the same size with its own padding);
+* ``fdp-zero-ghost``, ``fdp-zero-vmap`` — FDP with zero masking of the private columns (featuredp's
+  Purchase preset): the public passes multiply only the 100 public columns (ColumnLinear);
 * ``opacus-hooks-dpsgd`` — Opacus GradSampleModule + DPOptimizer (per-sample gradients by hooks);
 * ``opacus-ghost-dpsgd`` — Opacus GradSampleModuleFastGradientClipping (ghost clipping) +
   DPOptimizerFastGradientClipping + DPLossFastGradientClipping;
@@ -49,17 +51,22 @@ from featuredp._io import atomic_write_json
 from featuredp.sampling import PoissonSampler, UniformSampler, make_streams
 
 C, SIGMA, LR, MOMENTUM = 0.01, 1.0, 0.1, 0.9
-FEATUREDP = ("nonprivate", "dpsgd-ghost", "dpsgd-vmap", "fdp-ghost", "fdp-vmap")
+FEATUREDP = ("nonprivate", "dpsgd-ghost", "dpsgd-vmap", "fdp-ghost", "fdp-zero-ghost", "fdp-vmap", "fdp-zero-vmap")
 OPACUS = ("opacus-hooks-dpsgd", "opacus-ghost-dpsgd", "opacus-hooks-fdp")
 ALL = FEATUREDP + OPACUS
 
 
 def _mlp(d: int, n_classes: int, seed: int) -> nn.Module:
+    """featuredp's MLP (same initial weights) rebuilt from plain nn.Linear layers: Opacus registers its
+    per-sample rules by exact layer type and refuses ColumnLinear (a subclass)."""
     from featuredp import engine
     from featuredp.models.mlp import MLP
 
     torch.manual_seed(engine.init_seed(seed))
-    return MLP(d, (300,), n_classes)
+    ours = MLP(d, (300,), n_classes)
+    plain = nn.Sequential(nn.Linear(d, 300), nn.ReLU(), nn.Linear(300, n_classes))
+    plain.load_state_dict({k.removeprefix("net."): v for k, v in ours.state_dict().items()})
+    return plain
 
 
 class _OpacusData:
@@ -157,9 +164,10 @@ def make_runner(name: str, data: Any, public: list[str], batch: int, seed: int =
     if name == "nonprivate":
         return throughput.engine_runner("nonprivate", data, public, batch_size=batch, seed=seed, name=name)
     if name in FEATUREDP:
-        method, strategy = name.split("-")
-        return throughput.engine_runner(method, data, public, batch_size=batch, strategy=strategy, seed=seed,
-                                        name=name, max_grad_norm=C, noise_multiplier=SIGMA)
+        parts = name.split("-")
+        return throughput.engine_runner(parts[0], data, public, batch_size=batch, strategy=parts[-1], seed=seed,
+                                        name=name, max_grad_norm=C, noise_multiplier=SIGMA,
+                                        loss_split="zero" if "zero" in parts else "padding")
     return opacus_runner(name, data, public, batch, seed)
 
 
