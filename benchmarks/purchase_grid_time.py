@@ -4,8 +4,8 @@ Usage (needs the Census-Income cache: ``featuredp data fetch census-income``)::
 
     nice python benchmarks/purchase_grid_time.py --out benchmarks/results/purchase_grid_time.json
 
-Runs one cell per method (ε = 1, seed 0; every ε trains the same number of steps, so the time of a run
-does not depend on ε) of the Purchase-style preset, once per strategy:
+Runs one cell per method (ε = 1, seed 0; the median of ``--repeats`` runs; every ε trains the same number of
+steps, so the time of a run does not depend on ε) of the Purchase-style preset, once per strategy:
 
 * ``vmap`` — per-example gradients with torch.func in physical batches of 256 (featuredp before ghost
   clipping);
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -64,19 +65,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--cache-dir", default=None)
+    ap.add_argument("--repeats", type=int, default=3, help="runs per variant, order rotated; median (vmap: 1)")
     ap.add_argument("--out", default=None, help="write the results as JSON here (atomically)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     variants = [v for v in args.variants.split(",") if v]
     methods = [m for m in args.methods.split(",") if m]
-    per_run: dict[str, dict[str, float]] = {}
+    samples: dict[str, dict[str, list[float]]] = {v: {} for v in variants}
     started = time.perf_counter()
     run_variant("ghost", ["nonprivate"], args.cache_dir)  # warm-up: builds/loads the dataset, first imports
-    for v in variants:
-        print(f"{v} ...", file=sys.stderr, flush=True)
-        per_run[v] = run_variant(v, methods, args.cache_dir)
+    for r in range(args.repeats):
+        for v in variants[r % len(variants):] + variants[: r % len(variants)]:  # rotate the order
+            if v == "vmap" and r > 0:
+                continue  # minutes per run; its noise is negligible next to the difference
+            print(f"{v} (repeat {r + 1}) ...", file=sys.stderr, flush=True)
+            for m, sec in run_variant(v, methods, args.cache_dir).items():
+                samples[v].setdefault(m, []).append(sec)
+    per_run = {v: {m: statistics.median(xs) for m, xs in d.items()} for v, d in samples.items()}
     grid = {v: sum(RUNS_IN_FULL_GRID[m] * s for m, s in per_run[v].items()) for v in variants}
-    out: dict[str, Any] = {"seconds_per_run": per_run, "estimated_full_grid_s": grid,
+    out: dict[str, Any] = {"seconds_per_run": per_run, "samples": samples, "estimated_full_grid_s": grid,
                            "runs_in_full_grid": RUNS_IN_FULL_GRID, "torch": torch.__version__,
                            "elapsed_s": time.perf_counter() - started}
     if args.out:

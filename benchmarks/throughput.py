@@ -17,6 +17,7 @@ Configurations:
 * ``dpsgd-ghost``, ``dpsgd-vmap``, ``fdp-ghost``, ``fdp-vmap`` — the engine's step with featuredp's
   strategies (FDP = ℓ(x) − ℓ(x_padded) with Gaussian padding of the 500 private columns, plus a public
   batch of the same size with its own padding);
+* ``dpsgd-nonoise-ghost`` — the DP-SGD step with σ = 0 (what the noise draw costs; not private);
 * ``fdp-zero-ghost``, ``fdp-zero-vmap`` — FDP with zero masking of the private columns (featuredp's
   Purchase preset): the public passes multiply only the 100 public columns (ColumnLinear);
 * ``opacus-hooks-dpsgd`` — Opacus GradSampleModule + DPOptimizer (per-sample gradients by hooks);
@@ -51,7 +52,8 @@ from featuredp._io import atomic_write_json
 from featuredp.sampling import PoissonSampler, UniformSampler, make_streams
 
 C, SIGMA, LR, MOMENTUM = 0.01, 1.0, 0.1, 0.9
-FEATUREDP = ("nonprivate", "dpsgd-ghost", "dpsgd-vmap", "fdp-ghost", "fdp-zero-ghost", "fdp-vmap", "fdp-zero-vmap")
+FEATUREDP = ("nonprivate", "dpsgd-ghost", "dpsgd-nonoise-ghost", "dpsgd-vmap", "fdp-ghost", "fdp-zero-ghost",
+             "fdp-vmap", "fdp-zero-vmap")
 OPACUS = ("opacus-hooks-dpsgd", "opacus-ghost-dpsgd", "opacus-hooks-fdp")
 ALL = FEATUREDP + OPACUS
 
@@ -166,7 +168,8 @@ def make_runner(name: str, data: Any, public: list[str], batch: int, seed: int =
     if name in FEATUREDP:
         parts = name.split("-")
         return throughput.engine_runner(parts[0], data, public, batch_size=batch, strategy=parts[-1], seed=seed,
-                                        name=name, max_grad_norm=C, noise_multiplier=SIGMA,
+                                        name=name, max_grad_norm=C,
+                                        noise_multiplier=0.0 if "nonoise" in parts else SIGMA,
                                         loss_split="zero" if "zero" in parts else "padding")
     return opacus_runner(name, data, public, batch, seed)
 

@@ -215,16 +215,12 @@ def _outer_sq_norms(c: Outer, cache: NormCache | None = None) -> torch.Tensor:
 def _row_dot(x: Outer, y: Outer, B: int) -> torch.Tensor:
     """a_x · a_y per example for single-token passes, either of which may hold a column subset."""
     a, b = x.a.reshape(B, -1), y.a.reshape(B, -1)
-    if x.columns is None and y.columns is None:
-        return torch.linalg.vecdot(a, b)
-    if x.columns is not None and y.columns is not None and x.columns is not y.columns:
-        if not torch.equal(x.columns, y.columns):
-            return torch.linalg.vecdot(_full_a(x).reshape(B, -1), _full_a(y).reshape(B, -1))
-        return torch.linalg.vecdot(a, b)
-    if x.columns is None:  # only y's columns can be non-zero in the product
-        return torch.linalg.vecdot(a.index_select(1, y.columns), b)
-    if y.columns is None:
-        return torch.linalg.vecdot(a, b.index_select(1, x.columns))
+    if x.columns is None and y.columns is not None:  # only y's columns can be non-zero in the product
+        a = a.index_select(1, y.columns)
+    elif x.columns is not None and y.columns is None:
+        b = b.index_select(1, x.columns)
+    elif x.columns is not None and not (x.columns is y.columns or torch.equal(x.columns, y.columns)):
+        a, b = _full_a(x).reshape(B, -1), _full_a(y).reshape(B, -1)
     return torch.linalg.vecdot(a, b)
 
 

@@ -146,10 +146,13 @@ class _FilledClassification(LossSplit):
     def _fill(self, view: Batch, draws: Batch) -> Batch:
         raise NotImplementedError
 
+    def _view_logits(self, model: nn.Module, view: Batch, draws: Batch) -> torch.Tensor:
+        return forward(model, self._fill(view, draws))
+
     def _public_loss(self, model: nn.Module, view: Batch, draws: Batch) -> torch.Tensor:
         if "y" not in view:
             raise ValueError("the public view has no label 'y'; use LabelDPSplit for a private label")
-        return cross_entropy(forward(model, self._fill(view, draws)), view["y"])
+        return cross_entropy(self._view_logits(model, view, draws), view["y"])
 
 
 class GaussianPadding(_FilledClassification):
@@ -242,13 +245,10 @@ class Masking(_FilledClassification):
             self.mean_source = "user"
         return self
 
-    def _public_loss(self, model: nn.Module, view: Batch, draws: Batch) -> torch.Tensor:
-        if self.fill != "zero":
-            return super()._public_loss(model, view, draws)
-        if "y" not in view:
-            raise ValueError("the public view has no label 'y'; use LabelDPSplit for a private label")
-        # Ψ already sets private features to 0: only the public columns need multiplying.
-        return cross_entropy(zero_masked_logits(model, view, self.feature_map), view["y"])
+    def _view_logits(self, model: nn.Module, view: Batch, draws: Batch) -> torch.Tensor:
+        if self.fill == "zero":  # Ψ already sets private features to 0: only the public columns need multiplying
+            return zero_masked_logits(model, view, self.feature_map)
+        return super()._view_logits(model, view, draws)
 
     def _fill(self, view: Batch, draws: Batch) -> Batch:
         if self.fill == "zero":
