@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, (method, eps, seed, extra) in enumerate(jobs, 1):
         t0 = time.perf_counter()
         s = train_tabular(data=data, dataset="adult", private=["sex", "race"], method=method, epsilon=eps,
-                          delta=args.delta, seed=seed, progress=False, **{**overrides, **extra})  # fmt: skip
+                          delta=args.delta, public_seed=seed, progress=False, **{**overrides, **extra})  # fmt: skip
         row = {"method": method, "target_epsilon": eps, "seed": seed, "overrides": {**overrides, **extra},
                "accuracy": s["accuracy"], "epsilon": s["epsilon"], "noise_multiplier": s["noise_multiplier"],
                "steps": s["steps"], "seconds": time.perf_counter() - t0}  # fmt: skip

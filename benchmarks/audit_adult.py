@@ -79,7 +79,7 @@ def main() -> None:
         small = opts.pop("small", False)
         data = _small_data(args.seed) if small else None
         if not (rd / "run.json").exists():
-            train_tabular(method=method, epsilon=eps, out=rd, progress=False, seed=args.seed, data=data, **opts)
+            train_tabular(method=method, epsilon=eps, out=rd, progress=False, public_seed=args.seed, data=data, **opts)
         run = load_run(rd)
         train, test = data if data is not None else run.load_data()
         delta = float(run.plan.delta) if run.plan is not None and run.plan.delta else 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import numpy as np
@@ -110,8 +111,9 @@ def _variance_pvalue(z: np.ndarray) -> float:
 
 
 @pytest.mark.statistical
+@pytest.mark.parametrize("secure_rng", [False, True], ids=["torch", "secure"])
 @pytest.mark.parametrize(("method", "alpha"), [("dpsgd", 1.0), ("fdp", 0.5)])
-def test_added_noise_has_std_sigma_c_over_m(method, alpha):
+def test_added_noise_has_std_sigma_c_over_m(method, alpha, secure_rng):
     gen = torch.Generator().manual_seed(0)
     data = {"x": torch.randn(100, 300, generator=gen), "y": torch.randint(0, 2, (100,), generator=gen)}
     torch.manual_seed(0)
@@ -119,7 +121,8 @@ def test_added_noise_has_std_sigma_c_over_m(method, alpha):
     before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
     sigma, C, m = 2.0, 0.5, 10
     Trainer(model, method, loss_split=_ZeroSplit(LabelPrivate()), steps=1, batch_size=m, noise_multiplier=sigma,
-            max_grad_norm=C, alpha=alpha, lr=1.0, momentum=0.0, seed=11, progress=False).fit(data)  # fmt: skip
+            max_grad_norm=C, alpha=alpha, lr=1.0, momentum=0.0, seed=11, secure_rng=secure_rng,
+            progress=False).fit(data)  # fmt: skip
     after = torch.cat([p.detach().flatten() for p in model.parameters()])
     noise = (before - after).double().numpy()  # = α·N(0, σ²C²)/m per coordinate
     std = alpha * sigma * C / m
@@ -220,9 +223,8 @@ def test_public_batch_uses_its_own_stream_and_draws(monkeypatch):
     # Re-seeding only the private stream changes the private batches and leaves the public ones unchanged.
     real = engine.make_streams
 
-    def reseeded(seed):
-        s = real(seed)
-        return type(s)(np.random.default_rng(12345), s.public_sampling, s.noise, s.draws, s.init)
+    def reseeded(seed, public_seed=None):
+        return dataclasses.replace(real(seed, public_seed=public_seed), private_sampling=np.random.default_rng(12345))
 
     monkeypatch.setattr(engine, "make_streams", reseeded)
     rec["private"].clear()

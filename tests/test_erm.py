@@ -30,6 +30,11 @@ from featuredp.errors import DataValidationError, PrivacyLeakWarning
 
 ESTIMATORS = (OutputPerturbationClassifier, ObjectivePerturbationClassifier, NoisySGDClassifier)
 
+# These tests exercise the estimators with classes=None on purpose; the warning itself is pinned in
+# tests/test_erm_classes_ledger.py.
+pytestmark = pytest.mark.filterwarnings("ignore:classes=None. the class set:featuredp.errors.PrivacyLeakWarning")
+
+
 
 def _kw(cls) -> dict:
     """Small-data settings (noisy SGD's default batch of 256 exceeds these test sets)."""

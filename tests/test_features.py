@@ -82,3 +82,37 @@ def test_label_private_and_function_map():
         FunctionMap(lambda b: b, " ")
     with pytest.raises(TypeError, match="dict of tensors"):
         FunctionMap(lambda b: b["x"], "x")(batch)
+
+
+def test_training_entry_point_checks_the_private_set_it_trains_with():
+    """`featuredp train --private age` on a dataset loaded with other private columns: warned when Ψ is bound."""
+    import numpy as np
+    import pandas as pd
+
+    from featuredp.data.tabular import TableSpec, encode_frames
+    from featuredp.errors import PrivacyLeakWarning
+    from featuredp.train_tabular import train_tabular
+
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"age": rng.integers(18, 80, 80), "sex": rng.choice(["F", "M"], 80),
+                       "label": rng.choice(["no", "yes"], 80)})  # fmt: skip
+    spec = TableSpec(label="label", numeric=("age",), categorical=("sex",), private=("sex",),
+                     categories={"sex": ["F", "M"]})  # fmt: skip
+    data = encode_frames(df[:60], df[60:], spec, name="people")
+    with pytest.warns(PrivacyLeakWarning, match=r"age \(bounds") as record:
+        train_tabular(data=data, private=["age"], method="nonprivate", epochs=1, progress=False, model="logreg",
+                     batch_size=16)
+    assert sum("age (bounds" in str(w.message) for w in record) == 1  # bound twice (caller, trainer), said once
+
+
+def test_maps_on_datasets_without_a_provenance_record_do_not_warn():
+    import warnings
+
+    from featuredp.errors import PrivacyLeakWarning
+
+    data = make_tabular(20)  # built by hand: statistics_from_data is None (nothing recorded to check)
+    assert data.statistics_from_data is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        Columns(["age"], label_private=True).bind(data)
+        LabelPrivate().bind(data)

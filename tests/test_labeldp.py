@@ -23,6 +23,11 @@ from featuredp.labeldp import (
     rr_with_prior_distribution,
 )
 
+# These tests exercise the estimators with classes=None on purpose; the warning itself is pinned in
+# tests/test_erm_classes_ledger.py.
+pytestmark = pytest.mark.filterwarnings("ignore:classes=None. the class set:featuredp.errors.PrivacyLeakWarning")
+
+
 
 def test_rr_keep_probability_formula():
     assert rr_keep_probability(1.0, 2) == pytest.approx(math.e / (math.e + 1))

@@ -158,6 +158,47 @@ def test_per_example_normalisation_layers_accepted():
     check_no_batch_mixing(nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.GroupNorm(2, 4), nn.InstanceNorm1d(4)))
 
 
+@pytest.mark.parametrize(
+    ("layer", "match"),
+    [
+        (nn.MultiheadAttention(4, 2), r"layer '1' \(MultiheadAttention, batch_first=False\) .*batch_first=True$"),
+        (
+            nn.TransformerEncoderLayer(4, 2, 8),
+            r"layer '1' \(TransformerEncoderLayer, batch_first=False, attention 'self_attn'\) .*batch_first=True$",
+        ),
+        (
+            nn.TransformerDecoderLayer(4, 2, 8),
+            r"layer '1' \(TransformerDecoderLayer, batch_first=False, attention 'self_attn', 'multihead_attn'\)",
+        ),
+        (nn.Embedding(5, 4, max_norm=1.0), r"layer '1' \(Embedding, max_norm=1.0\) .*max_norm=None"),
+        (nn.EmbeddingBag(5, 4, max_norm=2.0), r"layer '1' \(EmbeddingBag, max_norm=2.0\) .*max_norm=None"),
+    ],
+    ids=["mha", "encoder_layer", "decoder_layer", "embedding", "embedding_bag"],
+)
+def test_attention_across_examples_and_in_place_renormalisation_refused_with_the_fix(layer, match):
+    """Sequence-first attention fed featuredp's batch-first batches attends across examples; max_norm rewrites
+    the looked-up (private) rows of the table during the forward. One line, naming the layer and the fix."""
+    from featuredp.errors import FeatureDPError
+
+    with pytest.raises(ValueError, match=match) as err:
+        check_no_batch_mixing(nn.Sequential(nn.Identity(), layer))
+    assert isinstance(err.value, FeatureDPError) and "\n" not in str(err.value)
+
+
+def test_batch_first_attention_and_plain_embeddings_accepted():
+    check_no_batch_mixing(
+        nn.ModuleList(
+            [
+                nn.MultiheadAttention(4, 2, batch_first=True),
+                nn.TransformerEncoderLayer(4, 2, 8, batch_first=True),
+                nn.Transformer(4, 2, 1, 1, 8, batch_first=True),
+                nn.Embedding(5, 4),
+                nn.EmbeddingBag(5, 4),
+            ]
+        )
+    )
+
+
 def test_get_strategy():
     s = get_strategy("vmap", physical_batch_size=32)
     assert isinstance(s, VmapGradients) and s.physical_batch_size == 32 and isinstance(s, GradientStrategy)

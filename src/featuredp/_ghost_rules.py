@@ -44,8 +44,10 @@ __all__ = [
     "Rows",
     "abs_sum",
     "combine",
+    "first_examples",
     "rule_for",
     "squared_norms",
+    "term_bounds",
     "weighted_sum",
 ]
 
@@ -333,6 +335,46 @@ def abs_sum(c: Contribution) -> torch.Tensor:
     if isinstance(c, Rows):
         return weighted_sum(Rows(c.example, c.index, c.value.abs(), c.batch_size, c.shape), torch.ones(c.batch_size))
     return c.grad.abs().sum(0)
+
+
+def first_examples(c: Contribution, k: int) -> torch.Tensor:
+    """The per-example gradients of the first ``k`` examples, materialised: shape (k, *param.shape).
+
+    Used once per model by the separability cross-check, which compares them with gradients of each example
+    computed on its own; k is small (a handful), so the (k, *shape) block is cheap.
+    """
+    if isinstance(c, Passes):
+        return sum(first_examples(p, k) for p in c.parts)  # type: ignore[return-value]
+    if isinstance(c, Outer):
+        a, g = _full_a(c)[:k], c.g[:k]  # (k, T, K, din), (k, T, K, dout)
+        return torch.einsum("btko,btki->bkoi", g, a).reshape(a.shape[0], *c.shape)
+    if isinstance(c, Rows):
+        keep = c.example < k
+        out = torch.zeros((min(k, c.batch_size), *c.shape), dtype=c.value.dtype, device=c.value.device)
+        out.index_put_((c.example[keep], c.index[keep]), c.value[keep], accumulate=True)
+        return out
+    return c.grad[:k]
+
+
+def term_bounds(c: Contribution, k: int) -> torch.Tensor:
+    """For each of the first ``k`` examples, a bound on its gradient norm without cancellation (float64, (k,)).
+
+    Σ_t ‖a_t‖‖g_t‖ per group (outer products, passes), Σ_j ‖value_j‖ (rows), the norm itself (dense). Float32
+    rounding scales with these terms, not with their possibly cancelling sum (ℓ − ℓ_pub), so tolerances that
+    compare gradients computed in two ways are taken relative to them.
+    """
+    if isinstance(c, Passes):
+        return sum(term_bounds(p, k) for p in c.parts)  # type: ignore[return-value]
+    if isinstance(c, Outer):
+        a, g = c.a[:k].to(torch.float64), c.g[:k].to(torch.float64)
+        per_group = (torch.linalg.vector_norm(a, dim=-1) * torch.linalg.vector_norm(g, dim=-1)).sum(1)  # (k, K)
+        return per_group.pow(2).sum(1).sqrt()
+    if isinstance(c, Rows):
+        keep = c.example < k
+        out = torch.zeros(min(k, c.batch_size), dtype=torch.float64, device=c.value.device)
+        return out.index_add_(0, c.example[keep], torch.linalg.vector_norm(c.value[keep].to(torch.float64), dim=1))
+    g = c.grad[:k]
+    return torch.linalg.vector_norm(g.reshape(g.shape[0], -1).to(torch.float64), dim=1)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -36,9 +36,13 @@ Public batches and public pre-training read Ψ(S) only and add no privacy event
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import sys
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -57,17 +61,25 @@ from featuredp._validate import (
     check_real,
     check_sampling_rate,
 )
-from featuredp.errors import DataValidationError
+from featuredp.errors import BudgetExceededError, DataValidationError, PrivacyLeakWarning, PrivacyRiskWarning
 from featuredp.features import Batch, PublicFeatureMap
 from featuredp.losses import LabelDPSplit, LossSplit, default_split, forward
+from featuredp.noise import ChaCha20Generator, SecureNoise, TorchNoise
 from featuredp.privatize import (
     GradientStrategy,
-    add_noise,
     check_no_batch_mixing,
     get_strategy,
     trainable_parameters,
 )
-from featuredp.sampling import EpochShuffler, PoissonSampler, UniformSampler, make_streams
+from featuredp.sampling import (
+    STREAM_NAMES,
+    EpochShuffler,
+    PoissonSampler,
+    UniformSampler,
+    make_streams,
+    random_seed_from,
+    warn_private_seed,
+)
 
 __all__ = [
     "METHODS",
@@ -81,6 +93,8 @@ __all__ = [
 ]
 
 METHODS = ("nonprivate", "public", "dpsgd", "fdp_dpsgd", "fdp")
+# 2: secret private streams split from public ones, noise-source state, data/Ψ fingerprint.
+_CHECKPOINT_FORMAT = 2
 PRIVATE_METHODS = ("dpsgd", "fdp_dpsgd", "fdp")
 _NEEDS_FEATURE_MAP = ("public", "fdp_dpsgd", "fdp")
 
@@ -260,8 +274,12 @@ def evaluate(model: nn.Module, data: Any, *, batch_size: int = 8192) -> dict[str
 
 
 def init_seed(seed: int | None) -> int:
-    """A model-initialisation seed from the ``init`` stream of ``seed`` (independent of training streams)."""
-    return int(make_streams(seed).init.integers(0, 2**62))
+    """A model-initialisation seed from the public ``init`` stream of ``seed`` (OS entropy for ``None``).
+
+    Model initialisation reads no data, so a published seed here is safe; it is the same
+    stream a Trainer with ``public_seed=seed`` would use.
+    """
+    return random_seed_from(make_streams(None, public_seed=seed).init)
 
 
 def _torch_generator(seed: int) -> torch.Generator:
@@ -296,7 +314,21 @@ class Trainer:
     * ``averaging``: None, ``"uniform"`` (mean of the iterates in the last
       ``average_fraction`` of training) or ``"ema"`` (decay ``ema_decay``).
     * ``strategy``: ``"vmap"``, ``"ghost"`` or a GradientStrategy object.
-    * ``seed``: one seed → independent streams per role (see ``featuredp.sampling``).
+    * ``seed``: ``None`` (the default) draws every private stream (Poisson batches, noise,
+      loss draws of the private batch) from OS entropy, so the noise cannot be replayed.
+      An integer makes the whole run reproducible for research; it warns
+      (``PrivacyRiskWarning``: the seed must stay as secret as the data) and is never
+      written to run.json or results (only that the run was seeded).
+    * ``public_seed``: seeds only the public streams (public batches and their loss draws);
+      safe to publish.
+    * ``secure_rng``: noise and private sampling from a ChaCha20 CSPRNG keyed from the OS,
+      with Gaussian noise drawn and added in float64 (see :mod:`featuredp.noise`).
+    * ``ledger``: a :class:`~featuredp.accounting.BudgetLedger` (or its path). Each ``fit``
+      reserves the planned private spend before the first private step (refusing an
+      overspend before any work) and settles it with what was actually spent, also on a crash.
+
+    One Trainer is one run with one accountant: a second ``fit`` continues the same run
+    (same streams, ε for all private steps so far) and refuses once the run is complete.
     """
 
     def __init__(
@@ -331,7 +363,10 @@ class Trainer:
         physical_batch_size: int | str | None = "auto",
         relation: str = "add-remove",
         accountant: str = "pld",
-        seed: int | None = 0,
+        seed: int | None = None,
+        public_seed: int | None = None,
+        secure_rng: bool = False,
+        ledger: Any = None,
         progress: bool = True,
         log_points: int = 5,
     ) -> None:
@@ -397,7 +432,15 @@ class Trainer:
 
         self.relation = check_relation(relation)
         self.accountant = check_accountant(accountant)
-        self.seed = None if seed is None else check_int("seed", seed)
+        self.seed = None if seed is None else check_int("seed", seed, minimum=0)
+        if self.seed is not None and self.method in PRIVATE_METHODS:
+            warn_private_seed("seed", self.seed)  # public_seed= fixes only the public randomness
+        self.public_seed = None if public_seed is None else check_int("public_seed", public_seed, minimum=0)
+        if not isinstance(secure_rng, bool):
+            raise TypeError(f"secure_rng must be True or False, got {secure_rng!r}")
+        self.secure_rng = secure_rng
+        self.ledger = _open_ledger(ledger)
+        self._state: _RunState | None = None
         self.progress = bool(progress)
         self.log_points = check_int("log_points", log_points, minimum=1)
         self.plan: PrivacyPlan | None = None
@@ -431,7 +474,10 @@ class Trainer:
             "strategy": self.strategy.name,
             "relation": self.relation,
             "accountant": self.accountant,
-            "seed": self.seed,
+            # Never the seed itself: with it anyone could replay the noise (rule 6).
+            "seeded": self.seed is not None,
+            "public_seed": self.public_seed,
+            "secure_rng": self.secure_rng,
         }
 
     def make_plan(self, n: int) -> PrivacyPlan:
@@ -508,46 +554,76 @@ class Trainer:
         """Train on ``data`` (a TabularDataset or a dict of batch-first tensors); returns a TrainResult.
 
         ``checkpoint``: file to write every ``checkpoint_every`` steps and at the
-        end (model, optimizer, RNG states, step counter, accountant phases).
-        ``resume=True`` continues from that file when it exists (same run, same ε).
+        end (model, optimizer, RNG states, step counter, accountant phases, and a
+        fingerprint of the data and of Ψ). ``resume=True`` continues from that file
+        when it exists (same run, same ε); a checkpoint of other data or another Ψ
+        is refused.
         ``max_steps``: stop this call after that many total steps (pre-training
-        included); the run can be resumed later.
+        included). Calling ``fit`` again on the same Trainer continues the same run:
+        the streams advance (no noise is replayed) and ε counts every private step
+        of the run. Once the run is complete, ``fit`` raises: a new run needs a new
+        Trainer (and its spend adds to the earlier one's: use ``ledger=``).
         """
         batch_all = as_batch(data)
         n = int(next(iter(batch_all.values())).shape[0])
         if "y" not in batch_all and self.method != "public":
             raise DataValidationError("data has no labels 'y'")
-        split = self._resolve_split(data)
-        if self.pretrain_epochs and isinstance(split, LabelDPSplit):
-            warnings.warn(
-                "public pre-training with LabelDPSplit minimises logsumexp(logits) alone, which has no minimiser "
-                "and only pushes the logits down; use pretrain_epochs=0 for a private label",
-                UserWarning,
-                stacklevel=2,
-            )
-        plan = self.make_plan(n)
-        self.plan = plan
-        if plan.is_private:
-            check_no_batch_mixing(self.model)
         if checkpoint_every is not None:
             checkpoint_every = check_int("checkpoint_every", checkpoint_every, minimum=1)
             if checkpoint is None:
                 raise ValueError("checkpoint_every needs checkpoint=PATH")
         if max_steps is not None:
             max_steps = check_int("max_steps", max_steps, minimum=1)
+        data_print = _data_fingerprint(batch_all)
 
-        state = _RunState.start(self, plan)
-        if resume and checkpoint is not None and Path(checkpoint).exists():
-            from featuredp.runs import load_checkpoint
+        if self._state is not None:  # a later call: the same run goes on
+            state = self._state
+            plan = state.plan
+            split = self.loss_split
+            if data_print != state.fingerprint["data"]:
+                raise ValueError(
+                    "fit() was called again on different data: one Trainer is one run on one dataset. Build a new "
+                    "Trainer for a new run (its privacy spend adds to this one's; record both with ledger=)"
+                )
+            if state.complete:
+                raise ValueError(
+                    f"this Trainer's run is complete ({state.private_steps} private steps, epsilon="
+                    f"{plan.epsilon(state.private_steps) if plan.is_private else plan.epsilon(0):.4g}); fit() again "
+                    "would keep training the model outside the accounted run. To train longer, plan it in one run "
+                    "(steps=/epochs=, then fit(max_steps=...) repeatedly); to start a new run, build a new Trainer and "
+                    "count both runs' spends together (ledger=)"
+                )
+        else:
+            split = self._resolve_split(data)
+            if self.pretrain_epochs and isinstance(split, LabelDPSplit):
+                warnings.warn(
+                    "public pre-training with LabelDPSplit minimises logsumexp(logits) alone, which has no minimiser "
+                    "and only pushes the logits down; use pretrain_epochs=0 for a private label",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            plan = self.make_plan(n)
+            self.plan = plan
+            if plan.is_private:
+                check_no_batch_mixing(self.model)
+            if plan.method == "dpsgd":
+                _warn_record_level_statistics(data)
+            state = _RunState.start(self, plan, {"data": data_print, "psi": self._psi_fingerprint(split)})
+            if resume and checkpoint is not None and Path(checkpoint).exists():
+                from featuredp.runs import load_checkpoint
 
-            state.load(load_checkpoint(checkpoint))
+                state.load(load_checkpoint(checkpoint))
+            self._state = state
+            _warn_if_trained_before(self.model, state)
 
         total = plan.pretrain_steps + plan.steps
         log_at = {plan.pretrain_steps + round(plan.steps * (i + 1) / self.log_points) for i in range(self.log_points)}
-        pbar = _progress(total, state.step, self.progress, self.method)
         params = trainable_parameters(self.model)
         steps_this_call = 0
+        private_before = state.private_steps
         display: dict[str, float] = {}  # what the bar shows: public quantities and the ε at the last log point
+        reservation = self._reserve(state)  # before any private step: an overspend is refused up front
+        pbar = _progress(total, state.step, self.progress, self.method)
         try:
             while state.step < total:
                 if max_steps is not None and steps_this_call >= max_steps:
@@ -575,17 +651,24 @@ class Trainer:
                     self._save_checkpoint(checkpoint, state)
         finally:
             pbar.close()
+            _record_applied(self.model, state)
+            self._settle(reservation, state.private_steps - private_before)
         finished = state.step >= total
         if checkpoint is not None:
             self._save_checkpoint(checkpoint, state)
         if finished or state.stop_reason == "budget":
             state.finalize_average(self.model)
+            state.complete = True
         eps = plan.epsilon(state.private_steps) if plan.is_private else plan.epsilon(0)
         report = {
             "feature_map": None if self.feature_map is None else self.feature_map.describe(),
             "loss_split": None if split is None else split.describe(),
             "accounting": "public batches and public pre-training read Ψ(S) only and add no privacy event",
+            "randomness": _randomness_report(self),
         }
+        earlier = _model_epsilon(self.model, state, plan)
+        if earlier is not None:
+            report["model_epsilon_all_runs"] = earlier
         self.result = TrainResult(
             method=self.method,
             plan=plan,
@@ -600,6 +683,47 @@ class Trainer:
             history=list(state.history),
         )
         return self.result
+
+    def _psi_fingerprint(self, split: LossSplit | None) -> str:
+        """A digest of Ψ and the loss split as declared (public; a resume must use the same ones)."""
+        desc = {
+            "feature_map": None if self.feature_map is None else self.feature_map.describe(),
+            "loss_split": None if split is None else split.describe(),
+        }
+        return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()
+
+    def _reserve(self, state: _RunState) -> Any:
+        """Reserve in the ledger what the rest of this run may spend (None without a ledger or a private plan)."""
+        plan = state.plan
+        if self.ledger is None or not plan.is_private:
+            return None
+        planned = plan.steps if plan.budget_steps is None else min(plan.steps, plan.budget_steps)
+        remaining = planned - state.private_steps
+        if remaining <= 0:
+            return None
+        from featuredp.accounting import dpsgd_event
+
+        assert plan.noise_multiplier is not None
+        event = dpsgd_event(plan.noise_multiplier, plan.sampling_rate, remaining)
+        return self.ledger.reserve(f"featuredp Trainer {plan.method}: up to {remaining} private steps", event=event)
+
+    def _settle(self, reservation: Any, private_steps: int) -> None:
+        """Settle the reservation at the private steps this call actually ran (a crash included)."""
+        if reservation is None:
+            return
+        plan = self.plan
+        if private_steps <= 0:
+            reservation.cancel()  # no private step ran: the data was never touched by the mechanism
+            return
+        from featuredp.accounting import dpsgd_event
+
+        assert plan is not None and plan.noise_multiplier is not None
+        try:
+            reservation.settle(event=dpsgd_event(plan.noise_multiplier, plan.sampling_rate, private_steps))
+        except BudgetExceededError:
+            # Fewer steps never cost more, but if rounding ever said so, keep the (larger) reserved amount
+            # rather than lose the record or mask the exception that may be unwinding this call.
+            reservation.settle()
 
     def _resolve_split(self, data: Any) -> LossSplit | None:
         """Bind Ψ and the split to the data (a dict of tensors has no column names: maps bind to nothing)."""
@@ -686,13 +810,120 @@ class Trainer:
         sums, _norms = self.strategy.clipped_sum(self.model, loss_fn, b, d, plan.max_grad_norm)
         assert plan.noise_multiplier is not None and plan.max_grad_norm is not None
         std = 0.0 if plan.noise_multiplier == 0 else plan.noise_multiplier * plan.max_grad_norm
-        noisy = add_noise(sums, std, state.noise)  # new tensors: safe to scale in place
+        noisy = state.noise.add(sums, std)  # new tensors: safe to scale in place
         # Divide by the EXPECTED batch size m = p·n; the realised size len(idx) is private.
         return {k: v.div_(plan.expected_batch_size) for k, v in noisy.items()}
 
 
 def _plain_cross_entropy(model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
     return nn.functional.cross_entropy(forward(model, batch), batch["y"], reduction="none")
+
+
+def _data_fingerprint(batch: Batch) -> str:
+    """SHA-256 of the training tensors (keys, dtypes, shapes, bytes).
+
+    A function of private data: it goes into the private checkpoint only, never into
+    run.json (anyone could test a guessed dataset against a published hash).
+    """
+    h = hashlib.sha256()
+    for key in sorted(batch):
+        t = batch[key].detach().cpu().contiguous()
+        h.update(f"{key}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(memoryview(t.view(torch.uint8).numpy()) if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _warn_record_level_statistics(data: Any) -> None:
+    """DP-SGD claims record-level DP, so *every* column's encoding statistic read from the data escapes it
+    (for FDP only the private columns' do; ``Columns.bind`` checks those)."""
+    from_data = getattr(data, "statistics_from_data", None) or {}
+    if from_data:
+        listed = ", ".join(f"{col} ({what})" for col, what in sorted(from_data.items()))
+        warnings.warn(
+            f"dpsgd protects whole records, but these encoding statistics were computed from the training data "
+            f"and are outside its guarantee: {listed}; pass public bounds=/categories=/classes= to the loader",
+            PrivacyLeakWarning,
+            stacklevel=3,
+        )
+
+
+def _open_ledger(ledger: Any) -> Any:
+    """A BudgetLedger from a ledger object or the path of an existing ledger file (None passes through)."""
+    if ledger is None:
+        return None
+    from featuredp.accounting import BudgetLedger
+
+    if isinstance(ledger, BudgetLedger):
+        return ledger
+    if isinstance(ledger, str | os.PathLike):
+        if not Path(ledger).exists():
+            raise FileNotFoundError(
+                f"ledger={str(ledger)!r} does not exist: create it once with its total budget, e.g. "
+                f"BudgetLedger({str(ledger)!r}, total_epsilon=8.0, delta=1e-5)"
+            )
+        return BudgetLedger(ledger)
+    raise TypeError(f"ledger must be a BudgetLedger or the path of one, got {type(ledger).__name__}")
+
+
+def _randomness_report(trainer: Trainer) -> dict[str, Any]:
+    """Where the private randomness came from (never the seed itself)."""
+    return {
+        "private": "user seed (reproducible: keep it secret)" if trainer.seed is not None else "OS entropy (secret)",
+        "secure_rng": trainer.secure_rng,
+        "noise": "ChaCha20 CSPRNG, float64 Box-Muller, added in float64" if trainer.secure_rng else "torch.randn",
+        "public_seed": trainer.public_seed,
+    }
+
+
+# Private phases applied to each model object, by run (ARCHITECTURE rule 7: every private
+# step any call applies to a model is counted). Weak keys: the record dies with the model.
+_APPLIED: weakref.WeakKeyDictionary[nn.Module, dict[int, dict[str, Any]]] = weakref.WeakKeyDictionary()
+
+
+def _record_applied(model: nn.Module, state: _RunState) -> None:
+    plan = state.plan
+    if not plan.is_private or state.private_steps == 0:
+        return
+    _APPLIED.setdefault(model, {})[id(state)] = {
+        "noise_multiplier": plan.noise_multiplier,
+        "sampling_rate": plan.sampling_rate,
+        "steps": state.private_steps,
+    }
+
+
+def _earlier_runs(model: nn.Module, state: _RunState) -> list[dict[str, Any]]:
+    return [phase for key, phase in _APPLIED.get(model, {}).items() if key != id(state) and phase["steps"] > 0]
+
+
+def _warn_if_trained_before(model: nn.Module, state: _RunState) -> None:
+    earlier = _earlier_runs(model, state)
+    if earlier and state.plan.is_private:
+        steps = sum(p["steps"] for p in earlier)
+        warnings.warn(
+            f"this model was already trained privately by {len(earlier)} other run(s) ({steps} private steps); the "
+            "released model's guarantee is the composition of all of them, not this run's epsilon alone. The result "
+            "reports both (privacy_report['model_epsilon_all_runs']); record every run in one BudgetLedger (ledger=)",
+            PrivacyRiskWarning,
+            stacklevel=3,
+        )
+
+
+def _model_epsilon(model: nn.Module, state: _RunState, plan: PrivacyPlan) -> float | str | None:
+    """ε(δ) of every private run applied to ``model`` composed, when other runs came before this one."""
+    earlier = _earlier_runs(model, state)
+    if not earlier or not plan.is_private or plan.delta is None:
+        return None
+    from featuredp import accounting
+
+    phases = [*earlier]
+    if state.private_steps:
+        phases.append({"noise_multiplier": plan.noise_multiplier, "sampling_rate": plan.sampling_rate,
+                       "steps": state.private_steps})
+    if any(not p["noise_multiplier"] for p in phases):
+        return "inf"
+    events = [accounting.dpsgd_event(p["noise_multiplier"], p["sampling_rate"], p["steps"]) for p in phases]
+    return accounting.compute_epsilon(accounting.compose_events(*events), plan.delta, relation=plan.relation,
+                                      accountant=plan.accountant)
 
 
 @torch.no_grad()
@@ -721,23 +952,32 @@ class _RunState:
         self.private_steps = 0
         self.stop_reason: str | None = None
         self.history: list[dict[str, float]] = []
+        self.complete = False
 
     @classmethod
-    def start(cls, trainer: Trainer, plan: PrivacyPlan) -> _RunState:
+    def start(cls, trainer: Trainer, plan: PrivacyPlan, fingerprint: dict[str, str]) -> _RunState:
         s = cls()
         s.trainer = trainer
         s.plan = plan
-        streams = make_streams(trainer.seed)
+        s.fingerprint = fingerprint
+        streams = make_streams(trainer.seed, public_seed=trainer.public_seed)
         s.streams = streams
         n = plan.dataset_size
         m_int = max(1, round(plan.expected_batch_size))
-        # Torch generators seeded from their own streams: noise from "noise"; loss draws of the
-        # private and of the public batches from two different seeds of the "draws" stream.
-        s.noise = _torch_generator(int(streams.noise.integers(0, 2**62)))
-        draw_seeds = streams.draws.integers(0, 2**62, size=2)
-        s.private_draws = _torch_generator(int(draw_seeds[0]))
-        s.public_draws = _torch_generator(int(draw_seeds[1]))
-        s.private_sampler = PoissonSampler(n, plan.sampling_rate, streams.private_sampling)
+        # Loss draws of the private batch and of the public batch come from two different
+        # streams (the public ones may be seeded publicly; the private ones never).
+        s.private_draws = _torch_generator(random_seed_from(streams.private_draws))
+        s.public_draws = _torch_generator(random_seed_from(streams.public_draws))
+        s.secure_sampling: ChaCha20Generator | None = None
+        if trainer.secure_rng:
+            # Keys from os.urandom, or from the user's seed for a reproducible (and secret) run.
+            keys = [streams.noise.bytes(32), streams.private_sampling.bytes(32)] if streams.seeded else [None, None]
+            s.noise = SecureNoise(ChaCha20Generator(keys[0]))
+            s.secure_sampling = ChaCha20Generator(keys[1])
+            s.private_sampler = PoissonSampler(n, plan.sampling_rate, s.secure_sampling)
+        else:
+            s.noise = TorchNoise(_torch_generator(random_seed_from(streams.noise)))
+            s.private_sampler = PoissonSampler(n, plan.sampling_rate, streams.private_sampling)
         s.shuffler = EpochShuffler(n, min(m_int, n), streams.private_sampling)
         m_pub = plan.public_batch_size or m_int
         s.public_sampler = UniformSampler(n, m_pub, streams.public_sampling)
@@ -784,8 +1024,9 @@ class _RunState:
     def state_dict(self) -> dict[str, Any]:
         """Tensors and plain containers only (safe for ``torch.load(weights_only=True)``)."""
         return {
-            "format": 1,
+            "format": _CHECKPOINT_FORMAT,
             "plan": self.plan.to_dict(),
+            "fingerprint": dict(self.fingerprint),
             "step": self.step,
             "private_steps": self.private_steps,
             "stop_reason": self.stop_reason,
@@ -797,21 +1038,41 @@ class _RunState:
             "model": {k: v.detach().clone() for k, v in self.trainer.model.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
             "pretrain_optimizer": self.pretrain_optimizer.state_dict(),
-            "numpy_rng": {name: _np_state(getattr(self.streams, name)) for name in
-                          ("private_sampling", "public_sampling", "noise", "draws", "init")},
-            "torch_rng": {"noise": self.noise.get_state(), "private_draws": self.private_draws.get_state(),
+            "numpy_rng": {name: _np_state(getattr(self.streams, name)) for name in STREAM_NAMES},
+            "torch_rng": {"private_draws": self.private_draws.get_state(),
                           "public_draws": self.public_draws.get_state()},
+            "noise": self.noise.state_dict(),
+            "secure_sampling": None if self.secure_sampling is None else self.secure_sampling.state_dict(),
             "shufflers": {"private": _shuffler_state(self.shuffler), "public": _shuffler_state(self.public_shuffler)},
             "average": self.average,
             "average_count": self.average_count,
         }
 
     def load(self, ck: dict[str, Any]) -> None:
+        if ck.get("format") != _CHECKPOINT_FORMAT:
+            raise ValueError(
+                f"the checkpoint has format {ck.get('format')!r}, this featuredp writes {_CHECKPOINT_FORMAT}; it was "
+                "written by another version and cannot be resumed: start a new run"
+            )
         if ck.get("plan") != self.plan.to_dict():
             raise ValueError(
                 "the checkpoint belongs to a different plan (dataset size, batch sizes, noise or steps differ); "
                 "resume with the same settings or start a new run"
             )
+        saved = ck.get("fingerprint") or {}
+        if saved.get("data") != self.fingerprint["data"]:
+            raise ValueError(
+                "the checkpoint was written for different training data (its fingerprint differs): a resumed run "
+                "must continue on exactly the same records, or its accountant would not cover the change; resume "
+                "on the original data or start a new run"
+            )
+        if saved.get("psi") != self.fingerprint["psi"]:
+            raise ValueError(
+                "the checkpoint was written with a different public feature map or loss split (Ψ differs); resume "
+                "with the same Ψ or start a new run"
+            )
+        if (ck.get("secure_sampling") is not None) != (self.secure_sampling is not None):
+            raise ValueError("the checkpoint's secure_rng setting differs from this Trainer's; resume with the same")
         self.step = int(ck["step"])
         self.private_steps = int(ck["private_steps"])
         self.stop_reason = ck.get("stop_reason")
@@ -821,9 +1082,11 @@ class _RunState:
         self.pretrain_optimizer.load_state_dict(ck["pretrain_optimizer"])
         for name, st in ck["numpy_rng"].items():
             getattr(self.streams, name).bit_generator.state = _np_state_from(st)
-        self.noise.set_state(ck["torch_rng"]["noise"])
         self.private_draws.set_state(ck["torch_rng"]["private_draws"])
         self.public_draws.set_state(ck["torch_rng"]["public_draws"])
+        self.noise.load_state_dict(ck["noise"])
+        if self.secure_sampling is not None:
+            self.secure_sampling.load_state_dict(ck["secure_sampling"])
         _load_shuffler(self.shuffler, ck["shufflers"]["private"])
         _load_shuffler(self.public_shuffler, ck["shufflers"]["public"])
         self.average = ck.get("average")

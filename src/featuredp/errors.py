@@ -23,6 +23,14 @@ class BudgetExceededError(FeatureDPError, ValueError):
     """A spend would take the privacy budget above its declared total; nothing was spent."""
 
 
+class BatchMixingError(FeatureDPError, ValueError):
+    """The model makes one example's output (or gradient) depend on the other examples of the batch."""
+
+
+class ForwardSideEffectError(FeatureDPError, ValueError):
+    """The model's forward writes into its own parameters or buffers while it sees private data."""
+
+
 class PrivacyLeakWarning(UserWarning):
     """Something was computed from private data outside the accounted mechanism."""
 

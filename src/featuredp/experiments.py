@@ -197,7 +197,8 @@ def train_cell(
     kwargs = {k: v for k, v in params.items() if k not in _UNUSED[method]}
     if method in PRIVATE_METHODS:
         kwargs.update(target_epsilon=epsilon, delta=delta)
-    trainer = Trainer(net, method, loss_split=split, seed=seed, progress=False, **kwargs)
+    # The cell's seed is public (initialisation, public batches); the private randomness is OS entropy.
+    trainer = Trainer(net, method, loss_split=split, public_seed=seed, progress=False, **kwargs)
     result = trainer.fit(train)
     metrics = evaluate(trainer.model, test)
     plan = result.plan

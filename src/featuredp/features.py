@@ -16,17 +16,25 @@ Maps:
 * :class:`FunctionMap` — a user function batch → public view.
 
 Image maps (e.g. a Gaussian blur) subclass :class:`PublicFeatureMap` elsewhere.
+
+Binding is where the private set actually used for training meets the data, so
+:meth:`Columns.bind` and :meth:`LabelPrivate.bind` check the dataset's recorded
+provenance (``statistics_from_data``): a private column whose scaling bounds or
+category list, or a private label whose class list, was computed from the data
+raises :class:`~featuredp.errors.PrivacyLeakWarning` — whatever was declared
+private when the dataset was loaded.
 """
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
-from featuredp.errors import DataValidationError
+from featuredp.errors import DataValidationError, PrivacyLeakWarning
 
 Batch = dict[str, torch.Tensor]
 
@@ -75,6 +83,55 @@ def _raw_columns(dataset: Any) -> list[str]:
     return names
 
 
+# The kinds of featuredp.data.tabular.STATISTIC_KINDS; not imported so that Ψ does not pull in pandas.
+_STATISTIC_NAMES = {"bounds": "bounds: min/max", "categories": "category list", "classes": "class list"}
+_FIX_OPTIONS = {"bounds": "bounds=", "categories": "categories=", "classes": "classes="}
+
+
+def _private_statistics_from_data(dataset: Any, private: Iterable[str], label_private: bool) -> dict[str, str]:
+    """The private columns (and label) whose encoding statistic was computed from the data.
+
+    Maps the column to the statistic (``"bounds"``, ``"categories"``, ``"classes"``),
+    read from ``dataset.statistics_from_data``; empty when the dataset records no
+    provenance (built by hand) or when every private statistic is public knowledge.
+    """
+    recorded = getattr(dataset, "statistics_from_data", None)
+    if not recorded:
+        return {}
+    wanted = list(dict.fromkeys(private))
+    label = getattr(dataset, "label_name", None)
+    if label_private and label is not None:
+        wanted.append(str(label))
+    return {c: str(recorded[c]) for c in wanted if c in recorded}
+
+
+def _warn_statistics_from_data(dataset: Any, leaked: dict[str, str], reported: set[tuple[str, ...]]) -> None:
+    """Warn (PrivacyLeakWarning) about ``leaked`` unless already said for this dataset.
+
+    Entries the dataset's loader already warned about (``statistics_warned``: the columns
+    declared private at load time) are not repeated, nor is a warning this map already
+    gave (maps are bound more than once per run: by the caller, then by the trainer).
+    """
+    already = set(getattr(dataset, "statistics_warned", None) or ())
+    new = {c: k for c, k in leaked.items() if c not in already}
+    if not new:
+        return
+    name = str(getattr(dataset, "name", "dataset"))
+    key = (name, *sorted(f"{c}:{k}" for c, k in new.items()))
+    if key in reported:
+        return
+    reported.add(key)
+    listed = ", ".join(f"{c} ({_STATISTIC_NAMES.get(k, k)})" for c, k in new.items())
+    options = " / ".join(v for k, v in _FIX_OPTIONS.items() if k in set(new.values()))
+    warnings.warn(
+        f"{name}: the feature map makes private column(s) whose encoding statistics were computed from the "
+        f"data: {listed}. These statistics depend on private values and are not covered by the privacy "
+        f"guarantee; load the dataset with public {options} (e.g. from a codebook) so they are fixed in advance",
+        PrivacyLeakWarning,
+        stacklevel=3,
+    )
+
+
 class Columns(PublicFeatureMap):
     """Some raw columns of a tabular dataset are private; the rest are public.
 
@@ -88,6 +145,11 @@ class Columns(PublicFeatureMap):
     The public view keeps ``"x"`` with private encoded columns set to 0,
     ``"x_cat"`` with private code columns set to -1 (the sparse models' "masked"
     code), and drops ``"y"`` when the label is private.
+
+    :meth:`bind` warns (:class:`~featuredp.errors.PrivacyLeakWarning`) when a
+    private column's bounds or category list, or a private label's class list,
+    was computed from the data (the dataset's ``statistics_from_data``), even if
+    the column was public when the dataset was loaded.
     """
 
     def __init__(
@@ -110,10 +172,16 @@ class Columns(PublicFeatureMap):
         self._x_mask: torch.Tensor | None = None
         self._cat_mask: torch.Tensor | None = None
         self._encoded_private: list[str] = []
+        self._statistics_from_data: dict[str, str] = {}
+        self._reported: set[tuple[str, ...]] = set()
 
     # -- binding -------------------------------------------------------------------------------------
     def bind(self, dataset: Any) -> Columns:
-        """Resolve raw names against ``dataset`` (a TabularDataset); unknown names raise DataValidationError."""
+        """Resolve raw names against ``dataset`` (a TabularDataset); unknown names raise DataValidationError.
+
+        Warns (PrivacyLeakWarning) when a private column or a private label has an
+        encoding statistic computed from the data (see the class docstring).
+        """
         for attr in ("feature_names", "feature_sources", "label_name"):
             if not hasattr(dataset, attr):
                 raise TypeError(f"Columns.bind needs a TabularDataset (missing {attr!r}), got {type(dataset).__name__}")
@@ -157,6 +225,10 @@ class Columns(PublicFeatureMap):
         self._cat_mask = (
             None if cat_sources is None else torch.tensor([s in priv for s in cat_sources], dtype=torch.bool)
         )
+        # The private set is final only here (it may differ from the one declared at load time),
+        # so this is where statistics read from private data must be caught.
+        self._statistics_from_data = _private_statistics_from_data(dataset, private, label_private)
+        _warn_statistics_from_data(dataset, self._statistics_from_data, self._reported)
         return self
 
     def _require_bound(self) -> None:
@@ -213,7 +285,10 @@ class Columns(PublicFeatureMap):
             "private_encoded_columns": list(self._encoded_private),
             "label": self.label_name,
             "label_private": self.label_private,
-        }
+        } | (
+            # Only when there is something to say, so reports of clean runs keep their shape.
+            {"private_statistics_from_data": dict(self._statistics_from_data)} if self._statistics_from_data else {}
+        )
 
 
 class LabelPrivate(PublicFeatureMap):
@@ -221,6 +296,12 @@ class LabelPrivate(PublicFeatureMap):
 
     def __init__(self, label_key: str = "y") -> None:
         self.label_key = label_key
+        self._reported: set[tuple[str, ...]] = set()
+
+    def bind(self, dataset: Any) -> LabelPrivate:
+        """Accept any dataset; warns (PrivacyLeakWarning) if its label's class list was read from the data."""
+        _warn_statistics_from_data(dataset, _private_statistics_from_data(dataset, (), True), self._reported)
+        return self
 
     def __call__(self, batch: Batch) -> Batch:
         return {k: v for k, v in batch.items() if k != self.label_key}

@@ -16,6 +16,11 @@ any classifier trained on them is post-processing.
   prior of RR-with-prior on part 2; the final model trains on all noisy labels. Each label
   is randomised once, with a prior that depends only on *other* rows' released labels:
   parallel composition over the disjoint parts gives ε-label-DP in total.
+
+The class set K of RR is part of the mechanism: :class:`LabelDPClassifier` takes it from
+``classes=[...]`` (public knowledge). Reading it from the labels (``classes=None``) lets one
+record's unique label change K, ``classes_`` and the output's shape — outside the ε bound —
+and warns with ``PrivacyLeakWarning``. ``ledger=`` reserves ε before any label is randomised.
 """
 
 from __future__ import annotations
@@ -27,12 +32,13 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, clone
 from sklearn.utils import get_tags
-from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
-from featuredp.errors import DataValidationError
-from featuredp.sampling import make_streams
+from featuredp.erm._labels import resolve_classes
+from featuredp.erm._ledger import open_ledger, reserved, same_ledger
+from featuredp.errors import DataValidationError, PrivacyLeakWarning
+from featuredp.sampling import make_streams, warn_private_seed
 
 METHODS = ("rr", "rr-prior", "lp-2st")
 
@@ -87,8 +93,20 @@ def _rr_in_sets(
 def randomized_response(
     y: Any, epsilon: float, n_classes: int | None = None, random_state: int | np.random.Generator | None = None
 ) -> np.ndarray:
-    """K-ary randomized response on class indices ``y`` (ε-label-DP)."""
+    """K-ary randomized response on class indices ``y`` (ε-label-DP).
+
+    Give ``n_classes`` (public knowledge). Without it K = max(y) + 1 is read from the private
+    labels — one record holding the largest label changes K and so the output range, which the
+    ε bound does not cover — and a ``PrivacyLeakWarning`` says so.
+    """
     eps = check_positive("epsilon", epsilon)
+    if n_classes is None:
+        warnings.warn(
+            "randomized_response(n_classes=None) read the number of classes from the private labels (max(y) + 1): "
+            "one record's label can change it, which the privacy guarantee does not cover; pass n_classes=K",
+            PrivacyLeakWarning,
+            stacklevel=2,
+        )
     y, K = _check_labels(y, n_classes)
     from featuredp.mechanisms import RandomizedResponse
 
@@ -148,10 +166,21 @@ class LabelDPClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         did not use these labels (e.g. trained on public data); its probabilities are the prior.
     first_stage_fraction : for ``'lp-2st'``: the share of rows in stage 1.
     random_state : seed of the split and the label noise.
+    classes : the class labels, declared from public knowledge. ``classes_`` is this list sorted;
+        randomized response draws over exactly these K classes (so a declared class absent from y
+        can still be released, as the ε bound requires) and ``predict_proba`` has one column per
+        class; a label outside it raises ``DataValidationError``. None reads the classes from y,
+        which the guarantee does not cover (K and the output shape change with one record's
+        unique label): a ``PrivacyLeakWarning`` says so.
+    ledger : None, a path to an existing budget ledger, or a
+        :class:`featuredp.accounting.BudgetLedger`: ``fit`` reserves (ε, 0) before any label is
+        randomised (``BudgetExceededError``, labels unused, ledger unchanged, if it does not fit)
+        and settles it after. Safer than :meth:`record` after ``fit``.
 
     Attributes
     ----------
-    estimator_ : the fitted classifier; classes_; epsilon_, delta_ (= 0); privacy_.
+    estimator_ : the fitted classifier; classes_; epsilon_, delta_ (= 0); privacy_;
+    ledger_record_ (the settled ledger record, None without ``ledger``).
     """
 
     def __init__(
@@ -162,6 +191,8 @@ class LabelDPClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         prior_model: Any = None,
         first_stage_fraction: float = 0.5,
         random_state: int | None = None,
+        classes: Any = None,
+        ledger: Any = None,
     ) -> None:
         self.estimator = estimator
         self.epsilon = epsilon
@@ -169,6 +200,8 @@ class LabelDPClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         self.prior_model = prior_model
         self.first_stage_fraction = first_stage_fraction
         self.random_state = random_state
+        self.classes = classes
+        self.ledger = ledger
 
     def _base(self) -> Any:
         if self.estimator is None:
@@ -178,7 +211,11 @@ class LabelDPClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         return clone(self.estimator)
 
     def fit(self, X: Any, y: Any) -> LabelDPClassifier:
-        """Randomise the labels of y, then fit the estimator on (X, noisy labels); returns self."""
+        """Randomise the labels of y, then fit the estimator on (X, noisy labels); returns self.
+
+        Order: validate parameters and data (and compute an ``'rr-prior'`` prior, which reads X and
+        the public prior model only), reserve ε in ``ledger`` if given, and only then randomise.
+        """
         eps = check_positive("epsilon", self.epsilon)
         method = check_choice("method", self.method, METHODS)
         frac = check_open_unit("first_stage_fraction", self.first_stage_fraction)
@@ -188,20 +225,32 @@ class LabelDPClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
                 f"these labels; got {self.prior_model!r}"
             )
         seed = None if self.random_state is None else check_int("random_state", self.random_state, minimum=0)
+        if seed is not None:
+            warn_private_seed("random_state", seed)
+        ledger = open_ledger(self.ledger)
         X, y = validate_data(self, X, y, accept_sparse=True, dtype=None, ensure_all_finite=False)
-        check_classification_targets(y)
-        self.classes_, y_idx = np.unique(y, return_inverse=True)
-        K = len(self.classes_)
-        if K < 2:
-            raise DataValidationError(f"y needs at least 2 classes, got 1 class ({self.classes_[0]!r})")
-        streams = make_streams(seed)
-        if method == "rr":
-            noisy = randomized_response(y_idx, eps, K, streams.noise)
-        elif method == "rr-prior":
-            prior = self._aligned_proba(self.prior_model, X, K)
-            noisy = rr_with_prior(y_idx, prior, eps, streams.noise)
-        else:
-            noisy = self._lp_2st(X, y_idx, K, eps, frac, streams)
+        # K is a parameter of RR: declared, it cannot depend on any one record's label (see module docstring).
+        classes, y_idx = resolve_classes(self.classes, y, stacklevel=2)
+        K = len(classes)
+        prior = None
+        if method == "rr-prior":
+            # Reads X (public under label-DP) and the public prior model only; done before the reservation
+            # so a model that does not fit these classes fails without spending.
+            prior = self._aligned_proba(self.prior_model, X, K, classes)
+        with reserved(ledger, self._ledger_what(), epsilon=eps, delta=0.0) as reservation:
+            # The reservation is held: only now set fitted attributes and let the labels meet the mechanism
+            # (a refused fit leaves a previous fit's classes_ and epsilon_ consistent with its estimator_).
+            self.classes_ = classes
+            streams = make_streams(seed)
+            if method == "rr":
+                noisy = randomized_response(y_idx, eps, K, streams.noise)
+            elif method == "rr-prior":
+                noisy = rr_with_prior(y_idx, prior, eps, streams.noise)
+            else:
+                noisy = self._lp_2st(X, y_idx, K, eps, frac, streams)
+            self.ledger_record_ = None if reservation is None else reservation.settle(epsilon=eps, delta=0.0)
+            self._ledger_used = ledger if reservation is not None else None
+        # Everything below reads only the released noisy labels (post-processing).
         if len(np.unique(noisy)) < 2:
             # The mechanism's output (post-processing): every released label is one class — e.g. RR-with-prior
             # at small ε with a skewed prior. Most classifiers refuse one class; predict that class instead.
@@ -219,10 +268,22 @@ class LabelDPClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
                          "epsilon": eps, "delta": 0.0, "n": len(y_idx), "classes": K}
         return self
 
-    def _aligned_proba(self, model: Any, X: Any, K: int) -> np.ndarray:
-        """predict_proba mapped onto this estimator's K classes (missing classes get probability 0)."""
+    def _aligned_proba(self, model: Any, X: Any, K: int, classes: np.ndarray | None = None) -> np.ndarray:
+        """predict_proba mapped onto the K ``classes`` (default ``classes_``; missing classes get probability 0)."""
+        classes = self.classes_ if classes is None else classes
         proba = np.asarray(model.predict_proba(X), dtype=np.float64)
-        cols = np.searchsorted(self.classes_, getattr(model, "classes_", self.classes_))
+        model_classes = np.asarray(getattr(model, "classes_", classes))
+        # searchsorted alone would silently map a class we do not have onto a neighbouring column.
+        try:
+            cols = np.minimum(np.searchsorted(classes, model_classes), K - 1)
+            aligned = bool(np.all(classes[cols] == model_classes))
+        except TypeError:  # incomparable label types (e.g. None among strings)
+            cols, aligned = np.zeros(0, dtype=np.int64), False
+        if proba.ndim != 2 or proba.shape[1] != len(model_classes) or not aligned:
+            raise DataValidationError(
+                f"{type(model).__name__} predicts classes {model_classes.tolist()!r} with probabilities of shape "
+                f"{proba.shape}, which do not map onto classes_={classes.tolist()!r}"
+            )
         out = np.zeros((proba.shape[0], K))
         out[:, cols] = proba
         return out
@@ -266,8 +327,23 @@ class LabelDPClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
     def record(self, ledger: Any, name: str | None = None) -> dict[str, Any]:
         """Record the label-DP spend (ε, 0) in a :class:`featuredp.accounting.BudgetLedger`.
 
-        Raises ``BudgetExceededError`` (recording nothing) if it does not fit the budget.
+        Raises ``BudgetExceededError`` (recording nothing) if it does not fit the budget. This runs
+        *after* ``fit``, when the labels were already randomised: prefer ``ledger=``, which reserves
+        ε before and refuses an overspend with the labels untouched. Recording a fit made with
+        ``ledger=`` in the same ledger again is refused (it would count twice).
         """
         check_is_fitted(self)
-        return ledger.spend(name or f"LabelDPClassifier[{self.method}] label-DP", epsilon=self.epsilon_,
-                            delta=self.delta_)
+        used = getattr(self, "_ledger_used", None)
+        if used is not None and same_ledger(used, ledger):
+            raise ValueError(
+                f"this fit was already recorded in the ledger {getattr(ledger, 'path', ledger)} by fit(ledger=...); "
+                "recording it again would count the same spend twice"
+            )
+        return ledger.spend(name or self._ledger_what(), epsilon=self.epsilon_, delta=self.delta_)
+
+    def _ledger_what(self) -> str:
+        return f"LabelDPClassifier[{self.method}] label-DP"
+
+    def __sklearn_is_fitted__(self) -> bool:
+        # validate_data sets n_features_in_ before a ledger can refuse the fit; only a model counts as fitted.
+        return hasattr(self, "estimator_")

@@ -27,12 +27,26 @@ the examples of the batch). A layer called otherwise makes the whole step fall
 back to torch.func (with a warning). With fallback parameters the model must be
 deterministic given (batch, draws) (no dropout), because the fallback
 re-evaluates the loss.
+
+Safety. Ghost norms are only right if row i of every recorded tensor belongs to
+example i alone. Layers known to mix the batch are refused statically
+(:func:`featuredp.privatize.check_no_batch_mixing`); mixing by parameter-free
+code (``x - x.mean(0)``, attention over the wrong axis) is caught by the
+*separability cross-check*: on the first batch of at least two examples the
+gradients of the first four examples are recomputed on their own (a forward and
+backward of each example alone) and compared with the ghost ones; a mismatch
+raises :class:`featuredp.privatize.BatchMixingError`. Every call runs under
+:class:`featuredp.privatize.ForwardStateGuard`, because the private forward
+runs on the real model and must not write into its parameters or buffers.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import warnings
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -46,13 +60,23 @@ from featuredp._ghost_rules import (
     Rule,
     abs_sum,
     combine,
+    first_examples,
     rule_for,
     squared_norms,
+    term_bounds,
     weighted_sum,
 )
 from featuredp._validate import check_choice, check_int, check_positive
 from featuredp.features import Batch
-from featuredp.privatize import LossFn, _LossModule, check_no_batch_mixing, clip_factors, trainable_parameters
+from featuredp.privatize import (
+    BatchMixingError,
+    ForwardStateGuard,
+    LossFn,
+    _LossModule,
+    check_no_batch_mixing,
+    clip_factors,
+    trainable_parameters,
+)
 
 __all__ = ["GhostGradients", "GhostPlan"]
 
@@ -76,6 +100,7 @@ class GhostPlan:
     clone_outputs: set[int] = field(default_factory=set)  # id(module): outputs later modified in place
     validated: bool = False
     whole_model_fallback: bool = False
+    separable: bool = False  # the separability cross-check passed on a batch of >= 2 examples
 
 
 @dataclass
@@ -106,8 +131,83 @@ def _has_randomness(model: nn.Module) -> list[str]:
     ]
 
 
+@contextlib.contextmanager
+def _dropout_off(model: nn.Module) -> Iterator[None]:
+    """Dropout modules in eval mode (identity) for the duration: the cross-check compares two computations of
+    the same gradients, which only agree if both see the same (no) dropout masks."""
+    active = [m for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.training]
+    for m in active:
+        m.training = False
+    try:
+        yield
+    finally:
+        for m in active:
+            m.training = True
+
+
+# Parameter-free modules that act on each example alone (elementwise or per-row); any other parameter-free leaf
+# module is named as a suspect when the separability cross-check fails.
+_PER_EXAMPLE = (
+    nn.Identity,
+    nn.Flatten,
+    nn.Unflatten,
+    nn.modules.dropout._DropoutNd,
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.PReLU,
+    nn.ELU,
+    nn.SELU,
+    nn.CELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Mish,
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.Hardtanh,
+    nn.Hardswish,
+    nn.Hardsigmoid,
+    nn.Softplus,
+    nn.Softsign,
+    nn.Tanhshrink,
+    nn.Upsample,
+    nn.PixelShuffle,
+    nn.PixelUnshuffle,
+    nn.modules.pooling._MaxPoolNd,
+    nn.modules.pooling._AvgPoolNd,
+    nn.modules.pooling._AdaptiveAvgPoolNd,
+    nn.modules.pooling._AdaptiveMaxPoolNd,
+    nn.modules.padding._ConstantPadNd,
+    nn.modules.padding._ReflectionPadNd,
+    nn.modules.padding._ReplicationPadNd,
+)
+
+
+def _acts_per_example(m: nn.Module) -> bool:
+    if isinstance(m, (nn.Softmax, nn.LogSoftmax, nn.Softmin)):
+        return m.dim not in (None, 0)  # over dim 0 (or an implicit dim on 2-d input) it normalises across examples
+    return isinstance(m, _PER_EXAMPLE)
+
+Inspect = Callable[[dict[str, Any], dict[str, list], torch.Tensor], None]
+
+# Separability cross-check tolerance. Per example and parameter, the ghost gradient g and the batch-of-one
+# gradient r must satisfy ‖g − r‖ ≤ RTOL·‖r‖ + TERM_TOL·b + SCALE_TOL·max b, where b bounds the norm without
+# cancellation (Σ_t ‖a_t‖‖g_t‖, see term_bounds). Both are float32 computations of the same quantity on
+# different batch shapes; they differ by rounding of ~1e-7 of the terms (a few ulps after depth and
+# reductions). The ghost norm's float64 recomputation under cancellation shows up relative to ‖r‖. Mixing
+# examples changes gradients by a sizeable fraction of their terms (x − mean(x) at B = 4: by ~1/4 or more).
+_SEPARABILITY_RTOL = 1e-3
+_SEPARABILITY_TERM_TOL = 1e-4
+_SEPARABILITY_SCALE_TOL = 1e-6
+_SEPARABILITY_EXAMPLES = 4
+
+
 class GhostGradients:
     """Exact per-example clipped gradient sums by ghost norms (see the module docstring).
+
+    Models that mix the examples of a batch are refused (statically, and by a once-per-model separability
+    cross-check) and every call refuses forwards that change the model's parameters or buffers; see "Safety"
+    in the module docstring.
 
     Parameters
     ----------
@@ -123,6 +223,8 @@ class GhostGradients:
     """
 
     name = "ghost"
+    #: Run the separability cross-check (tests switch it off to show what it prevents; never do so otherwise).
+    _check_separability: bool = True
 
     def __init__(
         self,
@@ -137,6 +239,7 @@ class GhostGradients:
         self.reweight = check_choice("reweight", reweight, ("matmul", "backward"))
         self.fallback_batch_size = check_int("fallback_batch_size", fallback_batch_size, minimum=1)
         self._plans: weakref.WeakKeyDictionary[nn.Module, GhostPlan] = weakref.WeakKeyDictionary()
+        self._guarded: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models whose first call was checked
         self.fallback_layers: list[str] = []
 
     def __repr__(self) -> str:
@@ -227,20 +330,205 @@ class GhostGradients:
                 f"({', '.join(plan.fallback)}), but dropout is active in {_has_randomness(model)}; "
                 "remove dropout or use supported layers only"
             )
+        # The forward runs on the real model with private data: it must leave parameters and buffers alone.
+        with ForwardStateGuard(model, first_call=model not in self._guarded):
+            out = self._clipped_sum(plan, model, loss_fn, batch, draws, C, params, n)
+        self._guarded.add(model)
+        return out
+
+    def _clipped_sum(
+        self,
+        plan: GhostPlan,
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        C: float,
+        params: dict[str, torch.Tensor],
+        n: int,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         chunk = self.physical_batch_size or n
+        inspect = self._separability_check(plan, model, loss_fn, batch, draws, params, min(chunk, n))
         if chunk >= n:
-            return self._chunk(plan, model, loss_fn, batch, draws, C, params)
+            return self._chunk(plan, model, loss_fn, batch, draws, C, params, inspect)
         sums = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in params.items()}
         norms = []
         for start in range(0, n, chunk):
             sl = slice(start, min(start + chunk, n))
             part_b = {k: v[sl] for k, v in batch.items()}
             part_d = {k: v[sl] for k, v in draws.items()}
-            part_sums, part_norms = self._chunk(plan, model, loss_fn, part_b, part_d, C, params)
+            part_sums, part_norms = self._chunk(plan, model, loss_fn, part_b, part_d, C, params, inspect)
+            inspect = None  # the first chunk is the one checked
             for k, v in part_sums.items():
                 sums[k] += v
             norms.append(part_norms)
         return sums, torch.cat(norms)
+
+    # -- separability cross-check ----------------------------------------------------------------------------
+
+    def _separability_check(
+        self,
+        plan: GhostPlan,
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        params: dict[str, torch.Tensor],
+        first_chunk: int,
+    ) -> Inspect | None:
+        """Arrange the once-per-model check that ghost gradients are per-example; the callback for the first
+        chunk, or None when there is nothing (left) to check.
+
+        A forward computed over B examples at once is only a set of B per-example computations if no operation
+        mixes rows; parameter-free code that does (centring over the batch, attention over the batch axis) is
+        invisible to the layer hooks. So the first time a batch of at least two examples is seen, the first
+        few examples' gradients are recomputed alone (batch of one, through the same ``loss_fn`` with their own
+        batch and draws rows) and compared with what ghost clipping derived for them from the
+        whole chunk. A batch of one cannot reveal mixing, so checking continues until a chunk of two or more
+        examples with a non-zero gradient has been seen. Physical chunks of one are separate forwards: nothing
+        can mix, and nothing needs checking.
+        """
+        if plan.separable or plan.whole_model_fallback or not self._check_separability:
+            return None
+        if self.physical_batch_size == 1:
+            plan.separable = True
+            return None
+        if first_chunk < 2:
+            return None
+        head = {k: v[:first_chunk] for k, v in batch.items()}
+        head_d = {k: v[:first_chunk] for k, v in draws.items()}
+
+        def inspect(combined: dict[str, Any], parts: dict[str, list], norms: torch.Tensor) -> None:
+            self._compare_with_alone(plan, model, loss_fn, head, head_d, params, combined, parts, norms)
+
+        if not _has_randomness(model):
+            return inspect  # checked on the step's own first chunk: no extra forward
+        # Dropout draws different masks in every forward; the comparison needs one deterministic forward of the
+        # first chunk (an extra one, once) with dropout off, for the ghost side as for the reference.
+        with _dropout_off(model):
+            self._chunk(plan, model, loss_fn, head, head_d, math.inf, params, inspect)
+        return None
+
+    def _compare_with_alone(
+        self,
+        plan: GhostPlan,
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        params: dict[str, torch.Tensor],
+        combined: dict[str, Any],
+        parts: dict[str, list],
+        norms: torch.Tensor,
+    ) -> None:
+        """Raise BatchMixingError if the ghost gradients or norms of the first examples differ from theirs alone."""
+        k = min(_SEPARABILITY_EXAMPLES, norms.shape[0])
+        alone = self._alone(model, loss_fn, batch, draws, params, k)
+        bad: list[str] = []
+        ref_sq = torch.zeros(k, dtype=torch.float64, device=norms.device)
+        bound_sq = torch.zeros(k, dtype=torch.float64, device=norms.device)
+        checks = []
+        with torch.no_grad():
+            for pname in params:
+                ref = alone[pname].reshape(k, -1).to(torch.float64)
+                if pname in combined:
+                    mine = first_examples(combined[pname], k).reshape(k, -1).to(torch.float64)
+                    # Bound the terms over the separate calls (passes), whose sum is where cancellation happens.
+                    pieces = parts.get(pname) or [combined[pname]]
+                    bound = sum(term_bounds(c, k) for c in pieces)
+                else:  # no gradient reached it through the ghost path
+                    mine = torch.zeros_like(ref)
+                    bound = torch.zeros(k, dtype=torch.float64, device=ref.device)
+                ref_norm = torch.linalg.vector_norm(ref, dim=1)
+                bound = torch.maximum(bound, ref_norm)
+                checks.append((pname, torch.linalg.vector_norm(mine - ref, dim=1), ref_norm, bound))
+                ref_sq += ref_norm.pow(2)
+                bound_sq += bound.pow(2)
+            scale = float(bound_sq.sqrt().max())
+            for pname, err, ref_norm, bound in checks:
+                tol = _SEPARABILITY_RTOL * ref_norm + _SEPARABILITY_TERM_TOL * bound + _SEPARABILITY_SCALE_TOL * scale
+                if bool((err > tol).any()):
+                    bad.append(pname)
+            # The norms that set the clip factors (float64 Gram forms, fallback included) against the same norms.
+            ref_norms = ref_sq.sqrt()
+            tol = (
+                _SEPARABILITY_RTOL * ref_norms
+                + _SEPARABILITY_TERM_TOL * bound_sq.sqrt()
+                + _SEPARABILITY_SCALE_TOL * scale
+            )
+            norms_off = bool(((norms[:k].to(torch.float64) - ref_norms).abs() > tol).any())
+        if bad or norms_off:
+            raise BatchMixingError(self._mixing_message(plan, model, bad))
+        if scale > 0:  # an all-zero gradient would pass any comparison: check again on a later batch
+            plan.separable = True
+
+    @staticmethod
+    def _alone(
+        model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, params: dict[str, torch.Tensor], k: int
+    ) -> dict[str, torch.Tensor]:
+        """Gradients of the first ``k`` examples, each from a forward and backward of that example alone.
+
+        A plain loop of batch-of-one autograd calls rather than torch.func: it works for every model ghost
+        clipping accepts (ragged bags with boolean masks and other dynamic shapes cannot be vmapped), and k is
+        small. Each example is computed twice: a forward that draws random numbers outside nn.Dropout modules
+        would make the comparison meaningless, and is refused with its own message.
+        """
+        names = list(params)
+        tensors = [params[n] for n in names]
+        rows: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+
+        def grads(i: int) -> list[torch.Tensor]:
+            one = {key: v[i : i + 1] for key, v in batch.items()}
+            one_d = {key: v[i : i + 1] for key, v in draws.items()}
+            gs = torch.autograd.grad(loss_fn(model, one, one_d).sum(), tensors, allow_unused=True)
+            return [torch.zeros_like(t) if g is None else g.detach() for g, t in zip(gs, tensors)]
+
+        for i in range(k):
+            for n, g in zip(names, grads(i)):
+                rows[n].append(g)
+        for i in range(k):
+            for n, g in zip(names, grads(i)):
+                first = rows[n][i]
+                if g.numel() and float((g - first).abs().max()) > 1e-5 * float(first.abs().max()) + 1e-12:
+                    raise ValueError(
+                        "GhostGradients checks once that the model treats examples separately, by recomputing a "
+                        "few examples' gradients on their own; that needs a forward that is deterministic given "
+                        "(batch, draws) apart from nn.Dropout modules, but two identical calls gave different "
+                        f"gradients for {n!r}; take random numbers from the loss split's draws, or use "
+                        "strategy='vmap'"
+                    )
+        return {n: torch.stack(r) for n, r in rows.items()}
+
+    @staticmethod
+    def _mixing_message(plan: GhostPlan, model: nn.Module, bad: list[str]) -> str:
+        layers = []
+        for layer in plan.layers:
+            if any(p in bad for p in layer.params.values()):
+                layers.append(f"{layer.name or '<root>'!r} ({type(layer.module).__name__})")
+        suspects = [
+            f"{n!r} ({type(m).__name__})"
+            for n, m in model.named_modules()
+            if n
+            and not any(True for _ in m.children())
+            and not any(True for _ in m.parameters(recurse=False))
+            and not _acts_per_example(m)
+        ]
+        if len(suspects) > 6:
+            suspects = [*suspects[:6], f"and {len(suspects) - 6} more"]
+        where = f"the gradients of {', '.join(layers)} differ" if layers else "the per-example norms differ"
+        culprit = (
+            f"likely culprits: the parameter-free modules {', '.join(suspects)}"
+            if suspects
+            else "likely culprit: parameter-free code in a forward (a reduction or attention over the first "
+            "dimension, e.g. x - x.mean(0))"
+        )
+        return (
+            "GhostGradients: the model mixes examples across the batch — computed from the whole batch, "
+            f"{where} from each example's gradient computed on its own ({culprit}), so per-example clipping "
+            "would not bound one record's influence and the reported ε would be false; make every layer "
+            "per-example (batch_first=True for attention, GroupNorm/LayerNorm instead of batch statistics, no "
+            "reductions over the batch dimension) or use strategy='vmap'"
+        )
 
     # -- one physical chunk ----------------------------------------------------------------------------------
 
@@ -253,6 +541,7 @@ class GhostGradients:
         draws: Batch,
         C: float,
         params: dict[str, torch.Tensor],
+        inspect: Inspect | None = None,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         B = _batch_size(batch, draws)
         for _ in range(2):  # re-run only if an output was modified in place (it is cloned the next time)
@@ -264,7 +553,7 @@ class GhostGradients:
             if not self._versions_ok(plan, calls):
                 continue
             try:
-                return self._finish(plan, model, loss_fn, batch, draws, C, params, calls, losses)
+                return self._finish(plan, model, loss_fn, batch, draws, C, params, calls, losses, inspect)
             except NotPerExampleError as exc:
                 plan.whole_model_fallback = True
                 warnings.warn(
@@ -337,6 +626,7 @@ class GhostGradients:
         params: dict[str, torch.Tensor],
         calls: list[_Call],
         losses: torch.Tensor,
+        inspect: Inspect | None = None,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         B = losses.shape[0]
         validate = not plan.validated
@@ -364,7 +654,7 @@ class GhostGradients:
             plan.validated = True
             if bad:  # parameters used outside their layer's call: redo this chunk with them in the fallback
                 self._demote(plan, bad, "parameter also used outside the layer's call (e.g. tied weights)")
-                return self._chunk(plan, model, loss_fn, batch, draws, C, params)
+                return self._chunk(plan, model, loss_fn, batch, draws, C, params, inspect)
 
         for pname, dense in self._fallback_grads(model, loss_fn, batch, draws, plan.fallback).items():
             combined[pname] = Dense(dense)
@@ -375,6 +665,9 @@ class GhostGradients:
             for c in combined.values():
                 sq += squared_norms(c, cache)
             norms = sq.sqrt()
+        if inspect is not None:
+            inspect(combined, parts, norms)
+        with torch.no_grad():
             # Factors in the parameters' dtype once (not per layer); min(1, C/‖g‖) ≤ 1 is safe to round.
             factors = clip_factors(norms, C).to(losses.dtype)
 

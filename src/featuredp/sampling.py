@@ -5,8 +5,11 @@ uniformly sampled public batch whose coins are *independent* of the private
 batch's (otherwise Ψ of the public batch would reveal which records were
 sampled privately, and subsampling would no longer amplify privacy; SPEC §2,
 Prop. 3). Each sampler owns its own ``numpy.random.Generator``;
-:func:`make_streams` derives them from one seed with ``SeedSequence.spawn``,
-which gives statistically independent streams.
+:func:`make_streams` derives them with ``SeedSequence.spawn``, which gives
+statistically independent streams. The private streams come from OS entropy
+unless the user seeds the run (ARCHITECTURE rule 6); in secure mode the Poisson
+sampler draws its coins from a ChaCha20 keystream
+(:class:`featuredp.noise.ChaCha20Generator`).
 
 The dataset size and sampling rate are explicit arguments: nothing is read from
 a DataLoader.
@@ -14,31 +17,85 @@ a DataLoader.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
 from featuredp._validate import check_int, check_sampling_rate
+from featuredp.errors import PrivacyRiskWarning
+from featuredp.noise import ChaCha20Generator
 
-STREAM_NAMES = ("private_sampling", "public_sampling", "noise", "draws", "init")
+STREAM_NAMES = ("private_sampling", "public_sampling", "noise", "private_draws", "public_draws", "init")
+PRIVATE_STREAMS = ("private_sampling", "noise", "private_draws")
+PUBLIC_STREAMS = ("public_sampling", "public_draws", "init")
 
 
 @dataclass(frozen=True)
 class Streams:
-    """Independent random streams of one training run (never share one between roles)."""
+    """Independent random streams of one training run (never share one between roles).
+
+    The private roles (``private_sampling``, ``noise``, ``private_draws``) touch private
+    data and are secret; the public roles (``public_sampling``, ``public_draws``, ``init``)
+    see only Ψ(S) or nothing, so they may come from a published seed.
+    """
 
     private_sampling: np.random.Generator
     public_sampling: np.random.Generator
     noise: np.random.Generator
-    draws: np.random.Generator
+    private_draws: np.random.Generator
+    public_draws: np.random.Generator
     init: np.random.Generator
+    seeded: bool = False
+
+    @property
+    def draws(self) -> np.random.Generator:
+        """The private loss-draws stream (the name callers used before the private/public split)."""
+        return self.private_draws
 
 
-def make_streams(seed: int | None) -> Streams:
-    """Spawn one independent generator per role from ``seed`` (``None``: OS entropy)."""
-    children = np.random.SeedSequence(seed).spawn(len(STREAM_NAMES))
-    gens = [np.random.Generator(np.random.PCG64(c)) for c in children]
-    return Streams(**dict(zip(STREAM_NAMES, gens)))
+def make_streams(seed: int | None = None, *, public_seed: int | None = None) -> Streams:
+    """One independent generator per role.
+
+    ``seed=None`` (the default): the private streams come from 128 bits of OS entropy
+    (``SeedSequence()``), so nobody, including whoever reads run.json, can replay the
+    noise or the Poisson batches. An integer ``seed`` makes every stream reproducible
+    (research only: the seed must then stay as secret as the data). ``public_seed``
+    seeds only the public streams (model initialisation, public batches and their loss
+    draws), which is safe to publish; without it they follow ``seed`` (or OS entropy).
+    """
+    if seed is not None:
+        seed = check_int("seed", seed, minimum=0)
+    if public_seed is not None:
+        public_seed = check_int("public_seed", public_seed, minimum=0)
+    private_root = np.random.SeedSequence(seed)  # None: fresh OS entropy
+    private = private_root.spawn(len(PRIVATE_STREAMS))
+    if public_seed is not None:
+        public_root = np.random.SeedSequence(public_seed)
+    elif seed is not None:
+        public_root = private_root.spawn(1)[0]
+    else:
+        public_root = np.random.SeedSequence()
+    public = public_root.spawn(len(PUBLIC_STREAMS))
+    gens = {name: np.random.Generator(np.random.PCG64(c)) for name, c in zip(PRIVATE_STREAMS, private)}
+    gens.update({name: np.random.Generator(np.random.PCG64(c)) for name, c in zip(PUBLIC_STREAMS, public)})
+    return Streams(**gens, seeded=seed is not None)
+
+
+def warn_private_seed(parameter: str, seed: int, *, stacklevel: int = 3) -> None:
+    """Warn (``PrivacyRiskWarning``) that a user seed makes a mechanism's private randomness replayable."""
+    warnings.warn(
+        f"{parameter}={seed} makes the private randomness (noise, private sampling) reproducible: anyone who learns "
+        "or guesses the seed can replay the noise and undo the privacy guarantee. Keep it as secret as the data "
+        f"(featuredp never writes it out), or leave {parameter}=None for fresh OS entropy",
+        PrivacyRiskWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def random_seed_from(generator: np.random.Generator) -> int:
+    """A 62-bit seed for a ``torch.Generator`` drawn from ``generator`` (secret if the generator is)."""
+    return int(generator.integers(0, 2**62))
 
 
 class PoissonSampler:
@@ -53,8 +110,10 @@ class PoissonSampler:
     def __init__(self, dataset_size: int, sampling_rate: float, generator: np.random.Generator) -> None:
         self.dataset_size = check_int("dataset_size", dataset_size, minimum=1)
         self.sampling_rate = check_sampling_rate("sampling_rate", sampling_rate)
-        if not isinstance(generator, np.random.Generator):
-            raise TypeError(f"generator must be a numpy.random.Generator, got {type(generator).__name__}")
+        if not isinstance(generator, np.random.Generator | ChaCha20Generator):
+            raise TypeError(
+                f"generator must be a numpy.random.Generator or a ChaCha20Generator, got {type(generator).__name__}"
+            )
         self.generator = generator
 
     @property
@@ -67,6 +126,11 @@ class PoissonSampler:
         n, p = self.dataset_size, self.sampling_rate
         if p == 1.0:
             return np.arange(n, dtype=np.int64)
+        if isinstance(self.generator, ChaCha20Generator):
+            # Secure mode: one 53-bit uniform per record, kept when below p — the inclusion
+            # probability is p rounded up to a multiple of 2⁻⁵³, and every record's coin is
+            # drawn, so the work does not depend on which records join.
+            return np.flatnonzero(self.generator.random(n) < p).astype(np.int64)
         k = int(self.generator.binomial(n, p))
         idx = self.generator.choice(n, size=k, replace=False)
         idx.sort()

@@ -90,11 +90,14 @@ def engine_runner(
     seed: int = 0,
     name: str | None = None,
     loss_split: str = "padding",
+    secure_rng: bool = False,
 ) -> StepRunner:
     """A runner for the engine's training step of ``method`` (nonprivate, dpsgd or fdp) on ``data``.
 
     ``loss_split`` is FDP's split (:func:`featuredp.losses.default_split`): ``"padding"`` (the paper's
     Gaussian padding of the private columns) or ``"zero"`` (zero masking, featuredp's Purchase preset).
+    ``seed`` fixes the model initialisation and the public streams only; the private streams come from OS
+    entropy, as in a real run. ``secure_rng`` times the ChaCha20 noise and sampling of the secure mode.
     """
     from featuredp import engine
     from featuredp.features import Columns
@@ -122,7 +125,8 @@ def engine_runner(
         # Ghost needs no physical batches (its memory is that of a non-private step); vmap keeps the engine's
         # default chunks of 256, without which per-example gradients at batch 4096 need many GB.
         physical_batch_size=None if strategy == "ghost" else 256,
-        seed=seed,
+        public_seed=seed,
+        secure_rng=secure_rng,
         progress=False,
     )
     batch_all = engine.as_batch(data)
@@ -130,7 +134,7 @@ def engine_runner(
     split = trainer._resolve_split(data)
     # The engine's per-step internals: the same code path as Trainer.fit, without the progress bar and the
     # accountant calls at log points (those are not part of a training step's cost).
-    state = engine._RunState.start(trainer, plan)
+    state = engine._RunState.start(trainer, plan, {"data": "", "psi": ""})  # fingerprints only guard resumes
     params = trainable_parameters(trainer.model)
 
     def step() -> None:
@@ -141,7 +145,8 @@ def engine_runner(
         name or (method if method == "nonprivate" else f"{method}-{strategy_name}"),
         step,
         float(batch_size),
-        {"method": method, "strategy": strategy_name, "trainer": trainer, "loss_split": loss_split},
+        {"method": method, "strategy": strategy_name, "trainer": trainer, "loss_split": loss_split,
+         "secure_rng": secure_rng},
     )
 
 
@@ -161,6 +166,10 @@ class BenchmarkResult:
     def median_ratio(self, name: str) -> float:
         """Median over rounds of (samples/s of ``name``) / (samples/s of the reference) in the same round."""
         return statistics.median(self.ratios[name])
+
+    def median_ratio_to(self, name: str, other: str) -> float:
+        """Median over rounds of (samples/s of ``name``) / (samples/s of ``other``) in the same round."""
+        return statistics.median(a / b for a, b in zip(self.samples_per_s[name], self.samples_per_s[other]))
 
     def spread(self, name: str) -> float:
         """Relative spread of ``name``'s samples/s over rounds: (max − min) / median (machine noise)."""

@@ -30,7 +30,10 @@ def train_tabular(
     method: str = "fdp",
     epsilon: float | None = None,
     delta: float = 1e-5,
-    seed: int = 0,
+    seed: int | None = None,
+    public_seed: int | None = None,
+    secure_rng: bool = False,
+    ledger: Any = None,
     model: str | None = None,
     hidden: list[int] | None = None,
     loss_split: str | None = None,
@@ -46,6 +49,9 @@ def train_tabular(
     ``overrides`` are Trainer keyword arguments (epochs, batch_size, noise_multiplier,
     max_grad_norm, alpha, lr, pretrain_epochs, public_batch_size, ...) replacing the
     presets; ``None`` values are ignored. ``data=(train, test)`` skips loading.
+    ``seed`` (secret; reproducible research only), ``public_seed``, ``secure_rng`` and
+    ``ledger`` are the Trainer's (see :class:`~featuredp.engine.Trainer`); the model is
+    initialised from ``public_seed`` (or ``seed``, or OS entropy).
     """
     method = check_choice("method", method, METHODS)
     kind = model or DEFAULT_MODEL["kind"]
@@ -66,7 +72,7 @@ def train_tabular(
     if kind == "mlp":
         spec_opts["hidden"] = hidden if hidden is not None else DEFAULT_MODEL.get("hidden", [64])
     spec = spec_for(train, kind, **spec_opts)
-    net = build_model(spec, seed=init_seed(seed))
+    net = build_model(spec, seed=init_seed(public_seed if public_seed is not None else seed))
 
     kwargs = method_defaults(method)
     kwargs.setdefault("strategy", _fast_strategy())
@@ -88,7 +94,8 @@ def train_tabular(
             kwargs.pop(k, None)
     if method == "fdp_dpsgd":
         kwargs.pop("alpha", None)
-    trainer = Trainer(net, method, loss_split=split, seed=seed, progress=progress, **kwargs)
+    trainer = Trainer(net, method, loss_split=split, seed=seed, public_seed=public_seed, secure_rng=secure_rng,
+                      ledger=ledger, progress=progress, **kwargs)
     checkpoint = None if out is None else Path(out) / "checkpoint.pt"
     # Periodic checkpoints (between steps, so a resumed run equals an uninterrupted one).
     result = trainer.fit(train, checkpoint=checkpoint, checkpoint_every=200 if checkpoint else None, resume=resume)
@@ -114,7 +121,10 @@ def train_tabular(
         "stopped_early": result.stopped_early,
         "stop_reason": result.stop_reason,
         "model": spec,
-        "seed": seed,
+        # Whether the run was seeded, never the seed: with it anyone could replay the noise.
+        "seeded": seed is not None,
+        "public_seed": public_seed,
+        "secure_rng": secure_rng,
         "guarantee": result.guarantee,
     }
     if out is not None:

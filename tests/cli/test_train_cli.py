@@ -65,3 +65,56 @@ def test_train_private_label_uses_the_label_dp_split(capsys):
     assert out["label_private"] and out["private_columns"] == []
     assert out["max_grad_norm"] == 5.0 and out["alpha"] == 1.0 and out["pretrain_steps"] == 0
     assert "the label 'income'" in out["guarantee"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Secret randomness and the ledger from the command line (issue 12)
+# ---------------------------------------------------------------------------------------------------------
+_SHORT = ["train", "--method", "dpsgd", "--epsilon", "2", "--epochs", "0.05", "--model", "logreg", "--json"]
+
+
+def test_train_default_writes_no_seed_and_two_runs_differ(capsys, tmp_path):
+    models = []
+    for name in ("a", "b"):
+        assert main([*_SHORT, "--public-seed", "3", "--out", str(tmp_path / name)]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert "seed" not in out and out["seeded"] is False and out["public_seed"] == 3
+        info = json.loads((tmp_path / name / "run.json").read_text())
+        assert "seed" not in info["config"] and info["config"]["seeded"] is False
+        models.append((tmp_path / name / "model.pt").read_bytes())
+    assert models[0] != models[1]  # same public seed, fresh secret noise
+
+
+def test_train_seed_warns_and_is_not_written(capsys, tmp_path):
+    assert main([*_SHORT, "--seed", "987654", "--out", str(tmp_path / "r")]) == 0
+    cap = capsys.readouterr()
+    assert "987654" not in cap.out and "987654" not in (tmp_path / "r" / "run.json").read_text()
+    assert json.loads(cap.out)["seeded"] is True
+
+
+def test_train_secure_rng(capsys):
+    assert main([*_SHORT, "--secure-rng"]) == 0
+    assert json.loads(capsys.readouterr().out)["secure_rng"] is True
+
+
+def test_train_ledger_overspend_exits_2_before_training(capsys, tmp_path):
+    from featuredp.accounting import BudgetLedger
+
+    path = tmp_path / "budget.json"
+    BudgetLedger(path, total_epsilon=1.0, delta=1e-5)
+    before = path.read_bytes()
+    rc = main([*_SHORT, "--ledger", str(path), "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "budget" in err and "Traceback" not in err
+    assert path.read_bytes() == before and not (tmp_path / "r" / "model.pt").exists()
+
+
+def test_train_ledger_records_the_run(capsys, tmp_path):
+    from featuredp.accounting import BudgetLedger
+
+    path = tmp_path / "budget.json"
+    ledger = BudgetLedger(path, total_epsilon=5.0, delta=1e-5)
+    assert main([*_SHORT, "--ledger", str(path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert ledger.spent() == pytest.approx(out["epsilon"], rel=1e-6)
+    assert not ledger.pending()

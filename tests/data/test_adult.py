@@ -58,3 +58,17 @@ def test_private_columns_option() -> None:
     assert train.default_private == ["sex", "income"]
     with pytest.raises(DataValidationError, match="unknown private column"):
         load_dataset("adult", private=["gender"])
+
+
+def test_default_private_set_reads_no_statistics_at_training(adult) -> None:
+    """Adult's bounds, categories and classes are fixed constants: nothing to warn about when training."""
+    from featuredp.features import Columns, LabelPrivate
+
+    train, test = adult
+    assert train.statistics_from_data == {} == test.statistics_from_data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        Columns(private=list(train.default_private)).bind(train)
+        # Not only the default set: a numeric column or the label made private at training time too.
+        Columns(private=["age", "capital_gain", "native_country"], label_private=True).bind(train)
+        LabelPrivate().bind(train)

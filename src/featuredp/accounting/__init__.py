@@ -42,7 +42,7 @@ from featuredp.accounting.events import (
     event_to_dict,
     gaussian_event,
 )
-from featuredp.accounting.ledger import BudgetLedger
+from featuredp.accounting.ledger import BudgetLedger, Reservation
 from featuredp.accounting.tradeoff import (
     attribute_inference_bound,
     attribute_inference_bound_eps_delta,
@@ -63,6 +63,7 @@ __all__ = [
     "BudgetLedger",
     "DpEvent",
     "Relation",
+    "Reservation",
     "advanced_composition",
     "amplify_by_subsampling",
     "attribute_inference_bound",

@@ -3,8 +3,8 @@
 The ledger is a JSON file::
 
     {"version": 1, "total_epsilon": 8.0, "delta": 1e-5, "relation": "add-remove", "accountant": "pld",
-     "spends": [{"what": "...", "when": "2026-...Z", "event": {...} | null,
-                 "epsilon": ..., "delta": ..., "total_epsilon_after": ...}, ...]}
+     "spends": [{"id": "...", "what": "...", "when": "2026-...Z", "status": "settled",
+                 "event": {...} | null, "epsilon": ..., "delta": ..., "total_epsilon_after": ...}, ...]}
 
 How spends add up (and why the total is not the naive sum):
 
@@ -15,9 +15,23 @@ How spends add up (and why the total is not the naive sum):
 * the events together are accounted at δ_E = δ − Σ δ_i, so the ledger's guarantee is
   (ε_E(δ_E) + Σ ε_i, δ) overall.
 
+Reserve, then settle. ``spend`` records a spend after the fact; ``reserve`` records it
+*before* the mechanism touches the data, so an overspend is refused while the data is
+still untouched. A record's ``status`` is
+
+* ``"reserved"`` — pending: counts in full (the mechanism may be running right now);
+* ``"settled"`` — spent: counts at the settled amount (the reserved amount is kept under
+  ``"reserved"`` for the audit trail);
+* ``"cancelled"`` — the mechanism never ran: kept for the audit trail, counts zero.
+
+A reserved event is composed like any other event (tightly, with the other events).
+Records without a ``status`` (written before reservations existed) are settled spends.
+
 Writes are atomic (temporary file + rename) and serialised with a lock file, and the file
-is re-read before every spend, so several processes can share one ledger. A spend that
-would take the total above ``total_epsilon`` raises ``BudgetExceededError`` and records nothing.
+is re-read under the lock before every change, so several processes can share one ledger
+(and a reservation made by one can be settled by another, by its ``id``). A spend or
+reservation that would take the total above ``total_epsilon`` raises
+``BudgetExceededError`` and records nothing.
 """
 
 from __future__ import annotations
@@ -27,8 +41,10 @@ import datetime as _dt
 import json
 import math
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from featuredp._io import atomic_write_json
@@ -44,9 +60,21 @@ from featuredp.accounting.events import (
 )
 from featuredp.errors import BudgetExceededError
 
-__all__ = ["BudgetLedger"]
+__all__ = ["BudgetLedger", "Reservation"]
 
+# Reservations did not need a new format version: they only add the optional fields ``id`` and
+# ``status`` (plus ``reserved`` / ``settled_when`` / ``cancelled_when`` on closed reservations).
+# A record without a status reads as a settled spend, so old files load unchanged; and an older
+# featuredp reading a new file counts reserved and cancelled records as spends — it over-counts,
+# never under-counts, so it stays sound. Bumping the version would only lock old readers out.
 _VERSION = 1
+
+RESERVED = "reserved"
+SETTLED = "settled"
+CANCELLED = "cancelled"
+_STATUSES = (RESERVED, SETTLED, CANCELLED)
+# the amount fields of a record: what a settle replaces and what the audit trail keeps
+_AMOUNT_KEYS = ("event", "epsilon", "delta", "total_epsilon_after")
 
 
 @contextlib.contextmanager
@@ -61,6 +89,22 @@ def _locked(path: Path) -> Iterator[None]:
         except ImportError:  # pragma: no cover - non-POSIX: single-process use only
             pass
         yield
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _status(record: dict[str, Any]) -> str:
+    # no status: written before reservations existed, i.e. an immediate (settled) spend
+    return str(record.get("status", SETTLED))
+
+
+def _amount(record: dict[str, Any]) -> str:
+    """The amount of one record, for error messages."""
+    if record.get("event") is not None:
+        return f"an event (epsilon={record['epsilon']:.4g} alone at delta={record['delta']:g})"
+    return f"(epsilon={record['epsilon']:.4g}, delta={record['delta']:g})"
 
 
 class BudgetLedger:
@@ -121,6 +165,13 @@ class BudgetLedger:
             raise ValueError(f"ledger {self.path} is not valid JSON: {exc}") from None
         if not isinstance(data, dict) or data.get("version") != _VERSION or "spends" not in data:
             raise ValueError(f"ledger {self.path} is not a featuredp budget ledger (version {_VERSION})")
+        for record in data["spends"]:
+            # an unknown status could be read as "counts" or "does not count"; refuse to guess
+            if _status(record) not in _STATUSES:
+                raise ValueError(
+                    f"ledger {self.path}: record {record.get('what')!r} has unknown status {record.get('status')!r} "
+                    f"(expected one of {', '.join(_STATUSES)})"
+                )
         return data
 
     @property
@@ -134,24 +185,44 @@ class BudgetLedger:
         return float(self._data["delta"])
 
     @property
+    def relation(self) -> str:
+        """The neighbouring relation under which event spends are composed."""
+        return str(self._data["relation"])
+
+    @property
+    def accountant(self) -> str:
+        """The accountant (``"pld"`` or ``"rdp"``) that composes event spends."""
+        return str(self._data["accountant"])
+
+    @property
     def records(self) -> list[dict[str, Any]]:
-        """All spends so far (a copy; re-read from the file)."""
+        """All records so far, cancelled reservations included (a copy; re-read from the file)."""
         self._data = self._read()
         return [dict(r) for r in self._data["spends"]]
 
+    def pending(self) -> list[dict[str, Any]]:
+        """The reserved-but-unsettled records (copies; re-read from the file).
+
+        Each still counts in full. One left behind by a crashed process stays pending until
+        someone settles or cancels it (``ledger.reservation(record["id"])``).
+        """
+        return [r for r in self.records if _status(r) == RESERVED]
+
     def spent(self) -> float:
-        """ε spent so far (at the ledger's δ), by the rule in the module docstring."""
+        """ε spent so far (at the ledger's δ), pending reservations included, by the rule in the module docstring."""
         self._data = self._read()
         return self._total(self._data["spends"])
 
     def remaining(self) -> float:
-        """ε still available."""
+        """ε still available (pending reservations are not available)."""
         return max(0.0, self.total_epsilon - self.spent())
 
     # ------------------------------------------------------------------ arithmetic
     def _total(self, spends: list[dict[str, Any]]) -> float:
-        events = [event_from_dict(r["event"]) for r in spends if r.get("event") is not None]
-        generic = [(r["epsilon"], r["delta"]) for r in spends if r.get("event") is None]
+        # reserved records count in full (the mechanism may have run already), cancelled ones not at all
+        counted = [r for r in spends if _status(r) != CANCELLED]
+        events = [event_from_dict(r["event"]) for r in counted if r.get("event") is not None]
+        generic = [(r["epsilon"], r["delta"]) for r in counted if r.get("event") is None]
         delta_events = self.delta - sum(d for _, d in generic)
         eps = sum(e for e, _ in generic)
         if events:
@@ -177,7 +248,7 @@ class BudgetLedger:
             raise ValueError(f"what must be a non-empty description, got {what!r}")
         if (event is None) == (epsilon is None):
             raise ValueError("give exactly one of event (a DpEvent) or epsilon (a generic (epsilon, delta) spend)")
-        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+        now = _now()
         if event is not None:
             if not isinstance(event, DpEvent):
                 raise TypeError(f"event must be a dp_accounting.DpEvent, got {event!r}")
@@ -200,21 +271,173 @@ class BudgetLedger:
     ) -> dict[str, Any]:
         """Record a spend: a privacy ``event``, or a generic mechanism's (``epsilon``, ``delta``).
 
-        Returns the record. Raises ``BudgetExceededError`` (recording nothing) when the
-        total would exceed ``total_epsilon``.
+        Returns the record (status ``"settled"``). Raises ``BudgetExceededError`` (recording
+        nothing) when the total would exceed ``total_epsilon``. Prefer :meth:`reserve`, which
+        refuses an overspend *before* the mechanism runs on the data.
         """
-        record = self._record(what, event, epsilon, delta)
+        return self._append(self._record(what, event, epsilon, delta), SETTLED, "spend", "nothing was spent")
+
+    def reserve(
+        self, what: str, *, event: DpEvent | None = None, epsilon: float | None = None, delta: float = 0.0
+    ) -> Reservation:
+        """Reserve a spend before the mechanism runs: a privacy ``event`` or a generic (``epsilon``, ``delta``).
+
+        The reservation is recorded at once (status ``"reserved"``) and counts in full in
+        :meth:`spent`, :meth:`remaining`, :meth:`projected` and every later spend or
+        reservation, in this process and any other sharing the file. Raises
+        ``BudgetExceededError``, recording nothing, when the total would exceed
+        ``total_epsilon``. Close it with :meth:`Reservation.settle` (what was actually
+        spent) or :meth:`Reservation.cancel` (the data was never used), or use it as a
+        context manager, which settles it at the reserved amount if the block leaves it open.
+        """
+        record = self._append(self._record(what, event, epsilon, delta), RESERVED, "reserving", "nothing was reserved")
+        return Reservation(self, record)
+
+    def reservation(self, reservation_id: str) -> Reservation:
+        """The reservation with this id (e.g. one made by another process), in whatever status it now has."""
+        self._data = self._read()
+        return Reservation(self, self._find(self._data, reservation_id)[1])
+
+    def _append(self, record: dict[str, Any], status: str, verb: str, nothing: str) -> dict[str, Any]:
+        # the record (with its ε alone, the slow part) is built before taking the lock; the check
+        # and the write happen under the lock on a fresh read, so no concurrent writer slips between
+        record = {"id": uuid.uuid4().hex, **record, "status": status}
         with _locked(self.path):
             data = self._read()
             new_total = self._total([*data["spends"], record])
             if new_total > self.total_epsilon:
                 before = self._total(data["spends"])
                 raise BudgetExceededError(
-                    f"spend {what!r} would take epsilon from {before:.4g} to {new_total:.4g}, above the budget "
-                    f"total_epsilon={self.total_epsilon:g} (delta={self.delta:g}) of {self.path}; nothing was spent"
+                    f"{verb} {record['what']!r} of {_amount(record)} would take epsilon from {before:.4g} to "
+                    f"{new_total:.4g}, above the budget total_epsilon={self.total_epsilon:g} (delta={self.delta:g}) "
+                    f"of {self.path}; {nothing}"
                 )
             record["total_epsilon_after"] = new_total
             data["spends"].append(record)
             atomic_write_json(self.path, data)
             self._data = data
         return dict(record)
+
+    def _find(self, data: dict[str, Any], reservation_id: str) -> tuple[int, dict[str, Any]]:
+        for i, record in enumerate(data["spends"]):
+            if record.get("id") == reservation_id:
+                return i, record
+        raise ValueError(f"no reservation with id {reservation_id!r} in ledger {self.path}")
+
+    def _close(self, reservation_id: str, status: str, settled: dict[str, Any] | None,
+               *, only_if_reserved: bool = False) -> dict[str, Any] | None:
+        """Settle (``settled`` = the new amounts, or None for the reserved ones) or cancel a reservation.
+
+        Under the lock, on a fresh read: the record is looked up by id, so any process may close it.
+        With ``only_if_reserved`` an already closed reservation is left alone (returns None).
+        """
+        with _locked(self.path):
+            data = self._read()
+            index, record = self._find(data, reservation_id)
+            current = _status(record)
+            if current != RESERVED:
+                if only_if_reserved:
+                    return None
+                raise ValueError(
+                    f"reservation {reservation_id} ({record.get('what')!r}) in ledger {self.path} is already "
+                    f"{current}; a reservation is settled or cancelled once"
+                )
+            new = {**record, "status": status, f"{status}_when": _now(),
+                   "reserved": {k: record.get(k) for k in _AMOUNT_KEYS}}
+            if settled is not None:
+                new.update({k: settled[k] for k in ("event", "epsilon", "delta")})
+            others = data["spends"][:index] + data["spends"][index + 1:]
+            new_total = self._total([*others, new])
+            # Settling at the reserved amount (settled None) or cancelling cannot raise the total, and
+            # must not fail: it is what __exit__ does after a crash. A different amount — possibly more
+            # than reserved — is checked against the budget like a new spend.
+            if settled is not None and new_total > self.total_epsilon:
+                before = self._total(data["spends"])
+                raise BudgetExceededError(
+                    f"settling reservation {reservation_id} ({record['what']!r}) at {_amount(new)} instead of the "
+                    f"reserved {_amount(record)} would take epsilon from {before:.4g} to {new_total:.4g}, above the "
+                    f"budget total_epsilon={self.total_epsilon:g} (delta={self.delta:g}) of {self.path}; the "
+                    "reservation is unchanged and still counts in full (settle() with no arguments records it "
+                    "at the reserved amount)"
+                )
+            new["total_epsilon_after"] = new_total
+            data["spends"][index] = new
+            atomic_write_json(self.path, data)
+            self._data = data
+        return dict(new)
+
+
+class Reservation:
+    """A pending spend in a :class:`BudgetLedger`, returned by :meth:`BudgetLedger.reserve`.
+
+    Settle it once the mechanism has run (:meth:`settle`), or cancel it if the mechanism
+    never touched the data (:meth:`cancel`); until then it counts in full. As a context
+    manager it settles at the reserved amount when the block leaves it open — on normal
+    exit and on an exception alike (a crash may come after the data was used, so the
+    conservative choice is to count it).
+    """
+
+    def __init__(self, ledger: BudgetLedger, record: dict[str, Any]) -> None:
+        self.ledger = ledger
+        self.id: str = record["id"]
+        self.what: str = record["what"]
+        self._record = dict(record)
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """The record as this object last wrote or read it (a copy)."""
+        return dict(self._record)
+
+    @property
+    def status(self) -> str:
+        """``"reserved"``, ``"settled"`` or ``"cancelled"``, re-read from the ledger file."""
+        self._record = self.ledger._find(self.ledger._read(), self.id)[1]
+        return _status(self._record)
+
+    def settle(
+        self, *, event: DpEvent | None = None, epsilon: float | None = None, delta: float = 0.0
+    ) -> dict[str, Any]:
+        """Replace the reserved amount by what was actually spent; returns the settled record.
+
+        With no arguments, settles at the reserved amount. Otherwise give an ``event`` or an
+        (``epsilon``, ``delta``) pair, as for :meth:`BudgetLedger.spend` — e.g. an event with
+        fewer steps after an early stop. An amount larger than reserved is allowed only if
+        the total still fits the budget; otherwise ``BudgetExceededError`` is raised and the
+        reservation stays as it was (still counted in full). Raises ``ValueError`` if the
+        reservation was already settled or cancelled (by anyone sharing the file).
+        """
+        settled = None
+        if event is not None or epsilon is not None or delta:
+            # built (ε alone computed) before the ledger takes its lock
+            settled = self.ledger._record(self.what, event, epsilon, delta)
+        record = self.ledger._close(self.id, SETTLED, settled)
+        assert record is not None
+        self._record = record
+        return dict(record)
+
+    def cancel(self) -> None:
+        """Release the reservation: the mechanism never touched the data.
+
+        The record stays in the file with status ``"cancelled"`` (audit trail) and counts
+        zero. Only cancel when no private data was used — otherwise settle. Raises
+        ``ValueError`` if the reservation was already settled or cancelled.
+        """
+        record = self.ledger._close(self.id, CANCELLED, None)
+        assert record is not None
+        self._record = record
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        # Open at exit (normal or not): settle at the reserved amount. On an exception the
+        # mechanism may already have used the data, so counting it is the conservative choice.
+        # A reservation settled or cancelled inside the block (or by another process) is left alone.
+        record = self.ledger._close(self.id, SETTLED, None, only_if_reserved=True)
+        if record is not None:
+            self._record = record
+
+    def __repr__(self) -> str:
+        return f"Reservation(id={self.id!r}, what={self.what!r}, ledger={str(self.ledger.path)!r})"

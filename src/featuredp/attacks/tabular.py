@@ -616,7 +616,9 @@ def retrain_like(
         kwargs.pop("alpha", None)
     if method == "nonprivate":
         kwargs.pop("delta", None)
-    trainer = Trainer(model, method, loss_split=split, seed=seed, progress=progress, **kwargs)
+    # The seed fixes only the public randomness (initialisation, public batches): the audit models'
+    # private noise is fresh, as it would be in a real run, so audit outcomes vary from run to run.
+    trainer = Trainer(model, method, loss_split=split, public_seed=seed, progress=progress, **kwargs)
     result = trainer.fit(data)
     trainer.model.eval()
     return trainer.model, result

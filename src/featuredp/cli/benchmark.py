@@ -41,7 +41,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--min-time", type=float, default=0.5, help="seconds per method per round (default 0.5)")
     p.add_argument("--dataset-size", type=int, default=None,
                    help="records of synthetic data (default 16 x batch size, sampling rate 1/16 as in the paper)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--secure-rng", action="store_true",
+                   help="also time each private method with the secure noise mode (ChaCha20 CSPRNG, float64 noise) "
+                   "and report its cost relative to the normal mode")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the synthetic data, model initialisation and public batches (the private "
+                   "randomness is always fresh OS entropy)")
     p.add_argument("--json", action="store_true", help="print one JSON object (samples/s and ratios)")
     p.set_defaults(func=run)
 
@@ -61,20 +66,28 @@ def run(args: argparse.Namespace) -> int:
     throughput.set_threads(threads)
     data, public = throughput.synthetic_purchase(n, seed=args.seed)
     methods = ["nonprivate"] + [m for m in args.methods if m != "nonprivate"]
+    variants = [(m, False) for m in methods]
+    if args.secure_rng:
+        variants += [(m, True) for m in methods[1:]]
     runners = [
         throughput.engine_runner(
-            m, data, public, batch_size=batch, strategy=args.strategy, seed=args.seed, name=m,
-            loss_split=args.loss_split,
+            m, data, public, batch_size=batch, strategy=args.strategy, seed=args.seed,
+            name=f"{m}_secure" if secure else m, loss_split=args.loss_split, secure_rng=secure,
         )
-        for m in methods
+        for m, secure in variants
     ]
     res = throughput.interleaved(runners, rounds=rounds, min_time=min_time, progress=not args.json)
-    out: dict[str, Any] = {m: res.median(m) for m in methods}
-    for m in methods[1:]:
-        out[f"ratio_{m}"] = res.median_ratio(m)
+    names = [r.name for r in runners]
+    out: dict[str, Any] = {name: res.median(name) for name in names}
+    for name in names[1:]:
+        out[f"ratio_{name}"] = res.median_ratio(name)
+    if args.secure_rng:
+        for m in methods[1:]:
+            out[f"secure_vs_normal_{m}"] = res.median_ratio_to(f"{m}_secure", m)
     out.update({
         "batch_size": batch, "threads": threads, "rounds": rounds, "strategy": args.strategy, "model": args.model,
         "loss_split": args.loss_split, "dataset_size": n, "spread_nonprivate": res.spread("nonprivate"),
+        "secure_rng": args.secure_rng,
     })
     if args.json:
         json.dump(out, sys.stdout)
@@ -82,9 +95,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"MLP 600-300-100, batch {batch}, {threads} thread(s), strategy {args.strategy}, "
           f"FDP split {args.loss_split}, {rounds} rounds (medians; ratios within rounds)")
-    print(f"{'method':<12}{'samples/s':>12}{'ratio':>8}{'spread':>9}")
-    for m in methods:
-        ratio = 1.0 if m == "nonprivate" else res.median_ratio(m)
-        print(f"{m:<12}{res.median(m):>12,.0f}{ratio:>8.3f}{res.spread(m):>8.0%}")
+    print(f"{'method':<16}{'samples/s':>12}{'ratio':>8}{'spread':>9}")
+    for name in names:
+        ratio = 1.0 if name == "nonprivate" else res.median_ratio(name)
+        print(f"{name:<16}{res.median(name):>12,.0f}{ratio:>8.3f}{res.spread(name):>8.0%}")
+    for m in methods[1:] if args.secure_rng else []:
+        print(f"secure mode costs {m}: {out[f'secure_vs_normal_{m}']:.3f} x the normal mode's samples/s")
     print("spread = (max - min) / median of samples/s over rounds (machine noise)")
     return 0

@@ -48,8 +48,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--methods", type=_names, default=None, help=f"comma-separated subset of {','.join(_METHODS)}")
     p.add_argument("--epsilons", type=_floats, default=None, help="comma-separated targets (default 1,2,4,8)")
     p.add_argument("--epsilon", type=float, default=None, help="a single target ε (alias of --epsilons)")
-    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3; --quick: 1)")
-    p.add_argument("--seed", type=int, default=None, help="first seed value (default 0)")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="repetitions per cell (default 3; --quick: 1); each has its own public seed")
+    p.add_argument("--seed", type=int, default=None,
+                   help="first public seed (default 0). Seeds fix only the public randomness (initialisation, public "
+                   "batches); every cell's noise and private batches come from fresh OS entropy")
     p.add_argument("--out", required=True, help="results folder")
     p.add_argument("--quick", action="store_true", help="a reduced grid (~2 minutes) for CI and trying things")
     p.add_argument("--tune", action="store_true",

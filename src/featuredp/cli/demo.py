@@ -22,7 +22,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--epsilon", type=float, default=1.0, help="privacy budget for dpsgd and fdp (default 1)")
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--private", default="sex,race", help="comma-separated private columns (default sex,race)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--public-seed", type=int, default=0,
+                   help="seed of the public randomness: model initialisation and public batches (default 0); the "
+                   "private randomness (noise, Poisson batches) is always fresh OS entropy")
     p.add_argument("--epochs", type=float, default=None, help=argparse.SUPPRESS)  # tests: shorten every method
     p.add_argument("--json", action="store_true", help="print the rows as one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -46,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         s = train_tabular(dataset="adult", data=data, private=private, method=method,
                           epsilon=None if method == "nonprivate" else args.epsilon, delta=args.delta,
-                          seed=args.seed, progress=not (args.quiet or args.json), epochs=args.epochs)  # fmt: skip
+                          public_seed=args.public_seed, progress=not (args.quiet or args.json),
+                          epochs=args.epochs)  # fmt: skip
         s["seconds"] = time.perf_counter() - t0
         rows.append(s)
     if args.json:

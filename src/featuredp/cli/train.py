@@ -54,7 +54,17 @@ def register(subparsers: Any) -> None:
     p.add_argument("--loss-split", choices=("padding", "zero", "mean", "labeldp"), default=None)
     p.add_argument("--accountant", choices=("pld", "rdp"), default=None)
     p.add_argument("--relation", choices=("add-remove", "replace-one"), default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed EVERY random stream, the noise included, for a reproducible research run; the seed "
+                   "must then stay as secret as the data (it is never written out). Default: fresh OS entropy")
+    p.add_argument("--public-seed", type=int, default=None,
+                   help="seed only the public randomness (model initialisation, public batches); safe to publish")
+    p.add_argument("--secure-rng", action="store_true",
+                   help="noise and private sampling from a ChaCha20 CSPRNG keyed by the OS, noise drawn and added "
+                   "in float64 (docs/engine.md)")
+    p.add_argument("--ledger", metavar="FILE", default=None,
+                   help="budget ledger: reserve the planned spend before training (an overspend is refused before "
+                   "any work) and settle what was spent at the end or on a crash")
     p.add_argument("--out", default=None, help="run directory (run.json, model.pt, checkpoint.pt)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -73,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--resume needs --out DIR (the run to continue)")
     summary = train_tabular(
         dataset=args.dataset, private=args.private, method=args.method, epsilon=args.epsilon, delta=args.delta,
-        seed=args.seed, model=args.model, hidden=args.hidden, loss_split=args.loss_split, out=args.out,
+        seed=args.seed, public_seed=args.public_seed, secure_rng=args.secure_rng, ledger=args.ledger,
+        model=args.model, hidden=args.hidden, loss_split=args.loss_split, out=args.out,
         resume=args.resume, progress=not (args.quiet or args.json),
         epochs=args.epochs, noise_multiplier=args.noise_multiplier, max_grad_norm=args.max_grad_norm,
         batch_size=args.batch_size, public_batch_size=args.public_batch_size, alpha=args.alpha, lr=args.lr,

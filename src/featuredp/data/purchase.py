@@ -20,12 +20,18 @@ feature is its own raw column (``feature_sources == feature_names``).
 
 Note: the stand-in's construction (bins, clusters) reads all of the data; it
 defines the benchmark and is not part of any training run's guarantee.
+
+Encoding statistics (``statistics_from_data``): the binary features are used as
+they are (no bounds, no category lists), so none is recorded for them. The class
+list of Purchase-style is the fixed list of its ``N_CLUSTERS`` cluster ids; that of
+Purchase100 is read from the file's labels unless ``classes=`` declares it
+(recorded as from the data: it matters when the label is made private).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -66,8 +72,13 @@ def binary_dataset(
     n_train: int | None = None,
     n_test: int | None = None,
     seed: int = 0,
+    statistics_from_data: Mapping[str, str] | None = None,
 ) -> tuple[TabularDataset, TabularDataset]:
-    """Split a binary-feature table into (train, test) with ``n_public`` random public features."""
+    """Split a binary-feature table into (train, test) with ``n_public`` random public features.
+
+    ``statistics_from_data`` is recorded on both parts (see :class:`TabularDataset`); the
+    features themselves need no statistic, so it can only name the label's class list.
+    """
     check_open_unit("test_fraction", test_fraction)
     pub = public_feature_indices(X.shape[1], n_public, public_seed)
     private = [names[i] for i in range(len(names)) if i not in set(pub.tolist())]
@@ -91,6 +102,7 @@ def binary_dataset(
         classes=classes,
         description=desc,
         default_private=private,
+        statistics_from_data=dict(statistics_from_data or {}),
     )
     train = TabularDataset(X=X[tr_idx].astype(np.float32), y=y[tr_idx], **common)  # type: ignore[arg-type]
     test = TabularDataset(X=X[te_idx].astype(np.float32), y=y[te_idx], **common)  # type: ignore[arg-type]
@@ -142,19 +154,55 @@ def load_purchase100(
     n_train: int | None = None,
     n_test: int | None = None,
     seed: int = 0,
+    classes: Sequence[object] | str | None = None,
 ) -> tuple[TabularDataset, TabularDataset]:
-    """Your Purchase100 file as (train, test): 100 random features + label public, the rest private."""
+    """Your Purchase100 file as (train, test): 100 random features + label public, the rest private.
+
+    ``classes`` declares the label's class list (e.g. ``range(1, 101)`` or ``"1,2,3"``; values are
+    compared as strings, integral floats as integers); a label outside it is a
+    DataValidationError. Without it the class list is the labels present in the
+    file, recorded in ``statistics_from_data`` (a PrivacyLeakWarning if the label is
+    made private for training).
+    """
     X, y_raw = read_purchase100(path)
-    values, y = np.unique(y_raw, return_inverse=True)
-    if values.size < 2:
-        raise DataValidationError(f"{Path(path).name}: the label has a single class {values.tolist()}")
+    from_data: dict[str, str] = {}
+    if classes is not None:
+        items = classes.split(",") if isinstance(classes, str) else classes  # "1,2,3" as on a command line
+        declared = [str(c).strip() for c in items if str(c).strip()]
+        if len(set(declared)) != len(declared) or len(declared) < 2:
+            raise DataValidationError(f"classes must list at least two distinct label values, got {declared}")
+        raw = _label_strings(y_raw)
+        index = {c: i for i, c in enumerate(declared)}
+        outside = sorted(set(raw.tolist()) - set(index))
+        if outside:
+            raise DataValidationError(
+                f"{Path(path).name}: label values {outside[:5]} are not in the declared classes={declared}"
+            )
+        y = np.array([index[v] for v in raw], dtype=np.int64)
+        class_names = declared
+    else:
+        values, y = np.unique(y_raw, return_inverse=True)
+        if values.size < 2:
+            raise DataValidationError(f"{Path(path).name}: the label has a single class {values.tolist()}")
+        class_names = [str(v) for v in values]
+        from_data["label"] = "classes"
     names = [f"f{i:03d}" for i in range(X.shape[1])]
-    desc = f"Purchase100 from {Path(path).name} ({len(y)} records, {X.shape[1]} features, {values.size} classes)."
+    desc = f"Purchase100 from {Path(path).name} ({len(y)} records, {X.shape[1]} features, {len(class_names)} classes)."
     return binary_dataset(
-        X, y.astype(np.int64), names=names, classes=[str(v) for v in values], name="purchase100", description=desc,
+        X, y.astype(np.int64), names=names, classes=class_names, name="purchase100", description=desc,
         n_public=n_public, public_seed=public_seed, test_fraction=test_fraction, n_train=n_train, n_test=n_test,
-        seed=seed,
+        seed=seed, statistics_from_data=from_data,
     )  # fmt: skip
+
+
+def _label_strings(y_raw: np.ndarray) -> np.ndarray:
+    """Labels as strings to compare with declared classes; integral numbers (``3.0``) as ``"3"``."""
+    y = np.asarray(y_raw)
+    if y.dtype.kind in "iub":
+        return y.astype(np.int64).astype(str)
+    if y.dtype.kind == "f" and np.all(np.isfinite(y)) and np.all(y == np.round(y)):
+        return y.astype(np.int64).astype(str)
+    return np.char.strip(y.astype(str))
 
 
 def binarise_census(df: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
@@ -227,7 +275,9 @@ def load_purchase_style(
             with np.load(path, allow_pickle=False) as z:
                 X = np.unpackbits(z["bits"], axis=1, count=int(z["d"]))
                 y, names = z["y"], [str(s) for s in z["names"]]
-    classes = [f"cluster{k:02d}" for k in range(int(y.max()) + 1)]
+    # The class list is the construction's fixed cluster ids, not the ids present: read from the
+    # labels, a neighbouring dataset without the only member of the last cluster would drop a class.
+    classes = [f"cluster{k:02d}" for k in range(N_CLUSTERS)]
     desc = (
         "Purchase-style: a Purchase100 stand-in built from Census-Income (KDD) (CC BY 4.0): "
         f"{X.shape[1]} binary features, {len(classes)} k-means classes."

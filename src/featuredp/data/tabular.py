@@ -10,10 +10,18 @@ Raw columns (what users name in ``--private sex,race``) are encoded as:
 feature map can select columns by their raw name.
 
 Privacy of the preprocessing (ARCHITECTURE rule 6): scaling bounds and category
-lists of a *private* column are statistics of private data. They are fine when
-given by the user (or fixed public knowledge such as a codebook), and raise
+lists of a *private* column (and the class list of a private label) are
+statistics of private data. They are fine when given by the user (or fixed
+public knowledge such as a codebook), and raise
 :class:`~featuredp.errors.PrivacyLeakWarning` when computed from the data.
 Statistics of public columns are computed from Ψ(S), which is public anyway.
+
+Which columns are private is only final when a feature map Ψ is bound for
+training (``Columns(private=[...]).bind(train)``, ``featuredp train --private``),
+which may differ from the set declared at load time. So every dataset records
+the *provenance* of its encoding statistics in
+:attr:`TabularDataset.statistics_from_data` (public columns included), and
+:meth:`featuredp.features.Columns.bind` re-checks it against the Ψ actually used.
 """
 
 from __future__ import annotations
@@ -32,6 +40,16 @@ from featuredp.errors import DataValidationError, PrivacyLeakWarning
 CategoricalEncoding = Literal["onehot", "codes"]
 _MAX_LISTED = 5  # how many offending rows an error message lists
 
+#: The encoding statistics whose provenance a dataset records, as the values of
+#: :attr:`TabularDataset.statistics_from_data` (scaling bounds of a numeric column,
+#: the category list of a categorical column, the class list of the label), each
+#: with how a warning names it when it was computed from the data.
+STATISTIC_KINDS: dict[str, str] = {
+    "bounds": "min/max",
+    "categories": "category list",
+    "classes": "class list",
+}
+
 
 @dataclass
 class TabularDataset:
@@ -43,6 +61,19 @@ class TabularDataset:
     ``cat_cardinalities[j] - 1`` is the reserved "unknown category" slot.
     ``default_private`` lists the raw columns the dataset declares private by
     default (it may contain ``label_name`` when the label is private).
+
+    ``statistics_from_data`` records where the encoding statistics came from: it
+    maps every raw column (or ``label_name``) whose statistic was *computed from
+    the loaded data* to which one (``"bounds"``, ``"categories"`` or
+    ``"classes"``, see :data:`STATISTIC_KINDS`), public and private columns alike.
+    Columns not listed were encoded with public knowledge only (user-given
+    ``bounds=``/``categories=``/``classes=``, a codebook, fixed constants, hashing)
+    or need no statistic (binary features used as they are): their encoding is
+    the same on every neighbouring dataset. Every loader fills it in; ``None``
+    means "not recorded" (a dataset built by hand), which nothing can check.
+    ``statistics_warned`` lists the entries of ``statistics_from_data`` that a
+    :class:`~featuredp.errors.PrivacyLeakWarning` already reported at load time
+    (the columns declared private then), so that binding Ψ does not repeat it.
     """
 
     name: str
@@ -57,8 +88,19 @@ class TabularDataset:
     cat_cardinalities: list[int] | None = None
     description: str = ""
     default_private: list[str] | None = None
+    statistics_from_data: dict[str, str] | None = None
+    statistics_warned: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.statistics_from_data is not None:
+            # A copy: datasets made by subset()/replace() must not share (and so co-mutate) one record.
+            self.statistics_from_data = {str(k): str(v) for k, v in dict(self.statistics_from_data).items()}
+            odd = {k: v for k, v in self.statistics_from_data.items() if v not in STATISTIC_KINDS}
+            if odd:
+                raise DataValidationError(
+                    f"statistics_from_data values must be one of {list(STATISTIC_KINDS)}, got {odd}"
+                )
+        self.statistics_warned = [str(c) for c in self.statistics_warned]
         self.X = np.ascontiguousarray(self.X, dtype=np.float32)
         self.y = np.ascontiguousarray(self.y, dtype=np.int64)
         if self.X.ndim != 2:
@@ -102,7 +144,11 @@ class TabularDataset:
         return list(seen)
 
     def subset(self, indices: np.ndarray | Sequence[int], *, name: str | None = None) -> TabularDataset:
-        """The records at ``indices`` (e.g. a validation split carved from training data)."""
+        """The records at ``indices`` (e.g. a validation split carved from training data).
+
+        The encoding (and so its provenance, ``statistics_from_data``) is the parent's:
+        a subset is not re-encoded.
+        """
         idx = np.asarray(indices, dtype=np.int64)
         return replace(
             self,
@@ -130,10 +176,12 @@ def _short(names: list[str] | None) -> str:
 class TableSpec:
     """Which raw column is what, and the public knowledge used to encode it.
 
-    ``bounds`` (raw scale, before ``log1p``) and ``categories`` are public
-    knowledge supplied by the user or a codebook; columns without them get
-    statistics from the training data (a ``PrivacyLeakWarning`` if private).
-    ``private`` lists the raw columns declared private (may include the label).
+    ``bounds`` (raw scale, before ``log1p``), ``categories`` and ``classes`` (the
+    label's class list) are public knowledge supplied by the user or a codebook;
+    columns without them get statistics from the training data (a
+    ``PrivacyLeakWarning`` if private), recorded in the encoded datasets'
+    ``statistics_from_data``. ``private`` lists the raw columns declared private
+    (may include the label).
     """
 
     label: str
@@ -144,6 +192,13 @@ class TableSpec:
     categories: Mapping[str, Sequence[str]] = field(default_factory=dict)
     log1p: tuple[str, ...] = ()
     classes: Sequence[str] | None = None
+
+
+def fix_hint(kinds: Sequence[str]) -> str:
+    """How to make statistics of the given kinds (``"bounds"``, ...) public, for warning messages."""
+    options = {"bounds": "bounds=", "categories": "categories=", "classes": "classes="}
+    given = " / ".join(options[k] for k in options if k in set(kinds))
+    return f"pass public {given} to the loader (e.g. from a codebook or the data's documentation)"
 
 
 def _rows_listed(mask: np.ndarray) -> str:
@@ -238,33 +293,47 @@ def encode_frames(
     """Encode a train and a test table with statistics taken from the training table only.
 
     Raises DataValidationError for unknown columns, NaN/inf, a label with a single
-    class, or test labels not seen in training. Warns (PrivacyLeakWarning) when a
-    private column's bounds or categories are computed from the data.
+    class, or labels outside the class list (``spec.classes`` when declared, else
+    the training labels). Warns (PrivacyLeakWarning) when a private column's bounds
+    or categories, or a private label's class list, are computed from the data; the
+    provenance of every statistic is recorded in ``statistics_from_data`` of both
+    datasets (see :class:`TabularDataset`).
     """
     check_choice("categorical", categorical, ("onehot", "codes"))
     validate_frame(train_df, spec, where="the training data")
     validate_frame(test_df, spec, where="the test data")
     private = set(spec.private)
-    leaked: list[str] = []
+    # Every statistic computed from the data, public columns included: which columns
+    # are private is only final when Ψ is bound for training (Columns.bind re-checks).
+    from_data: dict[str, str] = {}
 
     # Label: classes fixed by the spec or taken from training data (the label is a
-    # training input either way; with a private label its class list is public knowledge).
+    # training input either way; with a private label its class list must be public knowledge).
     y_train_raw = train_df[spec.label].astype(str).str.strip().to_numpy()
     y_test_raw = test_df[spec.label].astype(str).str.strip().to_numpy()
-    classes = [str(c) for c in spec.classes] if spec.classes is not None else sorted(set(y_train_raw))
-    if spec.classes is None and spec.label in private:
-        leaked.append(f"{spec.label} (class list)")
-    if len(set(y_train_raw)) < 2:
-        raise DataValidationError(
-            f"label column {spec.label!r} has a single class {sorted(set(y_train_raw))} in the training data; "
-            "a classifier needs at least two"
-        )
+    if spec.classes is not None:
+        classes = [str(c).strip() for c in spec.classes]
+        # Only the declared list is checked for two classes, not the labels present: whether a
+        # private label happens to be constant in the data must not decide if loading succeeds.
+        if len(set(classes)) != len(classes) or len(classes) < 2:
+            raise DataValidationError(
+                f"classes must list at least two distinct values of label {spec.label!r}, got {classes}"
+            )
+    else:
+        classes = sorted(set(y_train_raw))
+        from_data[spec.label] = "classes"
+        if len(classes) < 2:
+            raise DataValidationError(
+                f"label column {spec.label!r} has a single class {classes} in the training data; "
+                "a classifier needs at least two"
+            )
     index = {c: i for i, c in enumerate(classes)}
+    declared = "the declared classes=" if spec.classes is not None else "classes "
     for where, raw in (("training", y_train_raw), ("test", y_test_raw)):
         unseen = sorted(set(raw) - set(index))
         if unseen:
             raise DataValidationError(
-                f"label values {unseen[:_MAX_LISTED]} in the {where} data are not in classes {classes}"
+                f"label values {unseen[:_MAX_LISTED]} in the {where} data are not in {declared}{classes}"
             )
     y_train = np.array([index[v] for v in y_train_raw], dtype=np.int64)
     y_test = np.array([index[v] for v in y_test_raw], dtype=np.int64)
@@ -284,8 +353,7 @@ def encode_frames(
             lo, hi = (float(v) for v in _numeric_transform(np.array([lo_raw, hi_raw]), use_log))
         else:
             lo, hi = float(tr.min()), float(tr.max())
-            if col in private:
-                leaked.append(f"{col} (min/max)")
+            from_data[col] = "bounds"
         scale = hi - lo if hi > lo else 1.0
         blocks_tr.append(np.clip((tr - lo) / scale, 0.0, 1.0)[:, None])
         blocks_te.append(np.clip((te - lo) / scale, 0.0, 1.0)[:, None])
@@ -302,8 +370,7 @@ def encode_frames(
             cats = [str(c) for c in spec.categories[col]]
         else:
             cats = sorted(set(tr_raw))
-            if col in private:
-                leaked.append(f"{col} (category list)")
+            from_data[col] = "categories"
         codes_tr = _codes(tr_raw, cats)
         codes_te = _codes(te_raw, cats)
         if categorical == "onehot":
@@ -317,11 +384,14 @@ def encode_frames(
             cat_codes_te.append(codes_te)
             cardinalities.append(len(cats) + 1)
 
+    # The columns declared private now; a different private set chosen at training time is
+    # checked again by Columns.bind against ``statistics_from_data``.
+    leaked = [c for c in from_data if c in private]
     if leaked:
         warnings.warn(
             f"{name}: encoding statistics of private column(s) were computed from the data: "
-            f"{', '.join(leaked)}. They are not covered by the privacy guarantee; pass public bounds= / "
-            "categories= (e.g. from a codebook) to avoid this",
+            f"{', '.join(f'{c} ({STATISTIC_KINDS[from_data[c]]})' for c in leaked)}. They are not covered by "
+            f"the privacy guarantee; {fix_hint([from_data[c] for c in leaked])} to avoid this",
             PrivacyLeakWarning,
             stacklevel=2,
         )
@@ -337,6 +407,8 @@ def encode_frames(
         classes=classes,
         description=description,
         default_private=list(spec.private) or None,
+        statistics_from_data=from_data,
+        statistics_warned=leaked,
     )
     codes = categorical == "codes" and bool(spec.categorical)
     cat_kw_tr = (

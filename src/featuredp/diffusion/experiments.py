@@ -310,7 +310,7 @@ def _train_method(method: str, ctx: _Context) -> dict[str, Any]:
         ema_decay=s.ema_decay or _auto_ema({"public": s.public_steps, "nonprivate": s.nonprivate_steps}.get(
             method, s.steps)),
         physical_batch_size=64,
-        seed=s.seed,
+        public_seed=s.seed,  # initialisation and public batches only; the private randomness stays secret
         progress=True,
     )  # fmt: skip
     print(f"[diffusion] training {method} ({trainer.steps} steps, n = {ctx.n})", file=sys.stderr, flush=True)
@@ -470,7 +470,8 @@ def _markdown(summary: dict[str, Any]) -> str:
         f"{s['public_steps']} steps for `public`, {s['steps']} private steps for dpsgd / fdp_dpsgd / fdp "
         f"(the last two start from the public model), {s['nonprivate_steps']} steps for `nonprivate`, "
         f"Adam lr {s['lr']}, C = {s['max_grad_norm']}, "
-        f"α = {s['alpha']}, EMA {s['ema_decay'] or '1 − 10/steps'}, DDIM {s['ddim_steps']} steps, seed {s['seed']}.",
+        f"α = {s['alpha']}, EMA {s['ema_decay'] or '1 − 10/steps'}, DDIM {s['ddim_steps']} steps, "
+        f"public seed {s['seed']} (the private randomness is secret).",
         "",
         "| method | ε | domain FID ↓ | class acc. ↑ | Inception FID ↓ (n) | KID ↓ | train time (s) |",
         "|---|---|---|---|---|---|---|",

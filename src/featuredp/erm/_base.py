@@ -15,6 +15,19 @@ as the analyses require; the intercept is the weight of the constant column and 
 regularised like the other weights (the strong convexity the sensitivity bound needs
 covers it). Without an intercept z = x / data_norm. The learned ``coef_`` and
 ``intercept_`` are mapped back to the original feature scale.
+
+**The class set.** ``classes=[...]`` declares the labels up front (public knowledge, e.g. a
+schema): ``classes_`` is that list sorted, the model has one output per declared class
+whether or not it occurs in y, and a label outside it is a ``DataValidationError``.
+Without it the classes are ``np.unique(y)``, read from the private labels — a label held
+by one record then changes the model's shape (ε = ∞ for that record) — and a
+``PrivacyLeakWarning`` says so (see ``_labels``).
+
+**The ledger.** ``ledger=`` (a path or a ``BudgetLedger``) reserves the planned spend
+after the parameters and the data's shape are validated and before any mechanism runs, so
+an overspend raises ``BudgetExceededError`` with the private data unused; the reservation
+is settled with the spend once the mechanism has run (see ``_ledger``). ``record(ledger)``
+after ``fit`` still works but can only refuse after the data was used.
 """
 
 from __future__ import annotations
@@ -27,11 +40,13 @@ import numpy as np
 from scipy import special
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.metaestimators import available_if
-from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from featuredp._validate import check_choice, check_int, check_nonnegative, check_positive
+from featuredp.erm._labels import resolve_classes
+from featuredp.erm._ledger import same_ledger
 from featuredp.errors import DataValidationError, PrivacyLeakWarning
+from featuredp.sampling import warn_private_seed
 
 LOSSES = ("logistic", "huber")
 NORM_POLICIES = ("raise", "clip")
@@ -58,7 +73,9 @@ def check_random_state(random_state: object) -> int | None:
     """None or a non-negative integer seed."""
     if random_state is None:
         return None
-    return check_int("random_state", random_state, minimum=0)
+    seed = check_int("random_state", random_state, minimum=0)
+    warn_private_seed("random_state", seed, stacklevel=4)
+    return seed
 
 
 def check_epsilon_delta(epsilon: object, delta: object) -> tuple[float, float]:
@@ -73,9 +90,11 @@ def check_epsilon_delta(epsilon: object, delta: object) -> tuple[float, float]:
 class PrivateLinearClassifier(ClassifierMixin, BaseEstimator):
     """Base of the DP linear classifiers (not for direct use).
 
-    Subclasses implement ``_fit_private(Z, y_idx, n_classes, rng_seed)`` returning the
+    Subclasses implement ``_fit_private(Z, y_idx, n_classes, params, rng)`` returning the
     weights W over the normalised features (shape (d_z, K) or (d_z, 1) for binary) and
-    setting the privacy attributes.
+    setting the privacy attributes. ``fit`` must call ``_prepare`` (validation, no
+    mechanism), reserve the planned spend in the ledger, and only then set fitted
+    attributes, draw randomness and call the private part.
     """
 
     # ---- validation shared by all estimators -------------------------------------------------
@@ -97,18 +116,23 @@ class PrivateLinearClassifier(ClassifierMixin, BaseEstimator):
         return out
 
     # ---- data ---------------------------------------------------------------------------------
-    def _prepare(self, X: Any, y: Any, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-        """Validate X, y; encode labels; return the normalised rows Z (‖z‖ <= 1) and class indices."""
-        X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=False)
-        check_classification_targets(y)
-        self.classes_, y_idx = np.unique(y, return_inverse=True)
-        if len(self.classes_) < 2:
-            raise DataValidationError(
-                f"y needs at least 2 classes to train a classifier, got 1 class ({self.classes_[0]!r})"
-            )
-        return self._normalise(X, params), y_idx.astype(np.int64)
+    def _prepare(
+        self, X: Any, y: Any, params: dict[str, Any]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """Validate X, y; encode labels. Returns the normalised rows Z (‖z‖ <= 1), the class
+        indices, the classes and the data-norm bound.
 
-    def _normalise(self, X: np.ndarray, params: dict[str, Any]) -> np.ndarray:
+        Sets no fitted attribute (beyond scikit-learn's ``n_features_in_``): ``fit`` assigns them
+        only once the ledger reservation is held, so a refused fit leaves a previous fit's model,
+        ``classes_`` and ``epsilon_`` consistent with each other.
+        """
+        X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=False)
+        # Declared classes fix the model's shape independently of y; inferred ones warn (see _labels).
+        classes, y_idx = resolve_classes(self.classes, y, stacklevel=3)
+        Z, bound = self._normalise(X, params)
+        return Z, y_idx, classes, bound
+
+    def _normalise(self, X: np.ndarray, params: dict[str, Any]) -> tuple[np.ndarray, float]:
         norms = np.linalg.norm(X, axis=1)
         bound = params["data_norm"]
         if bound == "compute":
@@ -131,11 +155,10 @@ class PrivateLinearClassifier(ClassifierMixin, BaseEstimator):
         # Scale every row above the bound (including float rounding) exactly onto it.
         scale = np.minimum(1.0, bound / np.maximum(norms, np.finfo(float).tiny))
         Z = X * (scale / bound)[:, None]
-        self.data_norm_ = bound
         if self.fit_intercept:
             h = params["intercept_scaling"]
             Z = np.hstack([Z, np.full((len(Z), 1), h)]) / math.sqrt(1.0 + h * h)
-        return Z
+        return Z, float(bound)
 
     def _set_coef(self, W: np.ndarray) -> None:
         """Map weights over Z (shape (d_z, K')) back to coef_ (K', d) and intercept_ (K',)."""
@@ -185,16 +208,42 @@ class PrivateLinearClassifier(ClassifierMixin, BaseEstimator):
         return np.log(np.maximum(self.predict_proba(X), np.finfo(float).tiny))
 
     # ---- privacy record ---------------------------------------------------------------------
+    def _settle(self, reservation: Any, ledger: Any, **spent: Any) -> None:
+        """Settle the fit's reservation (if any) with what was spent; keep the ledger's record."""
+        self.ledger_record_ = None if reservation is None else reservation.settle(**spent)
+        self._ledger_used = ledger if reservation is not None else None
+
+    def _check_not_recorded(self, ledger: Any) -> None:
+        used = getattr(self, "_ledger_used", None)
+        if used is not None and same_ledger(used, ledger):
+            raise ValueError(
+                f"this fit was already recorded in the ledger {getattr(ledger, 'path', ledger)} by fit(ledger=...); "
+                "recording it again would count the same spend twice"
+            )
+
     def record(self, ledger: Any, name: str | None = None) -> dict[str, Any]:
         """Record the privacy this fit spent in a :class:`featuredp.accounting.BudgetLedger`.
 
         One-shot mechanisms are recorded as their (``epsilon_``, ``delta_``) pair (basic
         composition with other pair spends). The ledger raises ``BudgetExceededError`` and
         records nothing if the spend does not fit. Returns the ledger's record.
+
+        This runs *after* ``fit``: an overspend is found only once the mechanism has used the
+        private data. Prefer the ``ledger=`` parameter, which reserves the spend before the
+        mechanism runs and refuses with the data untouched. Recording a fit made with
+        ``ledger=`` in the same ledger again is refused (it would count twice).
         """
         check_is_fitted(self)
-        what = name or f"{type(self).__name__} ({self.privacy_['relation']})"
+        self._check_not_recorded(ledger)
+        what = name or self._ledger_what()
         return ledger.spend(what, epsilon=self.epsilon_, delta=self.delta_)
+
+    def _ledger_what(self) -> str:
+        return f"{type(self).__name__} (replace-one)"
+
+    def __sklearn_is_fitted__(self) -> bool:
+        # validate_data sets n_features_in_ before a ledger can refuse the fit; only a model counts as fitted.
+        return hasattr(self, "coef_")
 
     def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
         tags = super().__sklearn_tags__()

@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 
 from featuredp._validate import check_choice, check_int, check_nonnegative, check_positive
 from featuredp.erm._base import LOSSES, NORM_POLICIES, PrivateLinearClassifier, check_data_norm, check_random_state
+from featuredp.erm._ledger import ledger_composes, open_ledger, reserved
 from featuredp.erm._losses import make_loss
 from featuredp.sampling import PoissonSampler, UniformSampler, make_streams
 
@@ -89,11 +90,25 @@ class NoisySGDClassifier(PrivateLinearClassifier):
     relation : neighbouring relation of the accounting ('add-remove' or 'replace-one').
     accountant : 'pld' (tight) or 'rdp'.
     verbose : show a progress bar.
+    classes : the declared class labels (see :class:`~featuredp.erm.OutputPerturbationClassifier`);
+        they also fix the model kind (binary, one-vs-rest heads, multinomial) independently of y.
+        None reads them from y and warns (``PrivacyLeakWarning``).
+    ledger : None, a path or a :class:`featuredp.accounting.BudgetLedger`. ``fit`` calibrates σ,
+        then reserves the run *before* training — as its privacy event (subsampled Gaussian × T)
+        when the ledger composes with the same relation and accountant, else as
+        (``epsilon_``, ``delta_``) — and settles it after. ``BudgetExceededError`` (no step taken,
+        ledger unchanged) if it does not fit.
+
+    The dataset size n is treated as public, as in standard DP-SGD accounting: the sampling
+    rate m/n and T are computed from it and ``sampling_rate_``, ``steps_`` and ``privacy_['n']``
+    reveal it. Under ``relation='add-remove'`` n differs between neighbours, so this is an
+    assumption of the guarantee, not something it protects.
 
     Attributes
     ----------
     coef_, intercept_, classes_, epsilon_, delta_, noise_multiplier_, steps_, sampling_rate_,
-    clip_norm_, privacy_ (JSON-ready summary), budget_split_ (one joint release).
+    clip_norm_, privacy_ (JSON-ready summary), budget_split_ (one joint release),
+    ledger_record_ (the settled ledger record, None without ``ledger``).
     """
 
     def __init__(
@@ -121,6 +136,8 @@ class NoisySGDClassifier(PrivateLinearClassifier):
         relation: str = "add-remove",
         accountant: str = "pld",
         verbose: bool = False,
+        classes: Any = None,
+        ledger: Any = None,
     ) -> None:
         self.epsilon = epsilon
         self.delta = delta
@@ -145,6 +162,8 @@ class NoisySGDClassifier(PrivateLinearClassifier):
         self.relation = relation
         self.accountant = accountant
         self.verbose = verbose
+        self.classes = classes
+        self.ledger = ledger
 
     def _check_common(self) -> dict[str, Any]:
         eps = check_positive("epsilon", self.epsilon)
@@ -195,11 +214,16 @@ class NoisySGDClassifier(PrivateLinearClassifier):
         return p
 
     def fit(self, X: Any, y: Any) -> NoisySGDClassifier:
-        """Train on X (rows with ‖x‖ <= data_norm) and labels y; returns self."""
+        """Train on X (rows with ‖x‖ <= data_norm) and labels y; returns self.
+
+        Order: validate parameters and data, calibrate σ (reads only n, public), reserve the
+        run in ``ledger`` if given, and only then draw batches and noise.
+        """
         params = self._check_common()
-        Z, y_idx = self._prepare(X, y, params)
+        ledger = open_ledger(self.ledger)
+        Z, y_idx, classes, bound = self._prepare(X, y, params)  # validation only: no mechanism, no randomness
         n, _d = Z.shape
-        K = len(self.classes_)
+        K = len(classes)
         m = params["batch_size"]
         if m > n:
             raise ValueError(f"batch_size must be <= the number of rows n={n}, got {m}")
@@ -208,30 +232,49 @@ class NoisySGDClassifier(PrivateLinearClassifier):
             raise ValueError(f"public_batch_size must be <= the number of rows n={n}, got {m_pub}")
         params["label_private"] = bool(self.label_private)
         params["verbose"] = bool(self.verbose)
+        # The model kind follows K, which is the declared class count when classes= is given.
         model = "label-private" if self.label_private else self._model_kind(params, K)
-        self.multinomial_ = model in ("multinomial", "label-private")
         heads = 1 if model == "binary" else K
         lipschitz = {"binary": 1.0, "ovr": math.sqrt(K), "multinomial": math.sqrt(2.0), "label-private": 1.0}[model]
         C = params["clip_norm"] if params["clip_norm"] is not None else lipschitz
+        # p and T read only n (treated as public, see the class docstring); σ follows from them and (ε, δ).
         p = m / n
         T = max(1, round(params["epochs"] * n / m))
         sigma = _calibrate(params["epsilon"], params["delta"], p, T, params["relation"], params["accountant"])
-        self.noise_multiplier_, self.steps_, self.sampling_rate_, self.clip_norm_ = sigma, T, p, C
-        self.epsilon_ = float(_epsilon(sigma, params["delta"], p, T, params["relation"], params["accountant"]))
-        self.delta_ = float(params["delta"])
-        self.model_ = model
-        streams = make_streams(params["random_state"])
-        W = self._train(Z, y_idx, K, heads, model, C, sigma, T, m, m_pub, params, streams)
-        self._set_coef(W)
+        epsilon = float(_epsilon(sigma, params["delta"], p, T, params["relation"], params["accountant"]))
+        delta = float(params["delta"])
+        guarantee = "label-DP (feature-DP, Psi(x,y)=x)" if model == "label-private" else "DP"
+        event = None
+        if ledger is not None and ledger_composes(ledger, params["relation"], params["accountant"]):
+            from featuredp.accounting import dpsgd_event
+
+            event = dpsgd_event(sigma, p, T)  # composed tightly with the ledger's other events
+        what = self._ledger_what(guarantee, params["relation"])
+        with reserved(ledger, what, event=event, epsilon=epsilon, delta=delta) as reservation:
+            # The reservation is held: only now set fitted attributes and let the private data meet the mechanism.
+            self.classes_, self.data_norm_, self.model_ = classes, bound, model
+            self.multinomial_ = model in ("multinomial", "label-private")
+            self.noise_multiplier_, self.steps_, self.sampling_rate_, self.clip_norm_ = sigma, T, p, C
+            self.epsilon_, self.delta_ = epsilon, delta
+            streams = make_streams(params["random_state"])
+            W = self._train(Z, y_idx, K, heads, model, C, sigma, T, m, m_pub, params, streams)
+            self._set_coef(W)
+            # σ, p and T were fixed before training, so what ran is exactly what was reserved.
+            self._settle(reservation, ledger)
         self.budget_split_ = [{"epsilon": self.epsilon_, "delta": self.delta_, "mechanism": "subsampled-gaussian",
                                "heads": heads, "clip_norm": C}]
         self.privacy_ = {
-            "method": "noisy-sgd", "guarantee": "label-DP (feature-DP, Psi(x,y)=x)" if model == "label-private"
-            else "DP", "relation": params["relation"], "accountant": params["accountant"],
+            "method": "noisy-sgd", "guarantee": guarantee, "relation": params["relation"],
+            "accountant": params["accountant"],
             "epsilon": self.epsilon_, "delta": self.delta_, "noise_multiplier": sigma, "sampling_rate": p,
             "steps": T, "clip_norm": C, "model": model, "n": n, "budget_split": self.budget_split_,
         }
         return self
+
+    def _ledger_what(self, guarantee: str | None = None, relation: str | None = None) -> str:
+        guarantee = guarantee if guarantee is not None else self.privacy_["guarantee"]
+        relation = relation if relation is not None else self.privacy_["relation"]
+        return f"NoisySGDClassifier ({guarantee}, {relation})"
 
     def record(self, ledger: Any, name: str | None = None) -> dict[str, Any]:
         """Record this run in a :class:`featuredp.accounting.BudgetLedger`.
@@ -239,16 +282,16 @@ class NoisySGDClassifier(PrivateLinearClassifier):
         When the ledger composes with the same relation and accountant, the run is recorded
         as its privacy event (Poisson-subsampled Gaussian × T), so the ledger composes it
         tightly with other runs; otherwise as the pair (``epsilon_``, ``delta_``).
+
+        This runs *after* ``fit``, when the data was already used: prefer ``ledger=``, which
+        reserves the run before training and refuses an overspend with the data untouched.
         """
         from featuredp.accounting import dpsgd_event
 
         check_is_fitted(self)
-        what = name or f"NoisySGDClassifier ({self.privacy_['guarantee']}, {self.privacy_['relation']})"
-        # BudgetLedger keeps relation/accountant in its file header; prefer public attributes if it grows them.
-        data = getattr(ledger, "_data", {})
-        relation = getattr(ledger, "relation", data.get("relation"))
-        accountant = getattr(ledger, "accountant", data.get("accountant"))
-        if relation == self.relation and accountant == self.accountant:
+        self._check_not_recorded(ledger)
+        what = name or self._ledger_what()
+        if ledger_composes(ledger, self.privacy_["relation"], self.privacy_["accountant"]):
             return ledger.spend(what, event=dpsgd_event(self.noise_multiplier_, self.sampling_rate_, self.steps_))
         return ledger.spend(what, epsilon=self.epsilon_, delta=self.delta_)
 

@@ -42,6 +42,7 @@ from scipy import optimize
 from sklearn.exceptions import ConvergenceWarning
 
 from featuredp.erm._base import PrivateLinearClassifier, ovr_split
+from featuredp.erm._ledger import open_ledger, reserved
 from featuredp.erm._losses import MarginLoss, make_loss
 from featuredp.erm._noise import gaussian_noise_multiplier, sample_vector_laplace
 from featuredp.sampling import make_streams
@@ -116,6 +117,8 @@ class _PerturbationBase(PrivateLinearClassifier):
         norm_policy: str = "raise",
         huber_h: float = 0.5,
         random_state: int | None = None,
+        classes: Any = None,
+        ledger: Any = None,
     ) -> None:
         self.epsilon = epsilon
         self.delta = delta
@@ -127,17 +130,36 @@ class _PerturbationBase(PrivateLinearClassifier):
         self.norm_policy = norm_policy
         self.huber_h = huber_h
         self.random_state = random_state
+        self.classes = classes
+        self.ledger = ledger
 
     def fit(self, X: Any, y: Any) -> _PerturbationBase:
-        """Fit on X (rows with ‖x‖ <= data_norm) and labels y; returns self."""
+        """Fit on X (rows with ‖x‖ <= data_norm) and labels y; returns self.
+
+        With ``ledger=``, the planned (ε, δ) is reserved before the mechanism runs
+        (``BudgetExceededError``, data unused, if it does not fit) and settled after.
+        """
         params = self._check_common()
-        Z, y_idx = self._prepare(X, y, params)
-        n_classes = len(self.classes_)
-        self.multinomial_ = False
-        streams = make_streams(params["random_state"])
-        W = self._fit_private(Z, y_idx, n_classes, params, streams.noise)
-        self._set_coef(W)
+        ledger = open_ledger(self.ledger)
+        Z, y_idx, classes, bound = self._prepare(X, y, params)  # validation only: no mechanism, no randomness
+        n_classes = len(classes)
+        epsilon, delta = self._planned_spend(params, n_classes)
+        with reserved(ledger, self._ledger_what(), epsilon=epsilon, delta=delta) as reservation:
+            # The reservation is held: only now may the private data meet the mechanism.
+            self.classes_, self.data_norm_, self.multinomial_ = classes, bound, False
+            streams = make_streams(params["random_state"])
+            W = self._fit_private(Z, y_idx, n_classes, params, streams.noise)
+            self._set_coef(W)
+            self._settle(reservation, ledger, epsilon=self.epsilon_, delta=self.delta_)
         return self
+
+    def _planned_spend(self, params: dict[str, Any], n_classes: int) -> tuple[float, float]:
+        """The (ε, δ) this fit will spend, known before the data is used (= ``epsilon_``, ``delta_``)."""
+        split = self._budget_split(params["epsilon"], params["delta"], n_classes)
+        return float(sum(e for e, _ in split)), float(sum(d for _, d in split))
+
+    def _budget_split(self, epsilon: float, delta: float, n_classes: int) -> list[tuple[float, float]]:
+        raise NotImplementedError
 
     def _fit_private(
         self, Z: np.ndarray, y_idx: np.ndarray, n_classes: int, params: dict[str, Any], rng: np.random.Generator
@@ -161,6 +183,15 @@ class OutputPerturbationClassifier(_PerturbationBase):
     fit_intercept, intercept_scaling : intercept as a constant column h, rows rescaled to norm <= 1.
     norm_policy : ``'raise'`` (default) refuses rows above ``data_norm``; ``'clip'`` scales them onto it.
     random_state : seed of the noise (None: fresh entropy).
+    classes : the class labels, declared from public knowledge (e.g. ``[0, 1]``). ``classes_`` is
+        this list sorted, with one model output per class whether or not it occurs in y; a label
+        outside it raises ``DataValidationError``. None reads the classes from y, which the privacy
+        guarantee does not cover (a singleton label changes the model's shape): a
+        ``PrivacyLeakWarning`` says so.
+    ledger : None, a path to an existing budget ledger, or a
+        :class:`featuredp.accounting.BudgetLedger`. ``fit`` reserves the planned (ε, δ) *before*
+        the mechanism runs (``BudgetExceededError`` with the data unused and the ledger unchanged
+        if it does not fit) and settles it afterwards. Safer than :meth:`record` after ``fit``.
 
     Attributes
     ----------
@@ -168,7 +199,13 @@ class OutputPerturbationClassifier(_PerturbationBase):
     epsilon_, delta_ : the privacy spent (replace-one relation).
     budget_split_ : per released block, its (ε, δ) and noise scale.
     privacy_ : a JSON-ready summary (mechanism, sensitivity, noise).
+    ledger_record_ : the ledger's record of the settled spend (None without ``ledger``).
     """
+
+    def _budget_split(self, epsilon: float, delta: float, n_classes: int) -> list[tuple[float, float]]:
+        K = 1 if n_classes == 2 else n_classes
+        # Pure ε: K vector mechanisms at ε/K; (ε, δ): one joint Gaussian release of the K vectors.
+        return ovr_split(epsilon, 0.0, K) if delta == 0 else [(epsilon, delta)]
 
     def _fit_private(self, Z, y_idx, n_classes, params, rng):  # type: ignore[no-untyped-def]
         n, d = Z.shape
@@ -180,7 +217,7 @@ class OutputPerturbationClassifier(_PerturbationBase):
         sensitivity = 2.0 / (n * lam)
         if delta == 0:
             # Pure ε: one vector mechanism per problem at ε/K (basic composition).
-            split = ovr_split(eps, 0.0, K)
+            split = self._budget_split(eps, 0.0, n_classes)
             beta = n * lam * (eps / K) / 2.0
             noise = sample_vector_laplace(d, beta, rng, size=K).T
             blocks = [
@@ -243,13 +280,16 @@ class ObjectivePerturbationClassifier(_PerturbationBase):
     ``extra_ridge_`` is the Δ that was added (0 if none).
     """
 
+    def _budget_split(self, epsilon: float, delta: float, n_classes: int) -> list[tuple[float, float]]:
+        return ovr_split(epsilon, delta, 1 if n_classes == 2 else n_classes)
+
     def _fit_private(self, Z, y_idx, n_classes, params, rng):  # type: ignore[no-untyped-def]
         n, d = Z.shape
         eps, delta, lam = params["epsilon"], params["delta"], params["lam"]
         loss = make_loss(params["loss"], params["huber_h"])
         signs = _one_vs_rest_signs(y_idx, n_classes)
         K = len(signs)
-        split = ovr_split(eps, delta, K)
+        split = self._budget_split(eps, delta, n_classes)
         cols, blocks = [], []
         for s, (e_k, d_k) in zip(signs, split):
             plan = objective_noise_plan(e_k, d_k, n, lam, loss.smoothness)
