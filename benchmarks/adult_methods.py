@@ -4,7 +4,7 @@
     nice -n 10 python benchmarks/adult_methods.py --tune               # the validation grid behind the presets
     python benchmarks/adult_methods.py --epsilons 1 --seeds 0 --methods fdp,dpsgd   # a quick look
 
-Every run uses the per-method defaults of ``featuredp.presets`` (overridable with
+Every run uses the per-method defaults of ``featuredp.experiments.presets`` (overridable with
 ``--set key=value``). ``--validation`` (implied by ``--tune``) carves 20% of the
 *training* set (fixed seed) as the evaluation set, so tuning never sees the test
 set. Results are written atomically to ``--out`` (JSON) and printed as a
@@ -25,7 +25,7 @@ import torch
 
 from featuredp._io import atomic_write_json
 from featuredp.data import load_dataset
-from featuredp.train_tabular import train_tabular
+from featuredp.experiments.train_one import train_tabular
 
 METHODS = ("nonprivate", "public", "dpsgd", "fdp_dpsgd", "fdp")
 PRIVATE = ("dpsgd", "fdp_dpsgd", "fdp")

@@ -20,8 +20,8 @@ import torch
 
 from featuredp._io import atomic_write_json, atomic_write_text
 from featuredp.attacks import report, tabular
-from featuredp.runs import load_run
-from featuredp.train_tabular import train_tabular
+from featuredp.experiments.runs import load_run
+from featuredp.experiments.train_one import train_tabular
 
 # (name, method, target ε, options): the default Adult runs, then an overfitting regime on 2,000
 # training records with a wide MLP, where membership is visible: a non-private positive control, and

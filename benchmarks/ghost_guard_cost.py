@@ -10,9 +10,9 @@ import time
 
 import torch
 
+from featuredp.clipping import ForwardStateGuard
 from featuredp.diffusion.unet import build_unet
 from featuredp.models import SparseLogisticRegression
-from featuredp.privatize import ForwardStateGuard
 
 torch.set_num_threads(1)
 models = {

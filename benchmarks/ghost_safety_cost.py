@@ -17,10 +17,10 @@ import time
 
 import torch
 
-import featuredp.privatize_ghost as pg
-from featuredp import engine
-from featuredp.privatize import ForwardStateGuard
-from featuredp.throughput import engine_runner, synthetic_purchase
+import featuredp.clipping.ghost as pg
+from featuredp import batches, engine
+from featuredp.clipping import ForwardStateGuard
+from featuredp.experiments.throughput import engine_runner, synthetic_purchase
 
 torch.set_num_threads(1)
 REPEATS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
@@ -34,7 +34,7 @@ model = trainer.model
 split = trainer._resolve_split(data)
 batch_all = engine.as_batch(data)
 idx = torch.randperm(batch_all["x"].shape[0], generator=torch.Generator().manual_seed(0))[:B].numpy()
-b = engine._gather(batch_all, idx)
+b = batches.gather(batch_all, idx)
 d = split.draws(b, torch.Generator().manual_seed(1))
 loss_fn = split.private_loss
 C = 0.01

@@ -47,8 +47,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from featuredp import throughput
 from featuredp._io import atomic_write_json
+from featuredp.experiments import throughput
 from featuredp.sampling import PoissonSampler, UniformSampler, make_streams
 
 C, SIGMA, LR, MOMENTUM = 0.01, 1.0, 0.1, 0.9

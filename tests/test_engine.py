@@ -15,12 +15,12 @@ from torch.nn import functional as nnf
 
 from _fdp_synth import make_tabular
 from featuredp import accounting, engine
+from featuredp.clipping import VmapGradients
 from featuredp.engine import Trainer, evaluate
 from featuredp.errors import DataValidationError
 from featuredp.features import Columns, LabelPrivate
 from featuredp.losses import GaussianPadding, LossSplit, Masking, forward
 from featuredp.models import LogisticRegression
-from featuredp.privatize import VmapGradients
 from featuredp.sampling import PoissonSampler, UniformSampler, make_streams
 
 
@@ -405,7 +405,7 @@ def test_projection_and_adam_and_ema():
 
 
 def test_ghost_strategy_gives_the_same_run_as_vmap():
-    pytest.importorskip("featuredp.privatize_ghost")
+    pytest.importorskip("featuredp.clipping.ghost")
     data = make_tabular(200, seed=12)
     models = []
     for strategy in ("vmap", "ghost"):

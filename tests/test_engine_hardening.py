@@ -20,12 +20,12 @@ import torch
 from _fdp_synth import make_tabular
 from featuredp import accounting
 from featuredp.accounting import BudgetLedger
+from featuredp.clipping import VmapGradients
 from featuredp.engine import Trainer
 from featuredp.errors import BudgetExceededError, PrivacyRiskWarning
+from featuredp.experiments.runs import save_run
 from featuredp.features import Columns
 from featuredp.models import LogisticRegression
-from featuredp.privatize import VmapGradients
-from featuredp.runs import save_run
 from featuredp.sampling import PoissonSampler
 
 

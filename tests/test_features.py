@@ -91,7 +91,7 @@ def test_training_entry_point_checks_the_private_set_it_trains_with():
 
     from featuredp.data.tabular import TableSpec, encode_frames
     from featuredp.errors import PrivacyLeakWarning
-    from featuredp.train_tabular import train_tabular
+    from featuredp.experiments.train_one import train_tabular
 
     rng = np.random.default_rng(0)
     df = pd.DataFrame({"age": rng.integers(18, 80, 80), "sex": rng.choice(["F", "M"], 80),

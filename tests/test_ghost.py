@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from featuredp.privatize import VmapGradients
-from featuredp.privatize_ghost import GhostGradients
+from featuredp.clipping import VmapGradients
+from featuredp.clipping.ghost import GhostGradients
 
 RTOL = 1e-5
 

@@ -9,11 +9,11 @@ import torch
 
 from featuredp import engine
 from featuredp.cli import main
+from featuredp.clipping.ghost import GhostGradients
+from featuredp.experiments.throughput import interleaved, synthetic_purchase
 from featuredp.features import Columns
 from featuredp.losses import default_split
 from featuredp.models import build_model, spec_for
-from featuredp.privatize_ghost import GhostGradients
-from featuredp.throughput import interleaved, synthetic_purchase
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_trainer_picks_ghost_by_name(small):
 
 def test_interleaved_ratios_are_within_rounds():
     calls = []
-    from featuredp.throughput import StepRunner
+    from featuredp.experiments.throughput import StepRunner
 
     fast = StepRunner("fast", lambda: calls.append("f"), 10.0)
     slow = StepRunner("slow", lambda: [calls.append("s"), sum(range(20000))][0], 10.0)

@@ -18,9 +18,9 @@ import pytest
 import torch
 from torch import nn
 
-import featuredp.privatize_ghost as ghost_module
-from featuredp.privatize import VmapGradients, check_no_batch_mixing
-from featuredp.privatize_ghost import GhostGradients
+import featuredp.clipping.ghost as ghost_module
+from featuredp.clipping import VmapGradients, check_no_batch_mixing
+from featuredp.clipping.ghost import GhostGradients
 
 Loss = Callable[[nn.Module, dict, dict], torch.Tensor]
 
@@ -528,8 +528,8 @@ def test_a_clean_model_passes_the_guard_and_keeps_its_state():
 
 
 def test_the_errors_are_value_errors_of_their_own_class():
+    from featuredp.clipping import BatchMixingError, ForwardSideEffectError
     from featuredp.errors import FeatureDPError
-    from featuredp.privatize import BatchMixingError, ForwardSideEffectError
 
     for cls in (BatchMixingError, ForwardSideEffectError):
         assert issubclass(cls, ValueError) and issubclass(cls, FeatureDPError)

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from _fdp_synth import make_tabular
+from featuredp.clipping import VmapGradients
 from featuredp.engine import as_batch
 from featuredp.errors import PrivacyLeakWarning
 from featuredp.features import Columns, LabelPrivate
 from featuredp.losses import GaussianPadding, LabelDPSplit, Masking, default_split
 from featuredp.models import MLP, LogisticRegression, SparseLogisticRegression
-from featuredp.privatize import VmapGradients
 
 
 def _splits(data):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from featuredp.plots import privacy_utility_plot
+from featuredp.experiments.plots import privacy_utility_plot
 
 
 def _rows():

@@ -11,18 +11,12 @@ from scipy import stats
 from torch import nn
 
 from _fdp_synth import make_tabular
+from featuredp.clipping import GradientStrategy, VmapGradients, check_no_batch_mixing, clip_factors, get_strategy
 from featuredp.engine import as_batch
 from featuredp.features import Columns
 from featuredp.losses import GaussianPadding
 from featuredp.models import MLP, SparseLogisticRegression
-from featuredp.privatize import (
-    GradientStrategy,
-    VmapGradients,
-    add_noise,
-    check_no_batch_mixing,
-    clip_factors,
-    get_strategy,
-)
+from featuredp.noise import add_noise
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import torch
 
 from _fdp_synth import make_tabular
 from featuredp.engine import PrivacyPlan, Trainer, evaluate
+from featuredp.experiments.runs import load_checkpoint, load_run, save_checkpoint, save_run
 from featuredp.features import Columns
 from featuredp.models import build_model, spec_for
-from featuredp.runs import load_checkpoint, load_run, save_checkpoint, save_run
 
 
 def _train(tmp_path):

@@ -44,7 +44,6 @@ import sys
 import warnings
 import weakref
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +60,14 @@ from featuredp._validate import (
     check_real,
     check_sampling_rate,
 )
+from featuredp.batches import as_batch, evaluate, forward, gather
+from featuredp.clipping import GradientStrategy, check_no_batch_mixing, get_strategy, trainable_parameters
 from featuredp.errors import BudgetExceededError, DataValidationError, PrivacyLeakWarning, PrivacyRiskWarning
 from featuredp.features import Batch, PublicFeatureMap
-from featuredp.losses import LabelDPSplit, LossSplit, default_split, forward
+from featuredp.losses import LabelDPSplit, LossSplit, default_split
+from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS, get_method
 from featuredp.noise import ChaCha20Generator, SecureNoise, TorchNoise
-from featuredp.privatize import (
-    GradientStrategy,
-    check_no_batch_mixing,
-    get_strategy,
-    trainable_parameters,
-)
+from featuredp.plan import PrivacyPlan, TrainResult, inf_to_str
 from featuredp.sampling import (
     STREAM_NAMES,
     EpochShuffler,
@@ -92,187 +89,15 @@ __all__ = [
     "init_seed",
 ]
 
-METHODS = ("nonprivate", "public", "dpsgd", "fdp_dpsgd", "fdp")
+METHODS = METHOD_NAMES  # the names, as before featuredp.methods held the records
 # 2: secret private streams split from public ones, noise-source state, data/Ψ fingerprint.
 _CHECKPOINT_FORMAT = 2
-PRIVATE_METHODS = ("dpsgd", "fdp_dpsgd", "fdp")
-_NEEDS_FEATURE_MAP = ("public", "fdp_dpsgd", "fdp")
-
-
-def _inf_to_str(v: float | None) -> float | str | None:
-    return "inf" if isinstance(v, float) and math.isinf(v) else v
-
-
-def _str_to_inf(v: Any) -> Any:
-    return math.inf if v == "inf" else v
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The plan
-# ----------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PrivacyPlan:
-    """Everything that determines the privacy guarantee of a run — public and loggable.
-
-    Holds no private runtime input: no data, indices, RNG state or realised batch
-    size. ``steps`` is the planned number of main-phase steps (private steps for
-    private methods); ``budget_steps`` the most private steps the budget allows
-    (training stops there). ``noise_multiplier`` and ``max_grad_norm`` are None
-    for methods that add no noise.
-    """
-
-    method: str
-    dataset_size: int
-    expected_batch_size: float
-    sampling_rate: float
-    steps: int
-    pretrain_steps: int = 0
-    public_batch_size: int | None = None
-    noise_multiplier: float | None = None
-    max_grad_norm: float | None = None
-    alpha: float = 1.0
-    delta: float | None = None
-    target_epsilon: float | None = None
-    budget_steps: int | None = None
-    relation: str = "add-remove"
-    accountant: str = "pld"
-
-    @property
-    def is_private(self) -> bool:
-        """True for methods with a (σ, p, T) privacy event (dpsgd, fdp_dpsgd, fdp)."""
-        return self.method in PRIVATE_METHODS
-
-    def epsilon(self, steps: int | None = None) -> float:
-        """ε(δ) after ``steps`` private steps (default: the planned ``steps``).
-
-        0 for ``public`` ((0, 0)-FDP) and for 0 steps; ∞ for ``nonprivate`` or σ = 0.
-        """
-        if self.method == "public":
-            return 0.0
-        if self.method == "nonprivate":
-            return math.inf
-        t = self.steps if steps is None else int(steps)
-        if t <= 0:
-            return 0.0
-        if not self.noise_multiplier:
-            return math.inf
-        from featuredp import accounting
-
-        return accounting.epsilon_for(
-            self.noise_multiplier, self.sampling_rate, t, self.delta,
-            relation=self.relation, accountant=self.accountant,
-        )  # fmt: skip
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict (∞ written as the string "inf")."""
-        return {k: _inf_to_str(v) for k, v in asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PrivacyPlan:
-        """Inverse of :meth:`to_dict`."""
-        return cls(**{k: _str_to_inf(v) for k, v in data.items()})
-
-    def guarantee(self, epsilon: float, feature_map: dict[str, Any] | None = None) -> str:
-        """One sentence stating the guarantee of a run that spent ``epsilon``."""
-        what = ""
-        if feature_map and "hides" in feature_map:
-            what = f" protecting {feature_map['hides']}"
-        rel = "add/remove" if self.relation == "add-remove" else "replace-one"
-        if self.method == "nonprivate":
-            return "no privacy guarantee (non-private training)"
-        if self.method == "public":
-            return f"(0, 0)-FDP{what}: training read only the public view Ψ(S)"
-        acc = (
-            f"Poisson-subsampled Gaussian, noise multiplier {self.noise_multiplier:.4g}, sampling rate "
-            f"{self.sampling_rate:.4g}, {{T}} private steps, {self.accountant.upper()} accountant, {rel} neighbours"
-        )
-        if self.method == "dpsgd":
-            return f"({epsilon:.4g}, {self.delta:g})-DP for whole records, hence the same FDP for any Ψ ({acc})"
-        pre = " after public pre-training on Ψ(S) (no cost)" if self.pretrain_steps else ""
-        kind = "Algorithm 1 (Thm 5)" if self.method == "fdp" else "DP-SGD fine-tuning"
-        return f"({epsilon:.4g}, {self.delta:g})-FDP{what}: {kind}{pre} ({acc})"
-
-
-@dataclass
-class TrainResult:
-    """What :meth:`Trainer.fit` returns. ``epsilon`` is ε(δ) for the private steps actually run."""
-
-    method: str
-    plan: PrivacyPlan
-    epsilon: float
-    delta: float | None
-    steps: int
-    pretrain_steps: int
-    stopped_early: bool
-    stop_reason: str | None
-    guarantee: str
-    privacy_report: dict[str, Any]
-    history: list[dict[str, float]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able summary (∞ as "inf")."""
-        return {
-            "method": self.method,
-            "epsilon": _inf_to_str(float(self.epsilon)),
-            "delta": self.delta,
-            "steps": self.steps,
-            "pretrain_steps": self.pretrain_steps,
-            "stopped_early": self.stopped_early,
-            "stop_reason": self.stop_reason,
-            "guarantee": self.guarantee,
-            "plan": self.plan.to_dict(),
-            "privacy_report": self.privacy_report,
-            "history": self.history,
-        }
+_NEEDS_FEATURE_MAP = tuple(name for name in METHOD_NAMES if get_method(name).needs_feature_map)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Data helpers
 # ----------------------------------------------------------------------------------------------------------
-def as_batch(data: Any) -> Batch:
-    """A TabularDataset (X, y, X_cat) or a dict of batch-first tensors/arrays → dict of tensors."""
-    if isinstance(data, dict):
-        out = {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v)) for k, v in data.items()}
-    elif hasattr(data, "X") and hasattr(data, "y"):
-        out = {"x": torch.as_tensor(np.asarray(data.X, dtype=np.float32)),
-               "y": torch.as_tensor(np.asarray(data.y, dtype=np.int64))}
-        if getattr(data, "X_cat", None) is not None:
-            out["x_cat"] = torch.as_tensor(np.asarray(data.X_cat, dtype=np.int64))
-    else:
-        raise TypeError(f"data must be a TabularDataset or a dict of tensors, got {type(data).__name__}")
-    if not out:
-        raise DataValidationError("data holds no tensors")
-    sizes = {k: int(v.shape[0]) for k, v in out.items()}
-    if len(set(sizes.values())) != 1:
-        raise DataValidationError(f"all data tensors must have the same number of records, got {sizes}")
-    for k, v in out.items():
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise DataValidationError(f"data[{k!r}] contains NaN or infinite values")
-    return out
-
-
-def _gather(data: Batch, idx: np.ndarray) -> Batch:
-    it = torch.from_numpy(np.asarray(idx, dtype=np.int64))
-    return {k: v.index_select(0, it) for k, v in data.items()}
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, data: Any, *, batch_size: int = 8192) -> dict[str, float]:
-    """Accuracy and mean cross-entropy of a classifier on ``data`` (full records)."""
-    batch = as_batch(data)
-    n = next(iter(batch.values())).shape[0]
-    was = model.training
-    model.eval()
-    correct, total_loss = 0, 0.0
-    for s in range(0, n, batch_size):
-        b = {k: v[s : s + batch_size] for k, v in batch.items()}
-        logits = forward(model, b)
-        correct += int((logits.argmax(-1) == b["y"]).sum())
-        total_loss += float(nn.functional.cross_entropy(logits, b["y"], reduction="sum"))
-    model.train(was)
-    return {"accuracy": correct / max(n, 1), "loss": total_loss / max(n, 1)}
-
-
 def init_seed(seed: int | None) -> int:
     """A model-initialisation seed from the public ``init`` stream of ``seed`` (OS entropy for ``None``).
 
@@ -460,7 +285,7 @@ class Trainer:
             "noise_multiplier": self.noise_multiplier,
             "target_epsilon": self.target_epsilon,
             "delta": self.delta,
-            "max_grad_norm": _inf_to_str(self.max_grad_norm),
+            "max_grad_norm": inf_to_str(self.max_grad_norm),
             "alpha": self.alpha,
             "optimizer": self.optimizer_name,
             "lr": self.lr,
@@ -610,7 +435,7 @@ class Trainer:
                 _warn_record_level_statistics(data)
             state = _RunState.start(self, plan, {"data": data_print, "psi": self._psi_fingerprint(split)})
             if resume and checkpoint is not None and Path(checkpoint).exists():
-                from featuredp.runs import load_checkpoint
+                from featuredp.experiments.runs import load_checkpoint
 
                 state.load(load_checkpoint(checkpoint))
             self._state = state
@@ -739,7 +564,7 @@ class Trainer:
         return self.loss_split
 
     def _save_checkpoint(self, path: str | Path, state: _RunState) -> None:
-        from featuredp.runs import save_checkpoint
+        from featuredp.experiments.runs import save_checkpoint
 
         save_checkpoint(path, state.state_dict())
 
@@ -757,14 +582,14 @@ class Trainer:
         method = plan.method
         if pre or method == "public":
             assert split is not None
-            b = _gather(data, state.public_shuffler.sample())
+            b = gather(data, state.public_shuffler.sample())
             d = split.draws(b, state.public_draws)
             loss = split.public_loss(self.model, b, d).mean()
             grads = dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
             shown["public_loss"] = float(loss.detach())
             opt = state.pretrain_optimizer if pre else state.optimizer
         elif method == "nonprivate":
-            b = _gather(data, state.shuffler.sample())
+            b = gather(data, state.shuffler.sample())
             if split is not None:
                 d = split.draws(b, state.private_draws)
                 loss = split.loss(self.model, b, d).mean()
@@ -778,7 +603,7 @@ class Trainer:
             if method == "fdp":
                 assert split is not None
                 # Independent public batch: its own sampler stream and its own draws generator.
-                bp = _gather(data, state.public_sampler.sample())
+                bp = gather(data, state.public_sampler.sample())
                 dp = split.draws(bp, state.public_draws)
                 lp = split.public_loss(self.model, bp, dp).mean()
                 gp = torch.autograd.grad(lp, list(params.values()))
@@ -800,7 +625,7 @@ class Trainer:
     ) -> dict[str, torch.Tensor]:
         """(Σ_{i∈B} clip_C ∇ℓ_x(θ; x_i) + N(0, σ²C²)) / m for a Poisson batch B (ℓ_x = ℓ_priv for fdp, ℓ for dpsgd)."""
         idx = state.private_sampler.sample()
-        b = _gather(data, idx)
+        b = gather(data, idx)
         if split is not None:
             d = split.draws(b, state.private_draws)
             loss_fn = split.private_loss if plan.method == "fdp" else split.loss

@@ -36,17 +36,11 @@ from torch import nn
 from torch.nn import functional as nnf
 
 from featuredp._validate import check_choice
+from featuredp.batches import forward
 from featuredp.errors import DataValidationError, PrivacyLeakWarning
 from featuredp.features import Batch, Columns, LabelPrivate, PublicFeatureMap
 
 __all__ = ["GaussianPadding", "LabelDPSplit", "LossSplit", "Masking", "default_split", "forward", "zero_masked_logits"]
-
-
-def forward(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """Logits of ``model`` on ``batch`` (whole dict for ``takes_batch`` models, else ``batch["x"]``)."""
-    if getattr(model, "takes_batch", False):
-        return model(batch)
-    return model(batch["x"])
 
 
 def zero_masked_logits(model: nn.Module, view: Batch, feature_map: PublicFeatureMap) -> torch.Tensor:
@@ -122,7 +116,7 @@ class LossSplit(ABC):
 
     def describe(self) -> dict[str, Any]:
         """The split and the feature map, for run.json and the privacy report."""
-        return {"split": self.name, "feature_map": self.feature_map.describe()}
+        return {"split": self.name, "feature_map": self.feature_map.describe().to_dict()}
 
 
 class _FilledClassification(LossSplit):

@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from featuredp._validate import check_int, check_nonnegative
 
-__all__ = ["ChaCha20Generator", "NoiseSource", "SecureNoise", "TorchNoise"]
+__all__ = ["ChaCha20Generator", "NoiseSource", "SecureNoise", "TorchNoise", "add_noise"]
 
 _BLOCK = 64  # bytes of ChaCha20 keystream per block
 _COUNTER_SPAN = 1 << 32  # OpenSSL's ChaCha20 counter is 32 bits: never let one call cross its wrap-around
@@ -200,3 +200,15 @@ class SecureNoise(NoiseSource):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.load_state_dict(state["chacha20"])
+
+
+def add_noise(grads: dict[str, torch.Tensor], std: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """``grads`` + N(0, std²) per coordinate, drawn from ``generator``, as new tensors (std = σ·C)."""
+    std = check_nonnegative("std", std)
+    if std == 0:
+        return {k: v.clone() for k, v in grads.items()}
+    # Draw, scale and add in place: one temporary per tensor instead of three (same values as v + std·z).
+    return {
+        k: torch.randn(v.shape, generator=generator, dtype=v.dtype, device=v.device).mul_(std).add_(v)
+        for k, v in grads.items()
+    }

@@ -11,7 +11,7 @@ from featuredp.cli import main
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from featuredp.train_tabular import train_tabular
+    from featuredp.experiments.train_one import train_tabular
 
     root = tmp_path_factory.mktemp("audit_runs")
     train_tabular(method="nonprivate", out=root / "np", progress=False, epochs=0.3)

@@ -38,7 +38,7 @@ def test_task_diffusion_delegates(tmp_path, monkeypatch) -> None:
         seen["args"] = args
         return 0
 
-    monkeypatch.setattr("featuredp.diffusion.experiments.run_compare", fake_run_compare)
+    monkeypatch.setattr("featuredp.experiments.diffusion.run_compare", fake_run_compare)
     assert main(["compare", "--task", "diffusion", "--epsilon", "8", "--out", str(tmp_path), "--quick"]) == 0
     args = seen["args"]
     assert args.epsilon == 8.0 and args.quick and not hasattr(args, "dataset")  # diffusion picks its own default

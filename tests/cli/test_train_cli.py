@@ -20,7 +20,7 @@ def test_train_json_has_the_documented_fields(capsys, tmp_path):
     assert out["method"] == "fdp" and out["private_columns"] == ["sex", "race"]
     assert 0 < out["epsilon"] <= 2.0 and out["delta"] == 1e-5 and out["accuracy"] > 0.7
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoint.pt", "model.pt", "run.json"]
-    from featuredp.runs import load_run
+    from featuredp.experiments.runs import load_run
 
     run = load_run(tmp_path / "run")
     assert run.private_columns == ["sex", "race"] and run.dataset["name"] == "adult"

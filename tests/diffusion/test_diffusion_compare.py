@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from featuredp.diffusion.experiments import DIFFUSION_METHODS, load_model, main
+from featuredp.experiments.diffusion import DIFFUSION_METHODS, load_model, main
 
 
 def write_fake_fashion(root: Path, n_train: int, n_test: int) -> None:

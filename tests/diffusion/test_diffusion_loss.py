@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from featuredp.clipping import VmapGradients
 from featuredp.diffusion.losses import DiffusionLoss
 from featuredp.diffusion.schedule import NoiseSchedule
 from featuredp.diffusion.unet import build_unet
 from featuredp.features import Batch
-from featuredp.image_features import BoxMask, GaussianBlur
-from featuredp.privatize import VmapGradients
+from featuredp.features.image import BoxMask, GaussianBlur
 
 
 def _smooth_batch(b: int = 8, seed: int = 0) -> Batch:

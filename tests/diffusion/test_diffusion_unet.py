@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
+from featuredp.clipping import check_no_batch_mixing
 from featuredp.diffusion.sampler import ddim_sample, ddpm_sample, generate
 from featuredp.diffusion.schedule import NoiseSchedule
 from featuredp.diffusion.unet import PRESETS, UNetConfig, build_unet, count_parameters
-from featuredp.privatize import check_no_batch_mixing
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from featuredp.errors import DataValidationError
-from featuredp.image_features import GaussianBlur
+from featuredp.features.image import GaussianBlur
 from featuredp.metrics import frechet_distance, frechet_from_features, kernel_distance
 from featuredp.metrics.domain import DomainClassifier, DomainMetrics, train_domain_classifier
 from featuredp.metrics.inception import INCEPTION_SHA1, InceptionFeatures, locate_inception_weights

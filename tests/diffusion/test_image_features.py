@@ -9,7 +9,7 @@ from scipy import ndimage
 
 from featuredp.errors import DataValidationError
 from featuredp.features import PublicFeatureMap
-from featuredp.image_features import BoxMask, GaussianBlur, Pixelate
+from featuredp.features.image import BoxMask, GaussianBlur, Pixelate
 
 
 def _batch(b: int = 6, c: int = 1, h: int = 28, w: int = 28, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -36,7 +36,7 @@ def test_label_policy() -> None:
     assert torch.equal(GaussianBlur(1.0)(b)["y"], b["y"])
     assert "y" not in GaussianBlur(1.0, label_public=False)(b)
     d = GaussianBlur(1.0, label_public=False).describe()
-    assert d["label_public"] is False and "label" in d["private"]
+    assert d["label_public"] is False and "label" in d.hides and "label" not in d.reveals
 
 
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 2.0])  # radii agree with scipy for these

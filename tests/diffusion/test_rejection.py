@@ -10,7 +10,7 @@ import torch
 
 from featuredp.diffusion import rejection
 from featuredp.diffusion.rejection import laplacian_variance, public_threshold, rejection_sample
-from featuredp.image_features import BoxMask, GaussianBlur
+from featuredp.features.image import BoxMask, GaussianBlur
 
 
 def _images(n: int = 32, seed: int = 0) -> torch.Tensor:

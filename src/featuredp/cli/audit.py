@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     from featuredp._io import atomic_write_json
     from featuredp.attacks import report, tabular
-    from featuredp.runs import load_run
+    from featuredp.experiments.runs import load_run
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     run_ = load_run(run_dir)

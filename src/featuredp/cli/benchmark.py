@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     min_time = check_positive("min_time", args.min_time)
     n = check_int("dataset_size", args.dataset_size if args.dataset_size is not None else 16 * batch, minimum=batch)
 
-    from featuredp import throughput
+    from featuredp.experiments import throughput
 
     throughput.set_threads(threads)
     data, public = throughput.synthetic_purchase(n, seed=args.seed)

@@ -1,7 +1,7 @@
 """``featuredp compare``: a privacy–utility grid (method × ε × seed) with results, summary and plot.
 
 ``--task tabular`` (default) runs :mod:`featuredp.experiments`; ``--task diffusion``
-delegates to :func:`featuredp.diffusion.experiments.run_compare` with the same
+delegates to :func:`featuredp.experiments.diffusion.run_compare` with the same
 namespace (``--epsilon`` is a single-value alias of ``--epsilons``).
 """
 
@@ -67,7 +67,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (default 1: steadier on shared machines; cells run one at a time)")
     try:  # the diffusion task's own options (--delta, --lr, ... live there); optional if that module is absent
-        from featuredp.diffusion.experiments import add_diffusion_arguments
+        from featuredp.experiments.diffusion import add_diffusion_arguments
 
         add_diffusion_arguments(p)
     except ImportError:  # pragma: no cover
@@ -78,7 +78,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the grid described by ``args``."""
     if args.task == "diffusion":
-        from featuredp.diffusion.experiments import run_compare
+        from featuredp.experiments.diffusion import run_compare
 
         for name in ("dataset", "methods", "epsilons", "epsilon", "seeds", "seed"):
             if getattr(args, name, None) is None and hasattr(args, name):

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from featuredp.data import load_dataset
-    from featuredp.train_tabular import train_tabular
+    from featuredp.experiments.train_one import train_tabular
 
     torch.set_num_threads(1)  # small models: one intra-op thread is faster and steadier on shared CPUs
     private = [c.strip() for c in args.private.split(",") if c.strip()]

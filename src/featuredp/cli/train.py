@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     """Train and print the result."""
     import torch
 
-    from featuredp.train_tabular import train_tabular
+    from featuredp.experiments.train_one import train_tabular
 
     torch.set_num_threads(1)  # small models: one intra-op thread is faster and steadier on shared CPUs
     if args.resume and not args.out:

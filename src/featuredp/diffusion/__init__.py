@@ -4,14 +4,14 @@ Modules: :mod:`~featuredp.diffusion.unet` (class-conditional GroupNorm U-Net),
 :mod:`~featuredp.diffusion.schedule` (DDPM schedules), :mod:`~featuredp.diffusion.sampler` (DDIM, DDPM),
 :mod:`~featuredp.diffusion.losses` (the diffusion loss split with common random numbers),
 :mod:`~featuredp.diffusion.rejection` (post-processing that drops blurry samples),
-:mod:`~featuredp.diffusion.grid` (PNG sample grids), :mod:`~featuredp.diffusion.experiments`
+:mod:`~featuredp.diffusion.grid` (PNG sample grids), :mod:`~featuredp.experiments.diffusion`
 (the five-method comparison; ``run_compare``). Training goes through :class:`featuredp.engine.Trainer`.
 """
 
 import importlib
 from typing import Any
 
-# Names resolve lazily (PEP 562) so that ``featuredp.diffusion.experiments`` can register its CLI
+# Names resolve lazily (PEP 562) so that ``featuredp.experiments.diffusion`` can register its CLI
 # options without importing torch: every ``featuredp`` command builds the full parser.
 _EXPORTS = {
     "DiffusionLoss": "losses",

@@ -40,7 +40,7 @@ def denoising_loss(
 class DiffusionLoss(LossSplit):
     """The DDPM loss split with common random numbers (timestep and noise) for ℓ and ℓ_pub.
 
-    ``feature_map`` is the image Ψ (e.g. :class:`featuredp.image_features.GaussianBlur`). When it
+    ``feature_map`` is the image Ψ (e.g. :class:`featuredp.features.image.GaussianBlur`). When it
     drops the label, ℓ_pub conditions on the model's null class, while ℓ uses the label.
     """
 

@@ -15,7 +15,7 @@ Maps:
 * :class:`LabelPrivate` — Ψ(x, y) = x (label differential privacy);
 * :class:`FunctionMap` — a user function batch → public view.
 
-Image maps (e.g. a Gaussian blur) subclass :class:`PublicFeatureMap` elsewhere.
+Image maps (a Gaussian blur, pixelation, masks) are in :mod:`featuredp.features.image`.
 
 Binding is where the private set actually used for training meets the data, so
 :meth:`Columns.bind` and :meth:`LabelPrivate.bind` check the dataset's recorded
@@ -28,50 +28,16 @@ private when the dataset was loaded.
 from __future__ import annotations
 
 import warnings
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
 from featuredp.errors import DataValidationError, PrivacyLeakWarning
+from featuredp.features.base import Batch, PublicFeatureMap
+from featuredp.plan import Disclosure
 
-Batch = dict[str, torch.Tensor]
-
-__all__ = ["Batch", "Columns", "FunctionMap", "LabelPrivate", "PublicFeatureMap"]
-
-
-class PublicFeatureMap(ABC):
-    """Ψ: a batch → its public view (subclass and implement ``__call__`` and ``describe``).
-
-    Contract: ``__call__`` is per example (no mixing across the batch dimension,
-    it must work on a batch of one under ``torch.func.vmap``), deterministic, and
-    its output depends only on the public part of each record.
-    """
-
-    def bind(self, dataset: Any) -> PublicFeatureMap:
-        """Validate the map against a dataset and resolve names; returns ``self``.
-
-        The default accepts any dataset (maps that need no column names).
-        """
-        return self
-
-    @abstractmethod
-    def __call__(self, batch: Batch) -> Batch:
-        """The public view Ψ(batch): a new dict; the input batch is not modified."""
-
-    @abstractmethod
-    def describe(self) -> dict[str, Any]:
-        """What Ψ reveals and what it hides, for the privacy report (JSON-able)."""
-
-    def private_entries(self) -> dict[str, torch.Tensor]:
-        """Per batch key, a boolean mask over one example's entries that Ψ hides (True = private).
-
-        Which entries are private is itself public (it is declared), so loss
-        splits may use these masks, e.g. to pad private positions with noise.
-        Keys that are wholly hidden (removed from the view) are not listed here.
-        """
-        return {}
+__all__ = ["Columns", "FunctionMap", "LabelPrivate"]
 
 
 def _raw_columns(dataset: Any) -> list[str]:
@@ -263,31 +229,39 @@ class Columns(PublicFeatureMap):
             out["x_cat"] = self._cat_mask
         return out
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Disclosure:
+        """The public and the private columns (before binding: as declared)."""
         if self._x_mask is None:
-            return {
-                "map": "Columns",
-                "bound": False,
-                "private": self._private_arg,
-                "public": self._public_arg,
-                "label_private": self.label_private,
-            }
-        return {
-            "map": "Columns",
-            "reveals": f"the public columns {self.public_columns}"
+            given = self._private_arg if self._private_arg is not None else self._public_arg
+            declared = f"the private columns {self._private_arg}" if self._private_arg is not None else (
+                f"every column but {self._public_arg}")
+            return Disclosure(
+                "Columns",
+                reveals=f"the public columns {self._public_arg}" if self._public_arg is not None
+                else f"every column but {self._private_arg}",
+                hides=declared + (" and the label" if self.label_private else ""),
+                details={"bound": False, "private": self._private_arg, "public": self._public_arg,
+                         "label_private": self.label_private, "declared": given},
+            )
+        return Disclosure(
+            "Columns",
+            reveals=f"the public columns {self.public_columns}"
             + ("" if self.label_private else f" and the label {self.label_name!r}"),
-            "hides": " and ".join(
+            hides=" and ".join(
                 ([f"the private columns {self.private_columns}"] if self.private_columns else [])
                 + ([f"the label {self.label_name!r}"] if self.label_private else [])
             ),
-            "private_columns": list(self.private_columns or []),
-            "public_columns": list(self.public_columns or []),
-            "private_encoded_columns": list(self._encoded_private),
-            "label": self.label_name,
-            "label_private": self.label_private,
-        } | (
-            # Only when there is something to say, so reports of clean runs keep their shape.
-            {"private_statistics_from_data": dict(self._statistics_from_data)} if self._statistics_from_data else {}
+            details={
+                "private_columns": list(self.private_columns or []),
+                "public_columns": list(self.public_columns or []),
+                "private_encoded_columns": list(self._encoded_private),
+                "label": self.label_name,
+                "label_private": self.label_private,
+            } | (
+                # Only when there is something to say, so reports of clean runs keep their shape.
+                {"private_statistics_from_data": dict(self._statistics_from_data)} if self._statistics_from_data
+                else {}
+            ),
         )
 
 
@@ -306,21 +280,20 @@ class LabelPrivate(PublicFeatureMap):
     def __call__(self, batch: Batch) -> Batch:
         return {k: v for k, v in batch.items() if k != self.label_key}
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "map": "LabelPrivate",
-            "reveals": "all features",
-            "hides": f"the label ({self.label_key!r})",
-            "label_private": True,
-        }
+    def describe(self) -> Disclosure:
+        """Every feature is public; the label is hidden."""
+        return Disclosure("LabelPrivate", reveals="all features", hides=f"the label ({self.label_key!r})",
+                          details={"label_private": True})
 
 
 class FunctionMap(PublicFeatureMap):
     """Ψ given as a user function ``fn(batch) -> public view``.
 
     The function must be per example and must not read private entries; the
-    library cannot check this, so ``description`` must say what it reveals.
-    ``private`` optionally lists masks as in :meth:`PublicFeatureMap.private_entries`.
+    library cannot check this, so ``description`` must say what it reveals and
+    ``hides`` what it removes (the guarantee names it; default "what the function
+    removes"). ``private`` optionally lists masks as in
+    :meth:`PublicFeatureMap.private_entries`.
     """
 
     def __init__(
@@ -329,6 +302,7 @@ class FunctionMap(PublicFeatureMap):
         description: str,
         *,
         private: dict[str, torch.Tensor | Sequence[bool]] | None = None,
+        hides: str = "what the function removes from each record",
     ) -> None:
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
@@ -336,6 +310,9 @@ class FunctionMap(PublicFeatureMap):
             raise ValueError("description must say what the function reveals, got an empty description")
         self.fn = fn
         self.description = description
+        if not isinstance(hides, str) or not hides.strip():
+            raise ValueError("hides must say what the function removes, got an empty phrase")
+        self.hides = hides
         self._private = {k: torch.as_tensor(v, dtype=torch.bool) for k, v in (private or {}).items()}
 
     def __call__(self, batch: Batch) -> Batch:
@@ -347,6 +324,7 @@ class FunctionMap(PublicFeatureMap):
     def private_entries(self) -> dict[str, torch.Tensor]:
         return dict(self._private)
 
-    def describe(self) -> dict[str, Any]:
-        return {"map": "FunctionMap", "function": getattr(self.fn, "__name__", repr(self.fn)),
-                "reveals": self.description}
+    def describe(self) -> Disclosure:
+        """What the user's ``description`` says the function reveals and hides."""
+        return Disclosure("FunctionMap", reveals=self.description, hides=self.hides,
+                          details={"function": getattr(self.fn, "__name__", repr(self.fn))})

@@ -100,10 +100,10 @@ def engine_runner(
     entropy, as in a real run. ``secure_rng`` times the ChaCha20 noise and sampling of the secure mode.
     """
     from featuredp import engine
+    from featuredp.clipping import trainable_parameters
     from featuredp.features import Columns
     from featuredp.losses import default_split
     from featuredp.models import build_model, spec_for
-    from featuredp.privatize import trainable_parameters
 
     spec = spec_for(data, "mlp", hidden=list(hidden))
     model = build_model(spec, seed=engine.init_seed(seed))

@@ -1,6 +1,6 @@
 """Privacy–utility grids: method × ε × seed on a tabular dataset, composed from the engine.
 
-:func:`run_grid` trains every cell through :func:`featuredp.train_tabular.train_tabular`
+:func:`run_grid` trains every cell through :func:`featuredp.experiments.train_one.train_tabular`
 (which builds Ψ, the loss split, the model and an :class:`~featuredp.engine.Trainer`),
 evaluates on the test set and writes, in ``out``:
 
@@ -35,18 +35,13 @@ import numpy as np
 
 from featuredp._io import atomic_path, atomic_write_json, atomic_write_text
 from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
-from featuredp.presets import METHOD_DEFAULTS
+from featuredp.experiments.presets import METHOD_DEFAULTS
+from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS
+from featuredp.methods import METHODS as METHOD_RECORDS
 
-METHODS = ("nonprivate", "public", "dpsgd", "fdp_dpsgd", "fdp")
-PRIVATE_METHODS = ("dpsgd", "fdp_dpsgd", "fdp")
-REFERENCE_METHODS = ("nonprivate", "public")
-LABELS = {
-    "nonprivate": "non-private",
-    "public": "public only",
-    "dpsgd": "DP-SGD",
-    "fdp_dpsgd": "FDP (DP-SGD)",
-    "fdp": "FDP (Alg. 1)",
-}
+METHODS = METHOD_NAMES
+REFERENCE_METHODS = tuple(name for name, m in METHOD_RECORDS.items() if m.reference)
+LABELS = {name: m.label for name, m in METHOD_RECORDS.items()}
 CSV_COLUMNS = [
     "dataset", "method", "target_epsilon", "seed", "accuracy", "epsilon", "delta", "noise_multiplier",
     "max_grad_norm", "sampling_rate", "batch_size", "steps", "pretrain_steps", "stopped_early", "wall_s", "cpu_s",
@@ -62,7 +57,7 @@ _ENGINE_DEFAULTS = METHOD_DEFAULTS  # the engine's defaults, tuned on Adult by t
 
 PRESETS: dict[str, dict[str, Any]] = {
     "adult": {
-        # Sex and race private (featuredp.presets holds the engine's tuned Adult defaults).
+        # Sex and race private (featuredp.experiments.presets holds the engine's tuned Adult defaults).
         "load": {}, "quick_load": {"n_train": 4_000, "n_test": 2_000},
         "model": "mlp", "hidden": [64], "loss_split": "padding", "delta": 1e-5,
         "methods": {m: dict(p, **({"strategy": "ghost"} if m in ("dpsgd", "fdp_dpsgd", "fdp") else {}))
@@ -133,10 +128,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def preset_for(dataset: str) -> dict[str, Any]:
-    """The preset of ``dataset``; datasets without one use the engine's defaults (featuredp.presets)."""
+    """The preset of ``dataset``; datasets without one use the engine's defaults (featuredp.experiments.presets)."""
     if dataset in PRESETS:
         return copy.deepcopy(PRESETS[dataset])
-    from featuredp.presets import DEFAULT_MODEL, METHOD_DEFAULTS
+    from featuredp.experiments.presets import DEFAULT_MODEL, METHOD_DEFAULTS
 
     return {
         "load": {}, "quick_load": {}, "model": DEFAULT_MODEL["kind"], "hidden": DEFAULT_MODEL.get("hidden"),
@@ -491,7 +486,7 @@ class GridRunner:
             "command": cfg.command,
         }  # fmt: skip
         atomic_write_text(cfg.out / "summary.md", render_summary_md(rows, summary, meta))
-        from featuredp.plots import privacy_utility_plot
+        from featuredp.experiments.plots import privacy_utility_plot
 
         privacy_utility_plot(rows, cfg.out / "privacy_utility.png", title=f"{cfg.dataset}: accuracy vs ε")
         return {"dataset": cfg.dataset, "out": str(cfg.out), "summary": summary, "meta": meta}

@@ -1,7 +1,7 @@
 """The paper's diffusion comparison (SPEC §4.4): five methods, one engine, FID tables and sample grids.
 
 ``featuredp compare --task diffusion ...`` delegates here (:func:`run_compare`); the same runs are
-available as ``python -m featuredp.diffusion.experiments ...``. Every method trains THROUGH
+available as ``python -m featuredp.experiments.diffusion ...``. Every method trains THROUGH
 :class:`featuredp.engine.Trainer` with the diffusion loss split:
 
 * ``nonprivate`` — DDPM on the sharp images;
@@ -210,7 +210,7 @@ class _Context:
         from featuredp.data.images import load_image_dataset
         from featuredp.diffusion.rejection import public_threshold
         from featuredp.diffusion.schedule import NoiseSchedule
-        from featuredp.image_features import GaussianBlur
+        from featuredp.features.image import GaussianBlur
 
         self.s = s
         opts: dict[str, Any] = {}
@@ -547,8 +547,8 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m featuredp.diffusion.experiments --out DIR [...]``."""
-    parser = argparse.ArgumentParser(prog="python -m featuredp.diffusion.experiments",
+    """``python -m featuredp.experiments.diffusion --out DIR [...]``."""
+    parser = argparse.ArgumentParser(prog="python -m featuredp.experiments.diffusion",
                                      description="Feature-DP diffusion: the five methods on an image dataset.")
     _common_arguments(parser)
     add_diffusion_arguments(parser)

@@ -7,14 +7,14 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from featuredp._io import atomic_path
+import matplotlib
+import numpy as np
 
-_STYLE = {
-    "dpsgd": {"color": "tab:red", "marker": "s"},
-    "fdp_dpsgd": {"color": "tab:orange", "marker": "^"},
-    "fdp": {"color": "tab:blue", "marker": "o"},
-}
-_REFERENCE = {"nonprivate": ("black", "--"), "public": ("tab:green", ":")}
+from featuredp._io import atomic_path
+from featuredp.methods import METHODS
+
+matplotlib.use("Agg")  # files only, never a window
+import matplotlib.pyplot as plt
 
 
 def privacy_utility_plot(
@@ -29,14 +29,6 @@ def privacy_utility_plot(
 
     Returns what was drawn: ``{"lines": {method: (eps, means, stds)}, "references": {method: (mean, std)}}``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from featuredp.experiments import LABELS, PRIVATE_METHODS
-
     by: dict[tuple[str, float | None], list[float]] = {}
     for r in rows:
         eps = r.get("target_epsilon")
@@ -47,25 +39,28 @@ def privacy_utility_plot(
     drawn: dict[str, Any] = {"lines": {}, "references": {}}
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     eps_all = sorted({e for (_, e) in by if e is not None})
-    for method in PRIVATE_METHODS:
+    for method, record in METHODS.items():
+        if record.reference:
+            continue
         pts = sorted((e, v) for (m, e), v in by.items() if m == method and e is not None)
         if not pts:
             continue
         xs = [e for e, _ in pts]
         means = [float(np.mean(v)) for _, v in pts]
         stds = [float(np.std(v, ddof=1)) if len(v) > 1 else 0.0 for _, v in pts]
-        ax.errorbar(xs, means, yerr=stds, capsize=3, label=LABELS[method], **_STYLE[method])
+        ax.errorbar(xs, means, yerr=stds, capsize=3, label=record.label, color=record.color, marker=record.marker,
+                    linestyle=record.linestyle)
         drawn["lines"][method] = (xs, means, stds)
-    for method, (color, style) in _REFERENCE.items():
-        vals = by.get((method, None))
+    for method, record in METHODS.items():
+        vals = by.get((method, None)) if record.reference else None
         if not vals:
             continue
         mean = float(np.mean(vals))
         std = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
-        ax.axhline(mean, color=color, linestyle=style, label=f"{LABELS[method]} ({mean:.1f}%)")
+        ax.axhline(mean, color=record.color, linestyle=record.linestyle, label=f"{record.label} ({mean:.1f}%)")
         drawn["references"][method] = (mean, std)
         if std > 0:
-            ax.axhspan(mean - std, mean + std, color=color, alpha=0.08)
+            ax.axhspan(mean - std, mean + std, color=record.color, alpha=0.08)
     if eps_all:
         ax.set_xscale("log", base=2)
         ax.set_xticks(eps_all)

@@ -1,0 +1,70 @@
+"""Batches: dicts of batch-first tensors, and the helpers every layer uses on them.
+
+A batch is ``{"x": float features, "y": int64 labels, "x_cat": int64 codes (-1 =
+masked), ...}`` with the examples along the first dimension. Models are called
+through :func:`forward`: models that need the whole dict set ``takes_batch = True``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from featuredp.errors import DataValidationError
+from featuredp.features.base import Batch
+
+__all__ = ["Batch", "as_batch", "evaluate", "forward", "gather"]
+
+
+def forward(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Logits of ``model`` on ``batch`` (whole dict for ``takes_batch`` models, else ``batch["x"]``)."""
+    if getattr(model, "takes_batch", False):
+        return model(batch)
+    return model(batch["x"])
+
+
+def as_batch(data: Any) -> Batch:
+    """A TabularDataset (X, y, X_cat) or a dict of batch-first tensors/arrays → dict of tensors."""
+    if isinstance(data, dict):
+        out = {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v)) for k, v in data.items()}
+    elif hasattr(data, "X") and hasattr(data, "y"):
+        out = {"x": torch.as_tensor(np.asarray(data.X, dtype=np.float32)),
+               "y": torch.as_tensor(np.asarray(data.y, dtype=np.int64))}
+        if getattr(data, "X_cat", None) is not None:
+            out["x_cat"] = torch.as_tensor(np.asarray(data.X_cat, dtype=np.int64))
+    else:
+        raise TypeError(f"data must be a TabularDataset or a dict of tensors, got {type(data).__name__}")
+    if not out:
+        raise DataValidationError("data holds no tensors")
+    sizes = {k: int(v.shape[0]) for k, v in out.items()}
+    if len(set(sizes.values())) != 1:
+        raise DataValidationError(f"all data tensors must have the same number of records, got {sizes}")
+    for k, v in out.items():
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise DataValidationError(f"data[{k!r}] contains NaN or infinite values")
+    return out
+
+
+def gather(data: Batch, idx: np.ndarray) -> Batch:
+    it = torch.from_numpy(np.asarray(idx, dtype=np.int64))
+    return {k: v.index_select(0, it) for k, v in data.items()}
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Any, *, batch_size: int = 8192) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of a classifier on ``data`` (full records)."""
+    batch = as_batch(data)
+    n = next(iter(batch.values())).shape[0]
+    was = model.training
+    model.eval()
+    correct, total_loss = 0, 0.0
+    for s in range(0, n, batch_size):
+        b = {k: v[s : s + batch_size] for k, v in batch.items()}
+        logits = forward(model, b)
+        correct += int((logits.argmax(-1) == b["y"]).sum())
+        total_loss += float(nn.functional.cross_entropy(logits, b["y"], reduction="sum"))
+    model.train(was)
+    return {"accuracy": correct / max(n, 1), "loss": total_loss / max(n, 1)}

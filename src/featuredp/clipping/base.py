@@ -1,0 +1,102 @@
+"""The clipping protocol and what every strategy shares.
+
+A :class:`GradientStrategy` returns Σ_i clip_C(∇_θ loss_i) and the per-example
+norms before clipping. Clipping is applied to the gradient of the loss it is
+given *as a whole* — for FDP that is ℓ_priv = ℓ − ℓ_pub, never ℓ and ℓ_pub
+separately (ARCHITECTURE rule 3). Strategies are registered by name in
+:mod:`featuredp.clipping`; :func:`per_example_grads` is the one torch.func
+per-example gradient helper (used by the vmap strategy and by ghost's fallback).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from featuredp.features.base import Batch
+
+__all__ = [
+    "GradientStrategy",
+    "LossFn",
+    "LossModule",
+    "batch_size_of",
+    "clip_factors",
+    "per_example_grads",
+    "trainable_parameters",
+]
+
+LossFn = Any  # Callable[[nn.Module, Batch, Batch], Tensor] returning per-example losses (B,)
+
+
+@runtime_checkable
+class GradientStrategy(Protocol):
+    """Per-example clipped gradient sums (see DEVELOPING.md)."""
+
+    name: str
+
+    def clipped_sum(
+        self, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, max_grad_norm: float
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Σ_i clip_C(∇_θ loss_fn(model, batch_i, draws_i)) per named trainable parameter, and the
+        per-example norms before clipping, shape (B,). ``max_grad_norm`` may be inf (no clipping)."""
+        ...
+
+
+def trainable_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Named parameters with ``requires_grad`` (the ones that are trained, clipped and noised)."""
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def clip_factors(norms: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
+    """Per-example scale min(1, C / ‖g_i‖); the clipped norm is ≤ C (strictly, with the 1e-6 guard)."""
+    if math.isinf(max_grad_norm):
+        return torch.ones_like(norms)
+    return (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+
+
+def batch_size_of(batch: Batch) -> int:
+    sizes = {int(v.shape[0]) for v in batch.values()}
+    if len(sizes) != 1:
+        raise ValueError(f"batch tensors must share the first (batch) dimension, got sizes {sorted(sizes)}")
+    return sizes.pop()
+
+
+class LossModule(nn.Module):
+    """Wraps (model, loss_fn) so that ``functional_call`` swaps the model's parameters for every
+    use inside the loss — ℓ_priv calls the model twice (ℓ and ℓ_pub), both must see the same θ."""
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn) -> None:
+        super().__init__()
+        self.model = model
+        self._loss_fn = loss_fn
+
+    def forward(self, batch: Batch, draws: Batch) -> torch.Tensor:
+        return self._loss_fn(self.model, batch, draws)
+
+
+def per_example_grads(
+    model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, names: list[str] | None = None
+) -> dict[str, torch.Tensor]:
+    """∇_θ loss_fn for every example, name → (B, *param.shape), with torch.func (vmap of grad).
+
+    ``names`` restricts the differentiated parameters (the others, and the buffers, are
+    constants); default: every trainable parameter. Each example gets a batch dimension of
+    one, since models and losses are written for batches.
+    """
+    wrapper = LossModule(model, loss_fn)
+    wanted = set(trainable_parameters(model) if names is None else names)
+    diff = {f"model.{n}": p.detach() for n, p in model.named_parameters() if n in wanted}
+    const = {f"model.{n}": p.detach() for n, p in model.named_parameters() if n not in wanted}
+    buffers = {f"model.{n}": b.detach() for n, b in model.named_buffers()}
+
+    def one(p: dict[str, torch.Tensor], example: Batch, draw: Batch) -> torch.Tensor:
+        ex = {k: v.unsqueeze(0) for k, v in example.items()}
+        dr = {k: v.unsqueeze(0) for k, v in draw.items()}
+        return functional_call(wrapper, {**p, **const, **buffers}, (ex, dr)).sum()
+
+    grads = vmap(grad(one), in_dims=(None, 0, 0))(diff, batch, draws)
+    return {k[len("model.") :]: v for k, v in grads.items()}

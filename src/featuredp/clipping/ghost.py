@@ -1,0 +1,749 @@
+"""Ghost (book-keeping) clipping: exact per-example clipped gradient sums without per-example gradients.
+
+:class:`GhostGradients` implements the :class:`featuredp.clipping.GradientStrategy`
+protocol. One forward pass records, for every supported layer and for *every
+call* of it, the layer's input and output; one backward pass gives the
+gradient of Σ_i loss_i with respect to each recorded output (no parameter
+gradients are formed). Because the loss is per example, row i of those output
+gradients belongs to example i alone, so each layer's per-example gradient is
+a sum of outer products Σ_t g_t a_tᵀ whose squared norm is
+Σ_{t,s} (a_t·a_s)(g_t·g_s) — computed without building the gradient. A loss that
+sends an example through the same layer twice, like FDP's ℓ(x) − ℓ(x_padded),
+simply has more tokens t, which produces the cross terms 2(a₁·a₂)(g₁·g₂).
+Then c_i = min(1, C/‖∇ℓ_i‖) and each layer's clipped sum is one weighted
+matmul Σ_i c_i Σ_t g_it a_itᵀ. The result is exact (tests compare it with
+torch.func per-example gradients).
+
+Supported layers (exact module types): Linear (any number of leading dims),
+Embedding (padding_idx), EmbeddingBag (sum/mean, ragged bags, per-sample
+weights, padding_idx), Conv1d/Conv2d (any stride, dilation, groups, padding
+mode), LayerNorm, GroupNorm, RMSNorm. Parameters of any other layer, or used
+outside their layer's call (tied weights), fall back to torch.func per-example
+gradients for just those parameters; :attr:`GhostGradients.fallback_layers`
+lists them and a warning says so. Norms of both paths add up.
+
+Requirements: supported layers must see batch-first inputs (first dimension =
+the examples of the batch). A layer called otherwise makes the whole step fall
+back to torch.func (with a warning). With fallback parameters the model must be
+deterministic given (batch, draws) (no dropout), because the fallback
+re-evaluates the loss.
+
+Safety. Ghost norms are only right if row i of every recorded tensor belongs to
+example i alone. Layers known to mix the batch are refused statically
+(:func:`featuredp.clipping.check_no_batch_mixing`); mixing by parameter-free
+code (``x - x.mean(0)``, attention over the wrong axis) is caught by the
+*separability cross-check*: on the first batch of at least two examples the
+gradients of the first four examples are recomputed on their own (a forward and
+backward of each example alone) and compared with the ghost ones; a mismatch
+raises :class:`featuredp.clipping.BatchMixingError`. Every call runs under
+:class:`featuredp.clipping.ForwardStateGuard`, because the private forward
+runs on the real model and must not write into its parameters or buffers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from featuredp._validate import check_choice, check_int, check_positive
+from featuredp.clipping.base import LossFn, clip_factors, per_example_grads, trainable_parameters
+from featuredp.clipping.rules import (
+    Dense,
+    NotPerExampleError,
+    Rule,
+    abs_sum,
+    combine,
+    first_examples,
+    rule_for,
+    squared_norms,
+    term_bounds,
+    weighted_sum,
+)
+from featuredp.clipping.safety import ForwardStateGuard, check_no_batch_mixing
+from featuredp.errors import BatchMixingError
+from featuredp.features.base import Batch
+
+__all__ = ["GhostGradients", "GhostPlan"]
+
+
+@dataclass
+class _Layer:
+    name: str
+    module: nn.Module
+    rule: Rule
+    params: dict[str, str]  # attribute on the module -> name in model.named_parameters()
+
+
+@dataclass
+class GhostPlan:
+    """How one model's trainable parameters are handled (built once per model and cached)."""
+
+    layers: list[_Layer]
+    fallback: list[str]  # parameter names differentiated per example with torch.func
+    fallback_layers: list[str]  # "layer (Type): reason", for the user
+    signature: tuple
+    clone_outputs: set[int] = field(default_factory=set)  # id(module): outputs later modified in place
+    validated: bool = False
+    whole_model_fallback: bool = False
+    separable: bool = False  # the separability cross-check passed on a batch of >= 2 examples
+
+
+@dataclass
+class _Call:
+    layer: _Layer
+    args: tuple
+    kwargs: dict
+    output: torch.Tensor
+    versions: list[tuple[torch.Tensor, int]]  # tensors whose in-place modification would invalidate the call
+
+
+def _signature(model: nn.Module) -> tuple:
+    return tuple((n, id(p), p.requires_grad) for n, p in model.named_parameters(remove_duplicate=False))
+
+
+def _batch_size(batch: Batch, draws: Batch) -> int:
+    sizes = {int(v.shape[0]) for v in (*batch.values(), *draws.values())}
+    if len(sizes) != 1:
+        raise ValueError(f"batch and draws tensors must share the first (batch) dimension, got sizes {sorted(sizes)}")
+    return sizes.pop()
+
+
+def _has_randomness(model: nn.Module) -> list[str]:
+    return [
+        n or type(model).__name__
+        for n, m in model.named_modules()
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0
+    ]
+
+
+@contextlib.contextmanager
+def _dropout_off(model: nn.Module) -> Iterator[None]:
+    """Dropout modules in eval mode (identity) for the duration: the cross-check compares two computations of
+    the same gradients, which only agree if both see the same (no) dropout masks."""
+    active = [m for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.training]
+    for m in active:
+        m.training = False
+    try:
+        yield
+    finally:
+        for m in active:
+            m.training = True
+
+
+# Parameter-free modules that act on each example alone (elementwise or per-row); any other parameter-free leaf
+# module is named as a suspect when the separability cross-check fails.
+_PER_EXAMPLE = (
+    nn.Identity,
+    nn.Flatten,
+    nn.Unflatten,
+    nn.modules.dropout._DropoutNd,
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.PReLU,
+    nn.ELU,
+    nn.SELU,
+    nn.CELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Mish,
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.Hardtanh,
+    nn.Hardswish,
+    nn.Hardsigmoid,
+    nn.Softplus,
+    nn.Softsign,
+    nn.Tanhshrink,
+    nn.Upsample,
+    nn.PixelShuffle,
+    nn.PixelUnshuffle,
+    nn.modules.pooling._MaxPoolNd,
+    nn.modules.pooling._AvgPoolNd,
+    nn.modules.pooling._AdaptiveAvgPoolNd,
+    nn.modules.pooling._AdaptiveMaxPoolNd,
+    nn.modules.padding._ConstantPadNd,
+    nn.modules.padding._ReflectionPadNd,
+    nn.modules.padding._ReplicationPadNd,
+)
+
+
+def _acts_per_example(m: nn.Module) -> bool:
+    if isinstance(m, (nn.Softmax, nn.LogSoftmax, nn.Softmin)):
+        return m.dim not in (None, 0)  # over dim 0 (or an implicit dim on 2-d input) it normalises across examples
+    return isinstance(m, _PER_EXAMPLE)
+
+Inspect = Callable[[dict[str, Any], dict[str, list], torch.Tensor], None]
+
+# Separability cross-check tolerance. Per example and parameter, the ghost gradient g and the batch-of-one
+# gradient r must satisfy ‖g − r‖ ≤ RTOL·‖r‖ + TERM_TOL·b + SCALE_TOL·max b, where b bounds the norm without
+# cancellation (Σ_t ‖a_t‖‖g_t‖, see term_bounds). Both are float32 computations of the same quantity on
+# different batch shapes; they differ by rounding of ~1e-7 of the terms (a few ulps after depth and
+# reductions). The ghost norm's float64 recomputation under cancellation shows up relative to ‖r‖. Mixing
+# examples changes gradients by a sizeable fraction of their terms (x − mean(x) at B = 4: by ~1/4 or more).
+_SEPARABILITY_RTOL = 1e-3
+_SEPARABILITY_TERM_TOL = 1e-4
+_SEPARABILITY_SCALE_TOL = 1e-6
+_SEPARABILITY_EXAMPLES = 4
+
+
+class GhostGradients:
+    """Exact per-example clipped gradient sums by ghost norms (see the module docstring).
+
+    Models that mix the examples of a batch are refused (statically, and by a once-per-model separability
+    cross-check) and every call refuses forwards that change the model's parameters or buffers; see "Safety"
+    in the module docstring.
+
+    Parameters
+    ----------
+    physical_batch_size:
+        Examples processed at once (memory bound); ``None`` processes the whole batch (the memory
+        of a non-private step). It does not change the result beyond float summation order.
+    reweight:
+        How the clipped sum is formed once the clip factors are known: ``"matmul"`` (one weighted
+        matmul per layer from the recorded activations; default, faster) or ``"backward"`` (a second
+        backward pass of Σ_i c_i loss_i).
+    fallback_batch_size:
+        Chunk size of the torch.func fallback (its memory grows with the fallback parameters).
+    """
+
+    name = "ghost"
+    #: Run the separability cross-check (tests switch it off to show what it prevents; never do so otherwise).
+    _check_separability: bool = True
+
+    def __init__(
+        self,
+        physical_batch_size: int | None = None,
+        *,
+        reweight: Literal["matmul", "backward"] = "matmul",
+        fallback_batch_size: int = 256,
+    ) -> None:
+        self.physical_batch_size = (
+            None if physical_batch_size is None else check_int("physical_batch_size", physical_batch_size, minimum=1)
+        )
+        self.reweight = check_choice("reweight", reweight, ("matmul", "backward"))
+        self.fallback_batch_size = check_int("fallback_batch_size", fallback_batch_size, minimum=1)
+        self._plans: weakref.WeakKeyDictionary[nn.Module, GhostPlan] = weakref.WeakKeyDictionary()
+        self._guarded: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models whose first call was checked
+        self.fallback_layers: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"GhostGradients(physical_batch_size={self.physical_batch_size}, reweight={self.reweight!r})"
+
+    # -- planning ------------------------------------------------------------------------------------------
+
+    def plan(self, model: nn.Module) -> GhostPlan:
+        """The (cached) plan for ``model``: which layers use ghost norms and which parameters fall back."""
+        sig = _signature(model)
+        cached = self._plans.get(model)
+        if cached is not None and cached.signature == sig:
+            self.fallback_layers = cached.fallback_layers
+            return cached
+        check_no_batch_mixing(model)
+        trainable = trainable_parameters(model)
+        canonical = {id(p): n for n, p in trainable.items()}
+        owners: dict[int, set[int]] = {}
+        for _, m in model.named_modules(remove_duplicate=False):
+            for _, p in m.named_parameters(recurse=False, remove_duplicate=False):
+                owners.setdefault(id(p), set()).add(id(m))
+        layers: list[_Layer] = []
+        covered: set[str] = set()
+        reasons: dict[str, str] = {}
+        for mname, m in model.named_modules():
+            direct = [(a, p) for a, p in m.named_parameters(recurse=False) if p.requires_grad]
+            if not direct:
+                continue
+            label = f"{mname or '<root>'} ({type(m).__name__})"
+            rule, why = rule_for(m)
+            if rule is None:
+                reasons[label] = why
+                continue
+            params = {}
+            for attr, p in direct:
+                if len(owners[id(p)]) > 1:
+                    reasons[label] = f"parameter {attr!r} is shared with another layer"
+                else:
+                    params[attr] = canonical[id(p)]
+            if params:
+                layers.append(_Layer(mname, m, rule, params))
+                covered.update(params.values())
+        fallback = [n for n in trainable if n not in covered]
+        plan = GhostPlan(layers, fallback, [f"{k}: {v}" for k, v in reasons.items()], sig)
+        self._plans[model] = plan
+        self.fallback_layers = plan.fallback_layers
+        if fallback:
+            self._warn_fallback(plan)
+        return plan
+
+    @staticmethod
+    def _warn_fallback(plan: GhostPlan) -> None:
+        warnings.warn(
+            "GhostGradients: these parameters use (slower) torch.func per-example gradients: "
+            f"{', '.join(plan.fallback)} — layers: {'; '.join(plan.fallback_layers) or 'parameters outside layers'}",
+            UserWarning,
+            stacklevel=3,
+        )
+
+    def _demote(self, plan: GhostPlan, names: list[str], reason: str) -> None:
+        for layer in plan.layers:
+            for attr, pname in list(layer.params.items()):
+                if pname in names:
+                    del layer.params[attr]
+                    plan.fallback.append(pname)
+                    plan.fallback_layers.append(f"{layer.name} ({type(layer.module).__name__}): {reason}")
+        plan.layers = [layer for layer in plan.layers if layer.params]
+        self.fallback_layers = plan.fallback_layers
+        self._warn_fallback(plan)
+
+    # -- the protocol ----------------------------------------------------------------------------------------
+
+    def clipped_sum(
+        self, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, max_grad_norm: float
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Σ_i clip_C(∇_θ loss_fn(model, batch_i, draws_i)) per trainable parameter, and the norms (B,)."""
+        C = check_positive("max_grad_norm", max_grad_norm, allow_inf=True)
+        n = _batch_size(batch, draws)
+        params = trainable_parameters(model)
+        if n == 0:  # an empty Poisson batch: the sum is zero (the caller still adds noise)
+            return {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in params.items()}, (
+                torch.zeros(0)
+            )
+        plan = self.plan(model)
+        if plan.fallback and _has_randomness(model):
+            raise ValueError(
+                f"GhostGradients needs a deterministic model when some parameters fall back to torch.func "
+                f"({', '.join(plan.fallback)}), but dropout is active in {_has_randomness(model)}; "
+                "remove dropout or use supported layers only"
+            )
+        # The forward runs on the real model with private data: it must leave parameters and buffers alone.
+        with ForwardStateGuard(model, first_call=model not in self._guarded):
+            out = self._clipped_sum(plan, model, loss_fn, batch, draws, C, params, n)
+        self._guarded.add(model)
+        return out
+
+    def _clipped_sum(
+        self,
+        plan: GhostPlan,
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        C: float,
+        params: dict[str, torch.Tensor],
+        n: int,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        chunk = self.physical_batch_size or n
+        inspect = self._separability_check(plan, model, loss_fn, batch, draws, params, min(chunk, n))
+        if chunk >= n:
+            return self._chunk(plan, model, loss_fn, batch, draws, C, params, inspect)
+        sums = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in params.items()}
+        norms = []
+        for start in range(0, n, chunk):
+            sl = slice(start, min(start + chunk, n))
+            part_b = {k: v[sl] for k, v in batch.items()}
+            part_d = {k: v[sl] for k, v in draws.items()}
+            part_sums, part_norms = self._chunk(plan, model, loss_fn, part_b, part_d, C, params, inspect)
+            inspect = None  # the first chunk is the one checked
+            for k, v in part_sums.items():
+                sums[k] += v
+            norms.append(part_norms)
+        return sums, torch.cat(norms)
+
+    # -- separability cross-check ----------------------------------------------------------------------------
+
+    def _separability_check(
+        self,
+        plan: GhostPlan,
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        params: dict[str, torch.Tensor],
+        first_chunk: int,
+    ) -> Inspect | None:
+        """Arrange the once-per-model check that ghost gradients are per-example; the callback for the first
+        chunk, or None when there is nothing (left) to check.
+
+        A forward computed over B examples at once is only a set of B per-example computations if no operation
+        mixes rows; parameter-free code that does (centring over the batch, attention over the batch axis) is
+        invisible to the layer hooks. So the first time a batch of at least two examples is seen, the first
+        few examples' gradients are recomputed alone (batch of one, through the same ``loss_fn`` with their own
+        batch and draws rows) and compared with what ghost clipping derived for them from the
+        whole chunk. A batch of one cannot reveal mixing, so checking continues until a chunk of two or more
+        examples with a non-zero gradient has been seen. Physical chunks of one are separate forwards: nothing
+        can mix, and nothing needs checking.
+        """
+        if plan.separable or plan.whole_model_fallback or not self._check_separability:
+            return None
+        if self.physical_batch_size == 1:
+            plan.separable = True
+            return None
+        if first_chunk < 2:
+            return None
+        head = {k: v[:first_chunk] for k, v in batch.items()}
+        head_d = {k: v[:first_chunk] for k, v in draws.items()}
+
+        def inspect(combined: dict[str, Any], parts: dict[str, list], norms: torch.Tensor) -> None:
+            self._compare_with_alone(plan, model, loss_fn, head, head_d, params, combined, parts, norms)
+
+        if not _has_randomness(model):
+            return inspect  # checked on the step's own first chunk: no extra forward
+        # Dropout draws different masks in every forward; the comparison needs one deterministic forward of the
+        # first chunk (an extra one, once) with dropout off, for the ghost side as for the reference.
+        with _dropout_off(model):
+            self._chunk(plan, model, loss_fn, head, head_d, math.inf, params, inspect)
+        return None
+
+    def _compare_with_alone(
+        self,
+        plan: GhostPlan,
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        params: dict[str, torch.Tensor],
+        combined: dict[str, Any],
+        parts: dict[str, list],
+        norms: torch.Tensor,
+    ) -> None:
+        """Raise BatchMixingError if the ghost gradients or norms of the first examples differ from theirs alone."""
+        k = min(_SEPARABILITY_EXAMPLES, norms.shape[0])
+        alone = self._alone(model, loss_fn, batch, draws, params, k)
+        bad: list[str] = []
+        ref_sq = torch.zeros(k, dtype=torch.float64, device=norms.device)
+        bound_sq = torch.zeros(k, dtype=torch.float64, device=norms.device)
+        checks = []
+        with torch.no_grad():
+            for pname in params:
+                ref = alone[pname].reshape(k, -1).to(torch.float64)
+                if pname in combined:
+                    mine = first_examples(combined[pname], k).reshape(k, -1).to(torch.float64)
+                    # Bound the terms over the separate calls (passes), whose sum is where cancellation happens.
+                    pieces = parts.get(pname) or [combined[pname]]
+                    bound = sum(term_bounds(c, k) for c in pieces)
+                else:  # no gradient reached it through the ghost path
+                    mine = torch.zeros_like(ref)
+                    bound = torch.zeros(k, dtype=torch.float64, device=ref.device)
+                ref_norm = torch.linalg.vector_norm(ref, dim=1)
+                bound = torch.maximum(bound, ref_norm)
+                checks.append((pname, torch.linalg.vector_norm(mine - ref, dim=1), ref_norm, bound))
+                ref_sq += ref_norm.pow(2)
+                bound_sq += bound.pow(2)
+            scale = float(bound_sq.sqrt().max())
+            for pname, err, ref_norm, bound in checks:
+                tol = _SEPARABILITY_RTOL * ref_norm + _SEPARABILITY_TERM_TOL * bound + _SEPARABILITY_SCALE_TOL * scale
+                if bool((err > tol).any()):
+                    bad.append(pname)
+            # The norms that set the clip factors (float64 Gram forms, fallback included) against the same norms.
+            ref_norms = ref_sq.sqrt()
+            tol = (
+                _SEPARABILITY_RTOL * ref_norms
+                + _SEPARABILITY_TERM_TOL * bound_sq.sqrt()
+                + _SEPARABILITY_SCALE_TOL * scale
+            )
+            norms_off = bool(((norms[:k].to(torch.float64) - ref_norms).abs() > tol).any())
+        if bad or norms_off:
+            raise BatchMixingError(self._mixing_message(plan, model, bad))
+        if scale > 0:  # an all-zero gradient would pass any comparison: check again on a later batch
+            plan.separable = True
+
+    @staticmethod
+    def _alone(
+        model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, params: dict[str, torch.Tensor], k: int
+    ) -> dict[str, torch.Tensor]:
+        """Gradients of the first ``k`` examples, each from a forward and backward of that example alone.
+
+        A plain loop of batch-of-one autograd calls rather than torch.func: it works for every model ghost
+        clipping accepts (ragged bags with boolean masks and other dynamic shapes cannot be vmapped), and k is
+        small. Each example is computed twice: a forward that draws random numbers outside nn.Dropout modules
+        would make the comparison meaningless, and is refused with its own message.
+        """
+        names = list(params)
+        tensors = [params[n] for n in names]
+        rows: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+
+        def grads(i: int) -> list[torch.Tensor]:
+            one = {key: v[i : i + 1] for key, v in batch.items()}
+            one_d = {key: v[i : i + 1] for key, v in draws.items()}
+            gs = torch.autograd.grad(loss_fn(model, one, one_d).sum(), tensors, allow_unused=True)
+            return [torch.zeros_like(t) if g is None else g.detach() for g, t in zip(gs, tensors)]
+
+        for i in range(k):
+            for n, g in zip(names, grads(i)):
+                rows[n].append(g)
+        for i in range(k):
+            for n, g in zip(names, grads(i)):
+                first = rows[n][i]
+                if g.numel() and float((g - first).abs().max()) > 1e-5 * float(first.abs().max()) + 1e-12:
+                    raise ValueError(
+                        "GhostGradients checks once that the model treats examples separately, by recomputing a "
+                        "few examples' gradients on their own; that needs a forward that is deterministic given "
+                        "(batch, draws) apart from nn.Dropout modules, but two identical calls gave different "
+                        f"gradients for {n!r}; take random numbers from the loss split's draws, or use "
+                        "strategy='vmap'"
+                    )
+        return {n: torch.stack(r) for n, r in rows.items()}
+
+    @staticmethod
+    def _mixing_message(plan: GhostPlan, model: nn.Module, bad: list[str]) -> str:
+        layers = []
+        for layer in plan.layers:
+            if any(p in bad for p in layer.params.values()):
+                layers.append(f"{layer.name or '<root>'!r} ({type(layer.module).__name__})")
+        suspects = [
+            f"{n!r} ({type(m).__name__})"
+            for n, m in model.named_modules()
+            if n
+            and not any(True for _ in m.children())
+            and not any(True for _ in m.parameters(recurse=False))
+            and not _acts_per_example(m)
+        ]
+        if len(suspects) > 6:
+            suspects = [*suspects[:6], f"and {len(suspects) - 6} more"]
+        where = f"the gradients of {', '.join(layers)} differ" if layers else "the per-example norms differ"
+        culprit = (
+            f"likely culprits: the parameter-free modules {', '.join(suspects)}"
+            if suspects
+            else "likely culprit: parameter-free code in a forward (a reduction or attention over the first "
+            "dimension, e.g. x - x.mean(0))"
+        )
+        return (
+            "GhostGradients: the model mixes examples across the batch — computed from the whole batch, "
+            f"{where} from each example's gradient computed on its own ({culprit}), so per-example clipping "
+            "would not bound one record's influence and the reported ε would be false; make every layer "
+            "per-example (batch_first=True for attention, GroupNorm/LayerNorm instead of batch statistics, no "
+            "reductions over the batch dimension) or use strategy='vmap'"
+        )
+
+    # -- one physical chunk ----------------------------------------------------------------------------------
+
+    def _chunk(
+        self,
+        plan: GhostPlan,
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        C: float,
+        params: dict[str, torch.Tensor],
+        inspect: Inspect | None = None,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        B = _batch_size(batch, draws)
+        for _ in range(2):  # re-run only if an output was modified in place (it is cloned the next time)
+            if plan.whole_model_fallback:
+                return self._fallback_only(model, loss_fn, batch, draws, C, list(params))
+            calls, losses = self._forward(plan, model, loss_fn, batch, draws)
+            if losses.shape != (B,):
+                raise ValueError(f"loss_fn must return per-example losses of shape ({B},), got {tuple(losses.shape)}")
+            if not self._versions_ok(plan, calls):
+                continue
+            try:
+                return self._finish(plan, model, loss_fn, batch, draws, C, params, calls, losses, inspect)
+            except NotPerExampleError as exc:
+                plan.whole_model_fallback = True
+                warnings.warn(
+                    f"GhostGradients: {exc}; using torch.func per-example gradients for the whole model",
+                    UserWarning,
+                    stacklevel=4,
+                )
+        raise RuntimeError("GhostGradients: layer outputs keep being modified in place")
+
+    def _forward(
+        self, plan: GhostPlan, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch
+    ) -> tuple[list[_Call], torch.Tensor]:
+        calls: list[_Call] = []
+        handles = []
+
+        def make_hooks(layer: _Layer) -> None:
+            clone_out = id(layer.module) in plan.clone_outputs
+
+            def post(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+                if not isinstance(output, torch.Tensor) or not output.requires_grad:
+                    return None
+                tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+                versions = [(t, t._version) for t in tensors]
+                if not clone_out:
+                    versions.append((output, output._version))
+                calls.append(_Call(layer, args, kwargs, output, versions))
+                # The caller gets a copy, so in-place ops downstream leave the recorded output intact.
+                return output.clone() if clone_out else None
+
+            handles.append(layer.module.register_forward_hook(post, with_kwargs=True))
+
+        for layer in plan.layers:
+            make_hooks(layer)
+        try:
+            losses = loss_fn(model, batch, draws)
+        finally:
+            for h in handles:
+                h.remove()
+        if not isinstance(losses, torch.Tensor):
+            raise TypeError(f"loss_fn must return a Tensor, got {type(losses).__name__}")
+        return calls, losses
+
+    @staticmethod
+    def _versions_ok(plan: GhostPlan, calls: list[_Call]) -> bool:
+        """False (and the layer's output cloned from now on) if a recorded output was modified in place."""
+        ok = True
+        for call in calls:
+            for t, v in call.versions:
+                if t._version == v:
+                    continue
+                if t is call.output:
+                    ok = False
+                    plan.clone_outputs.add(id(call.layer.module))
+                else:
+                    # Ordinary autograd refuses this too (the layer saved its input for the weight gradient).
+                    raise ValueError(
+                        f"the input of layer {call.layer.name!r} was modified in place after the layer used it; "
+                        "use an out-of-place operation"
+                    )
+        return ok
+
+    def _finish(
+        self,
+        plan: GhostPlan,
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        C: float,
+        params: dict[str, torch.Tensor],
+        calls: list[_Call],
+        losses: torch.Tensor,
+        inspect: Inspect | None = None,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        B = losses.shape[0]
+        validate = not plan.validated
+        keep_graph = validate or self.reweight == "backward"
+        if calls:
+            out_grads = torch.autograd.grad(
+                losses.sum(), [c.output for c in calls], allow_unused=True, retain_graph=keep_graph
+            )
+        else:
+            out_grads = ()
+        parts: dict[str, list] = {}
+        with torch.no_grad():  # book-keeping only: nothing here may join the model's graph
+            for call, g in zip(calls, out_grads):
+                if g is None:  # this call's output did not reach the loss
+                    continue
+                contrib = call.layer.rule(call.layer.module, call.args, call.kwargs, g, B, call.layer.name)
+                for attr, pname in call.layer.params.items():
+                    if attr in contrib:
+                        parts.setdefault(pname, []).append(contrib[attr])
+            del calls
+            combined = {pname: combine(ps) for pname, ps in parts.items()}
+
+        if validate:
+            bad = self._validate(plan, params, combined, parts, losses)
+            plan.validated = True
+            if bad:  # parameters used outside their layer's call: redo this chunk with them in the fallback
+                self._demote(plan, bad, "parameter also used outside the layer's call (e.g. tied weights)")
+                return self._chunk(plan, model, loss_fn, batch, draws, C, params, inspect)
+
+        for pname, dense in self._fallback_grads(model, loss_fn, batch, draws, plan.fallback).items():
+            combined[pname] = Dense(dense)
+
+        with torch.no_grad():
+            sq = torch.zeros(B, dtype=torch.float64, device=losses.device)
+            cache: dict = {}
+            for c in combined.values():
+                sq += squared_norms(c, cache)
+            norms = sq.sqrt()
+        if inspect is not None:
+            inspect(combined, parts, norms)
+        with torch.no_grad():
+            # Factors in the parameters' dtype once (not per layer); min(1, C/‖g‖) ≤ 1 is safe to round.
+            factors = clip_factors(norms, C).to(losses.dtype)
+
+        sums: dict[str, torch.Tensor] = {}
+        if self.reweight == "backward":
+            ghost_names = [p for p in combined if p not in plan.fallback]
+            if ghost_names:
+                w = factors.to(losses.dtype)
+                gs = torch.autograd.grad(losses, [params[p] for p in ghost_names], grad_outputs=w, allow_unused=True)
+                for pname, g in zip(ghost_names, gs):
+                    sums[pname] = g if g is not None else torch.zeros_like(params[pname])
+        with torch.no_grad():
+            for pname, c in combined.items():
+                if pname not in sums:
+                    sums[pname] = weighted_sum(c, factors).to(params[pname].dtype)
+        for pname, p in params.items():  # parameters that got no gradient in this chunk
+            if pname not in sums:
+                sums[pname] = torch.zeros_like(p)
+        return sums, norms.to(next(iter(params.values())).dtype if params else torch.float32)
+
+    @staticmethod
+    def _validate(
+        plan: GhostPlan,
+        params: dict[str, torch.Tensor],
+        combined: dict[str, Any],
+        parts: dict[str, list],
+        losses: torch.Tensor,
+    ) -> list[str]:
+        """Parameter names whose ghost sum of gradients differs from autograd's (checked once per model).
+
+        A parameter of a supported layer that is also used outside the layer's call (a tied or functionally
+        reused weight) would otherwise silently miss that part of its gradient.
+        """
+        names = [n for layer in plan.layers for n in layer.params.values()]
+        if not names:
+            return []
+        truth = torch.autograd.grad(losses.sum(), [params[n] for n in names], allow_unused=True, retain_graph=True)
+        ones = torch.ones(losses.shape[0], dtype=torch.float64, device=losses.device)
+        bad = []
+        with torch.no_grad():
+            for n, t in zip(names, truth):
+                t = torch.zeros_like(params[n]) if t is None else t
+                if n not in combined:
+                    if float(t.abs().max()) > 0:
+                        bad.append(n)
+                    continue
+                mine = weighted_sum(combined[n], ones)
+                # Rounding scales with the size of the terms, not of their (possibly cancelling) sum.
+                scale = float(sum(abs_sum(p) for p in parts[n]).max()) + float(t.abs().max())
+                if float((mine - t).abs().max()) > 1e-4 * scale:
+                    bad.append(n)
+        return bad
+
+    # -- torch.func fallback ---------------------------------------------------------------------------------
+
+    def _fallback_grads(
+        self, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, names: list[str]
+    ) -> dict[str, torch.Tensor]:
+        """Per-example gradients of just ``names`` (B, *shape) with torch.func; other parameters are constants."""
+        if not names:
+            return {}
+        B = _batch_size(batch, draws)
+        step = self.fallback_batch_size
+        pieces = []
+        for s in range(0, B, step):
+            sl = slice(s, min(s + step, B))
+            part_b = {k: v[sl] for k, v in batch.items()}
+            part_d = {k: v[sl] for k, v in draws.items()}
+            pieces.append(per_example_grads(model, loss_fn, part_b, part_d, names))
+        return {k: torch.cat([p[k] for p in pieces]) for k in names}
+
+    def _fallback_only(
+        self, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, C: float, names: list[str]
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        random_layers = _has_randomness(model)
+        if random_layers:
+            raise ValueError(f"torch.func per-example gradients need a model without active dropout: {random_layers}")
+        B = _batch_size(batch, draws)
+        per = self._fallback_grads(model, loss_fn, batch, draws, names)
+        sq = torch.zeros(B, dtype=torch.float64)
+        for g in per.values():
+            sq += squared_norms(Dense(g))
+        norms = sq.sqrt()
+        factors = clip_factors(norms, C)
+        dtype = next(iter(per.values())).dtype if per else torch.float32
+        return {k: weighted_sum(Dense(g), factors).to(g.dtype) for k, g in per.items()}, norms.to(dtype)

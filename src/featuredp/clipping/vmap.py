@@ -1,0 +1,73 @@
+"""Exact per-example gradients with ``torch.func`` (the reference strategy).
+
+:class:`VmapGradients` differentiates each example alone (vmap of grad of a
+batch-of-one loss), in physical chunks so that a large logical batch fits in
+memory; the chunking does not change the result (sums are added up). Because
+each example is differentiated alone, layers that mix the batch cannot fool it.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+
+from featuredp._validate import check_int, check_positive
+from featuredp.clipping.base import LossFn, batch_size_of, clip_factors, per_example_grads, trainable_parameters
+from featuredp.clipping.safety import ForwardStateGuard
+from featuredp.features.base import Batch
+
+__all__ = ["VmapGradients"]
+
+
+class VmapGradients:
+    """Exact per-example gradients with ``torch.func`` (vmap of grad of a batch-of-one loss).
+
+    ``physical_batch_size`` bounds how many examples are differentiated at once
+    (memory); it does not change the result beyond float summation order.
+    """
+
+    name = "vmap"
+
+    def __init__(self, physical_batch_size: int | None = 256) -> None:
+        self.physical_batch_size = None if physical_batch_size is None else check_int(
+            "physical_batch_size", physical_batch_size, minimum=1
+        )
+        self._guarded: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models whose first call was checked
+
+    def per_example_grads(
+        self, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch
+    ) -> dict[str, torch.Tensor]:
+        """∇_θ loss_fn for every example: name → tensor of shape (B, *param.shape) (one chunk, no clipping)."""
+        return per_example_grads(model, loss_fn, batch, draws)
+
+    def clipped_sum(
+        self, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, max_grad_norm: float
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        check_positive("max_grad_norm", max_grad_norm, allow_inf=True)
+        n = batch_size_of(batch)
+        names = trainable_parameters(model)
+        sums = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in names.items()}
+        if n == 0:  # an empty Poisson batch: the sum is zero (noise is still added by the caller)
+            return sums, torch.zeros(0)
+        chunk = self.physical_batch_size or n
+        all_norms = []
+        was_training = model.training
+        # torch.func already refuses in-place writes to captured parameters and buffers and undoes rebinding,
+        # but a tensor registered during the forward escapes vmap and stays in the model: guard this path too.
+        with ForwardStateGuard(model, first_call=model not in self._guarded):
+            for start in range(0, n, chunk):
+                sl = slice(start, min(start + chunk, n))
+                g = self.per_example_grads(
+                    model, loss_fn, {k: v[sl] for k, v in batch.items()}, {k: v[sl] for k, v in draws.items()}
+                )
+                sq = sum(t.reshape(t.shape[0], -1).pow(2).sum(1) for t in g.values())
+                norms = torch.sqrt(sq)
+                factors = clip_factors(norms, float(max_grad_norm))
+                for k, t in g.items():
+                    sums[k] += torch.einsum("b,b...->...", factors.to(t.dtype), t)
+                all_norms.append(norms.detach())
+            model.train(was_training)
+        self._guarded.add(model)
+        return sums, torch.cat(all_norms)

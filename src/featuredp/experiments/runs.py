@@ -1,0 +1,138 @@
+"""Run directories: save, load and resume training runs.
+
+A run directory holds
+
+* ``run.json`` — what was run: method, trainer config, privacy plan, ε spent,
+  guarantee, model spec, dataset name + loader options + private columns,
+  seed, metrics. Public information only (no data, no RNG state).
+* ``model.pt`` — the released model's ``state_dict`` (tensors only).
+* ``checkpoint.pt`` — everything needed to resume: model, optimizer state, all
+  RNG states, step counter, accountant phases. **Keep it private**: RNG states
+  reveal which records were sampled.
+
+Files are written atomically and read with ``torch.load(weights_only=True)``
+(no arbitrary pickle).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from featuredp._io import atomic_path, atomic_write_json
+
+__all__ = ["Run", "load_checkpoint", "load_run", "save_checkpoint", "save_run"]
+
+RUN_JSON = "run.json"
+MODEL_FILE = "model.pt"
+CHECKPOINT_FILE = "checkpoint.pt"
+FORMAT = 1
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
+    """Write a checkpoint dict (tensors and plain containers) atomically."""
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint with the safe loader (``weights_only=True``)."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"checkpoint not found: {p}")
+    return torch.load(p, map_location="cpu", weights_only=True)
+
+
+@dataclass
+class Run:
+    """A loaded run: the rebuilt model and what run.json says."""
+
+    path: Path
+    model: nn.Module
+    info: dict[str, Any]
+    plan: Any = None  # featuredp.engine.PrivacyPlan
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dataset(self) -> dict[str, Any]:
+        """Dataset name, loader options and private columns (how to reload the data)."""
+        return dict(self.info.get("dataset") or {})
+
+    @property
+    def private_columns(self) -> list[str]:
+        """The raw columns that were private in this run."""
+        return list(self.dataset.get("private_columns") or [])
+
+    @property
+    def epsilon(self) -> float:
+        """ε spent (∞ for non-private runs)."""
+        e = self.info.get("result", {}).get("epsilon")
+        return float("inf") if e in (None, "inf") else float(e)
+
+    def load_data(self) -> tuple[Any, Any]:
+        """Reload (train, test) with the loader and options recorded in run.json."""
+        from featuredp.data import load_dataset
+
+        ds = self.dataset
+        if not ds.get("name"):
+            raise ValueError(f"run {self.path} records no dataset name; load the data yourself")
+        return load_dataset(ds["name"], **(ds.get("options") or {}))
+
+
+def save_run(
+    out_dir: str | Path,
+    trainer: Any,
+    result: Any,
+    *,
+    model_spec: dict[str, Any],
+    dataset: dict[str, Any] | None = None,
+    metrics: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``run.json`` and ``model.pt`` for a finished ``Trainer.fit`` into ``out_dir``.
+
+    ``dataset``: ``{"name": ..., "options": {...}, "private_columns": [...], "split_seed": ...}``.
+    The checkpoint is written by ``Trainer.fit(checkpoint=out_dir / "checkpoint.pt")``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    info = {
+        "format": FORMAT,
+        "method": result.method,
+        "config": trainer.config(),
+        "plan": result.plan.to_dict(),
+        "result": {k: v for k, v in result.to_dict().items() if k != "plan"},
+        "model_spec": model_spec,
+        "dataset": dataset or {},
+        "metrics": metrics or {},
+        **(extra or {}),
+    }
+    with atomic_path(out / MODEL_FILE) as tmp:
+        torch.save({k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}, tmp)
+    atomic_write_json(out / RUN_JSON, info)
+    return out
+
+
+def load_run(path: str | Path) -> Run:
+    """Load a run directory: rebuild the model from its spec and load ``model.pt`` safely."""
+    from featuredp.engine import PrivacyPlan
+    from featuredp.models import build_model
+
+    p = Path(path)
+    if p.is_file():
+        p = p.parent
+    rj = p / RUN_JSON
+    if not rj.exists():
+        raise FileNotFoundError(f"not a run directory (no {RUN_JSON}): {p}")
+    info = json.loads(rj.read_text())
+    model = build_model(info["model_spec"])
+    state = torch.load(p / MODEL_FILE, map_location="cpu", weights_only=True)
+    model.load_state_dict(state)
+    model.eval()
+    plan = PrivacyPlan.from_dict(info["plan"]) if info.get("plan") else None
+    return Run(path=p, model=model, info=info, plan=plan, metrics=dict(info.get("metrics") or {}))

@@ -1,0 +1,23 @@
+"""Public feature maps Ψ: what of a record is public.
+
+* :mod:`featuredp.features.base` — the contract (:class:`PublicFeatureMap`, ``describe() -> Disclosure``);
+* :mod:`featuredp.features.tabular` — :class:`Columns`, :class:`LabelPrivate`, :class:`FunctionMap`;
+* :mod:`featuredp.features.image` — :class:`GaussianBlur`, :class:`Pixelate`, :class:`BoxMask`.
+"""
+
+from featuredp.features.base import Batch, Disclosure, PublicFeatureMap
+from featuredp.features.image import BoxMask, GaussianBlur, ImageFeatureMap, Pixelate
+from featuredp.features.tabular import Columns, FunctionMap, LabelPrivate
+
+__all__ = [
+    "Batch",
+    "BoxMask",
+    "Columns",
+    "Disclosure",
+    "FunctionMap",
+    "GaussianBlur",
+    "ImageFeatureMap",
+    "LabelPrivate",
+    "Pixelate",
+    "PublicFeatureMap",
+]

@@ -1,0 +1,205 @@
+"""The privacy plan of a run, what Ψ discloses, and the guarantee sentence (no torch import).
+
+* :class:`PrivacyPlan`: everything that determines a run's guarantee — public and
+  loggable. Private runtime inputs (data, indices, RNG state, realised batch sizes)
+  are passed at call time and never stored here (ARCHITECTURE "main abstractions").
+* :class:`Disclosure`: what a public feature map Ψ reveals and hides; every feature
+  map's ``describe()`` returns one, and the guarantee names what it ``hides``.
+* :class:`TrainResult`: what ``Trainer.fit`` returns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from featuredp.accounting import epsilon_for
+from featuredp.methods import get_method
+
+__all__ = ["Disclosure", "PrivacyPlan", "TrainResult", "inf_to_str", "str_to_inf"]
+
+
+@dataclass(frozen=True)
+class Disclosure:
+    """What a public feature map Ψ reveals and what it hides, for the privacy report.
+
+    ``reveals`` and ``hides`` are phrases ("the public columns ['age']", "the image detail
+    the blur removes"); the run's guarantee reads "... protecting <hides>". ``details`` holds
+    map-specific JSON-able facts (columns, blur σ, ...). An empty ``hides`` is an error: a
+    map that hides nothing protects nothing.
+
+    >>> d = Disclosure("Columns", reveals="the public columns ['age']", hides="the private columns ['sex']")
+    >>> d.to_dict()["hides"]
+    "the private columns ['sex']"
+    """
+
+    map: str
+    reveals: str
+    hides: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("map", "reveals", "hides"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"Disclosure.{name} must be a non-empty phrase, got {value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form for run.json: ``map``, ``reveals``, ``hides`` and the details."""
+        return {**dict(self.details), "map": self.map, "reveals": self.reveals, "hides": self.hides}
+
+    def __getitem__(self, key: str) -> Any:
+        """Dict-style reads (``describe()["hides"]``) as before the type existed."""
+        return self.to_dict()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Dict-style ``get``."""
+        return self.to_dict().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.to_dict()
+
+
+def inf_to_str(v: float | None) -> float | str | None:
+    """∞ as the string "inf" (JSON has no infinity); other values unchanged."""
+    return "inf" if isinstance(v, float) and math.isinf(v) else v
+
+
+def str_to_inf(v: Any) -> Any:
+    """Inverse of :func:`inf_to_str`."""
+    return math.inf if v == "inf" else v
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """Everything that determines the privacy guarantee of a run — public and loggable.
+
+    Holds no private runtime input: no data, indices, RNG state or realised batch
+    size. ``steps`` is the planned number of main-phase steps (private steps for
+    private methods); ``budget_steps`` the most private steps the budget allows
+    (training stops there). ``noise_multiplier`` and ``max_grad_norm`` are None
+    for methods that add no noise.
+    """
+
+    method: str
+    dataset_size: int
+    expected_batch_size: float
+    sampling_rate: float
+    steps: int
+    pretrain_steps: int = 0
+    public_batch_size: int | None = None
+    noise_multiplier: float | None = None
+    max_grad_norm: float | None = None
+    alpha: float = 1.0
+    delta: float | None = None
+    target_epsilon: float | None = None
+    budget_steps: int | None = None
+    relation: str = "add-remove"
+    accountant: str = "pld"
+
+    @property
+    def is_private(self) -> bool:
+        """True for methods with a (σ, p, T) privacy event (dpsgd, fdp_dpsgd, fdp)."""
+        return get_method(self.method).private
+
+    def epsilon(self, steps: int | None = None) -> float:
+        """ε(δ) after ``steps`` private steps (default: the planned ``steps``).
+
+        0 for ``public`` ((0, 0)-FDP) and for 0 steps; ∞ for ``nonprivate`` or σ = 0.
+        """
+        method = get_method(self.method)
+        if method.public_steps:
+            return 0.0
+        if not method.private:
+            return math.inf
+        t = self.steps if steps is None else int(steps)
+        if t <= 0:
+            return 0.0
+        if not self.noise_multiplier:
+            return math.inf
+        return epsilon_for(
+            self.noise_multiplier, self.sampling_rate, t, self.delta,
+            relation=self.relation, accountant=self.accountant,
+        )  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (∞ written as the string "inf")."""
+        return {k: inf_to_str(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PrivacyPlan:
+        """Inverse of :meth:`to_dict`."""
+        return cls(**{k: str_to_inf(v) for k, v in data.items()})
+
+    def guarantee(self, epsilon: float, feature_map: Disclosure | dict[str, Any] | None = None) -> str:
+        """One sentence stating the guarantee of a run that spent ``epsilon`` (``{T}`` = its private steps).
+
+        ``feature_map`` is what Ψ discloses (:class:`Disclosure`, or its dict form from a run.json);
+        its ``hides`` names what the guarantee protects.
+
+        >>> plan = PrivacyPlan("public", dataset_size=10, expected_batch_size=2, sampling_rate=0.2, steps=5)
+        >>> plan.guarantee(0.0, Disclosure("GaussianBlur", reveals="the blurred image", hides="the fine detail"))
+        '(0, 0)-FDP protecting the fine detail: training read only the public view Ψ(S)'
+        """
+        hides = feature_map.hides if isinstance(feature_map, Disclosure) else (feature_map or {}).get("hides")
+        what = f" protecting {hides}" if hides else ""
+        rel = "add/remove" if self.relation == "add-remove" else "replace-one"
+        method = get_method(self.method)
+        if method.public_steps:
+            return f"(0, 0)-FDP{what}: training read only the public view Ψ(S)"
+        if not method.private:
+            return "no privacy guarantee (non-private training)"
+        acc = (
+            f"Poisson-subsampled Gaussian, noise multiplier {self.noise_multiplier:.4g}, sampling rate "
+            f"{self.sampling_rate:.4g}, {{T}} private steps, {self.accountant.upper()} accountant, {rel} neighbours"
+        )
+        if not method.needs_feature_map:
+            return f"({epsilon:.4g}, {self.delta:g})-DP for whole records, hence the same FDP for any Ψ ({acc})"
+        pre = " after public pre-training on Ψ(S) (no cost)" if self.pretrain_steps else ""
+        kind = "Algorithm 1 (Thm 5)" if method.public_batch else "DP-SGD fine-tuning"
+        return f"({epsilon:.4g}, {self.delta:g})-FDP{what}: {kind}{pre} ({acc})"
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`Trainer.fit` returns. ``epsilon`` is ε(δ) for the private steps actually run."""
+
+    method: str
+    plan: PrivacyPlan
+    epsilon: float
+    delta: float | None
+    steps: int
+    pretrain_steps: int
+    stopped_early: bool
+    stop_reason: str | None
+    guarantee: str
+    privacy_report: dict[str, Any]
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary (∞ as "inf")."""
+        return {
+            "method": self.method,
+            "epsilon": inf_to_str(float(self.epsilon)),
+            "delta": self.delta,
+            "steps": self.steps,
+            "pretrain_steps": self.pretrain_steps,
+            "stopped_early": self.stopped_early,
+            "stop_reason": self.stop_reason,
+            "guarantee": self.guarantee,
+            "plan": self.plan.to_dict(),
+            "privacy_report": _jsonable(self.privacy_report),
+            "history": self.history,
+        }
+
+
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, Disclosure):
+        return obj.to_dict()
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    return obj
