@@ -68,3 +68,32 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"object of type {type(obj).__name__} is not JSON serialisable")
+
+
+def atomic_save_torch(path: str | os.PathLike[str], obj: Any) -> None:
+    """``torch.save(obj)`` to ``path`` atomically (tensors and plain containers: checkpoints, models)."""
+    import torch  # here, not at the top: the accountant imports this module and must not pull in torch
+
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def load_torch_safely(path: str | os.PathLike[str], *, what: str = "checkpoint") -> Any:
+    """Read a file written by :func:`atomic_save_torch` with the safe loader (``weights_only=True``).
+
+    A missing file is ``FileNotFoundError`` and a truncated or foreign one a ``ValueError``, each naming
+    the file; a file holding arbitrary Python objects is refused by torch's safe unpickler.
+    """
+    import pickle
+
+    import torch
+
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{what} not found: {p}")
+    try:
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise
+    except (RuntimeError, EOFError, OSError) as exc:
+        raise ValueError(f"{what} {p} is truncated or not a featuredp file ({type(exc).__name__}: {exc})") from None

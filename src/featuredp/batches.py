@@ -16,7 +16,45 @@ from torch import nn
 from featuredp.errors import DataValidationError
 from featuredp.features.base import Batch
 
-__all__ = ["Batch", "as_batch", "evaluate", "forward", "gather"]
+__all__ = ["Batch", "as_batch", "evaluate", "forward", "gather", "resolve_device", "to_device"]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``, ``"auto"`` (or None: the CPU) as a device that exists.
+
+    A device that is not there is a one-line ``ValueError`` naming it, before any work starts.
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    """
+    if device is None:
+        return torch.device("cpu")
+    if isinstance(device, str) and device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        return torch.device("mps") if mps is not None and mps.is_available() else torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device must be cpu, cuda, cuda:N, mps or auto, got {device!r} ({exc})") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r}: CUDA is not available on this machine (use --device cpu or auto)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ValueError(f"device={device!r}: Apple MPS is not available on this machine (use --device cpu)")
+    elif dev.type != "cpu":
+        raise ValueError(f"device must be cpu, cuda, cuda:N, mps or auto, got {device!r}")
+    return dev
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    """The batch's tensors on ``device`` (no copy for tensors already there)."""
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def forward(model: nn.Module, batch: Batch) -> torch.Tensor:

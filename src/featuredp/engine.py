@@ -51,6 +51,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from featuredp._io import atomic_save_torch, load_torch_safely
 from featuredp._validate import (
     check_choice,
     check_delta,
@@ -435,9 +436,7 @@ class Trainer:
                 _warn_record_level_statistics(data)
             state = _RunState.start(self, plan, {"data": data_print, "psi": self._psi_fingerprint(split)})
             if resume and checkpoint is not None and Path(checkpoint).exists():
-                from featuredp.experiments.runs import load_checkpoint
-
-                state.load(load_checkpoint(checkpoint))
+                state.load(load_torch_safely(checkpoint, what="checkpoint"))
             self._state = state
             _warn_if_trained_before(self.model, state)
 
@@ -564,9 +563,7 @@ class Trainer:
         return self.loss_split
 
     def _save_checkpoint(self, path: str | Path, state: _RunState) -> None:
-        from featuredp.experiments.runs import save_checkpoint
-
-        save_checkpoint(path, state.state_dict())
+        atomic_save_torch(path, state.state_dict())
 
     def _step(
         self,

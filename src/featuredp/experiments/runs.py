@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from featuredp._io import atomic_path, atomic_write_json
+from featuredp._io import atomic_path, atomic_save_torch, atomic_write_json, load_torch_safely
 
 __all__ = ["Run", "load_checkpoint", "load_run", "save_checkpoint", "save_run"]
 
@@ -36,16 +36,12 @@ FORMAT = 1
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
     """Write a checkpoint dict (tensors and plain containers) atomically."""
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    atomic_save_torch(path, state)
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint with the safe loader (``weights_only=True``)."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"checkpoint not found: {p}")
-    return torch.load(p, map_location="cpu", weights_only=True)
+    """Read a checkpoint with the safe loader (``weights_only=True``); a broken file names itself."""
+    return load_torch_safely(path, what="checkpoint")
 
 
 @dataclass
