@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as nnf
 
 from _fdp_synth import make_tabular
-from featuredp import accounting, engine
+from featuredp import accounting, engine, run_state
 from featuredp.clipping import VmapGradients
 from featuredp.engine import Trainer, evaluate
 from featuredp.errors import DataValidationError
@@ -184,8 +184,8 @@ def _record_samplers(monkeypatch):
             rec["public"].append(idx.copy())
             return idx
 
-    monkeypatch.setattr(engine, "PoissonSampler", RecPoisson)
-    monkeypatch.setattr(engine, "UniformSampler", RecUniform)
+    monkeypatch.setattr(run_state, "PoissonSampler", RecPoisson)
+    monkeypatch.setattr(run_state, "UniformSampler", RecUniform)
     return rec
 
 
@@ -221,12 +221,12 @@ def test_public_batch_uses_its_own_stream_and_draws(monkeypatch):
     assert split.generators[0].initial_seed() != split.generators[1].initial_seed()
 
     # Re-seeding only the private stream changes the private batches and leaves the public ones unchanged.
-    real = engine.make_streams
+    real = run_state.make_streams
 
     def reseeded(seed, public_seed=None):
         return dataclasses.replace(real(seed, public_seed=public_seed), private_sampling=np.random.default_rng(12345))
 
-    monkeypatch.setattr(engine, "make_streams", reseeded)
+    monkeypatch.setattr(run_state, "make_streams", reseeded)
     rec["private"].clear()
     rec["public"].clear()
     _fdp_run(data)

@@ -53,8 +53,8 @@ def test_checkpoint_loads_with_weights_only_and_contains_rng_state(tmp_path):
     ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert ck["step"] == 6 and ck["private_steps"] == 6
     assert ck["accountant_phases"] == [{"noise_multiplier": 1.0, "sampling_rate": 0.1, "steps": 6}]
-    assert set(ck["numpy_rng"]) == {"private_sampling", "public_sampling", "noise", "private_draws",
-                                    "public_draws", "init"}
+    assert set(ck["streams"]) == {"private_sampling", "public_sampling", "noise", "private_draws",
+                                  "public_draws", "init"}
     assert isinstance(ck["noise"]["torch"], torch.Tensor)
     assert set(ck["fingerprint"]) == {"data", "psi"}
 

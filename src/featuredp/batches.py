@@ -87,8 +87,13 @@ def as_batch(data: Any) -> Batch:
 
 
 def gather(data: Batch, idx: np.ndarray) -> Batch:
+    """The records ``idx`` (numpy indices, as the samplers draw them) of every tensor, on the tensors' device."""
     it = torch.from_numpy(np.asarray(idx, dtype=np.int64))
-    return {k: v.index_select(0, it) for k, v in data.items()}
+    devices = {v.device for v in data.values()}
+    if len(devices) == 1:
+        it = it.to(next(iter(devices)))
+        return {k: v.index_select(0, it) for k, v in data.items()}
+    return {k: v.index_select(0, it.to(v.device)) for k, v in data.items()}
 
 
 @torch.no_grad()
@@ -96,11 +101,12 @@ def evaluate(model: nn.Module, data: Any, *, batch_size: int = 8192) -> dict[str
     """Accuracy and mean cross-entropy of a classifier on ``data`` (full records)."""
     batch = as_batch(data)
     n = next(iter(batch.values())).shape[0]
+    device = next((t.device for t in (*model.parameters(), *model.buffers())), torch.device("cpu"))
     was = model.training
     model.eval()
     correct, total_loss = 0, 0.0
     for s in range(0, n, batch_size):
-        b = {k: v[s : s + batch_size] for k, v in batch.items()}
+        b = {k: v[s : s + batch_size].to(device) for k, v in batch.items()}
         logits = forward(model, b)
         correct += int((logits.argmax(-1) == b["y"]).sum())
         total_loss += float(nn.functional.cross_entropy(logits, b["y"], reduction="sum"))

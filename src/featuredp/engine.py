@@ -1,6 +1,6 @@
 """THE composer: Algorithm 1 (FDP-SGD) and its baselines, with accounting and a budget stop.
 
-Methods (SPEC §3):
+Methods (paper §3; their records are in :mod:`featuredp.methods`):
 
 =============  ====================================================================  =====================
 method         each step                                                             guarantee
@@ -15,16 +15,18 @@ fdp            [public pre-training], then Algorithm 1:                         
                batch of m'
 =============  ====================================================================  =====================
 
-Rules this module keeps (ARCHITECTURE "rules that keep it private"):
+Rules this module keeps (docs/engine.md, "privacy rules the engine keeps"):
 
 * the private batch (Poisson, ``private_sampling`` stream) and the public batch
   (uniform, ``public_sampling`` stream) never share coins; the public batch's
-  loss draws come from their own torch generator, the noise from another;
+  loss draws come from their own generator, the noise from another;
+* the private randomness is secret (OS entropy unless the user seeds the run);
 * the private sum is divided by the *expected* batch size m = p·n, never by
   the realised size;
 * clipping applies to ∇ℓ_priv as a whole (the strategy receives ℓ_priv);
 * n, p, m and m' are explicit and checked against the data;
 * layers that mix examples are refused for private methods;
+* one Trainer is one run with one accountant: a second ``fit`` continues it;
 * private runtime quantities (indices, realised batch sizes, RNG states,
   losses of private batches) are never put in the plan, the history or the
   progress bar. Only public quantities are shown: ε, and ℓ_pub on public
@@ -32,6 +34,11 @@ Rules this module keeps (ARCHITECTURE "rules that keep it private"):
 
 Public batches and public pre-training read Ψ(S) only and add no privacy event
 (Thm 5 / Remark 2); the accountant sees exactly (σ, p, T_private).
+
+The building blocks it composes: :mod:`featuredp.config` (settings),
+:mod:`featuredp.plan` (the plan and the guarantee), :mod:`featuredp.run_state`
+(samplers, generators, noise, optimisers, ledger), :mod:`featuredp.clipping`,
+:mod:`featuredp.losses`, :mod:`featuredp.batches`.
 """
 
 from __future__ import annotations
@@ -39,50 +46,37 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import sys
 import warnings
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from featuredp._io import atomic_save_torch, load_torch_safely
-from featuredp._validate import (
-    check_choice,
-    check_delta,
-    check_int,
-    check_nonnegative,
-    check_positive,
-    check_real,
-    check_sampling_rate,
-)
-from featuredp.batches import as_batch, evaluate, forward, gather
+from featuredp._validate import check_choice, check_delta, check_int
+from featuredp.accounting import BudgetLedger, calibrate_noise_multiplier, calibrate_steps
+from featuredp.batches import as_batch, evaluate, forward, gather, resolve_device, to_device
 from featuredp.clipping import GradientStrategy, check_no_batch_mixing, get_strategy, trainable_parameters
-from featuredp.errors import BudgetExceededError, DataValidationError, PrivacyLeakWarning, PrivacyRiskWarning
+from featuredp.config import PerformanceConfig, PrivacyConfig, ScheduleConfig, split_settings
+from featuredp.errors import DataValidationError, PrivacyLeakWarning
 from featuredp.features import Batch, PublicFeatureMap
 from featuredp.losses import LabelDPSplit, LossSplit, default_split
-from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS, get_method
-from featuredp.noise import ChaCha20Generator, SecureNoise, TorchNoise
+from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS, Method, get_method
 from featuredp.plan import PrivacyPlan, TrainResult, inf_to_str
-from featuredp.sampling import (
-    STREAM_NAMES,
-    EpochShuffler,
-    PoissonSampler,
-    UniformSampler,
-    make_streams,
-    random_seed_from,
-    warn_private_seed,
-)
+from featuredp.run_state import ModelRuns, RunState, data_fingerprint, open_ledger, reserve, settle
+from featuredp.sampling import make_streams, random_seed_from, warn_private_seed
 
 __all__ = [
     "METHODS",
     "PRIVATE_METHODS",
+    "PerformanceConfig",
+    "PrivacyConfig",
     "PrivacyPlan",
+    "ScheduleConfig",
     "TrainResult",
     "Trainer",
     "as_batch",
@@ -91,67 +85,49 @@ __all__ = [
 ]
 
 METHODS = METHOD_NAMES  # the names, as before featuredp.methods held the records
-# 2: secret private streams split from public ones, noise-source state, data/Ψ fingerprint.
-_CHECKPOINT_FORMAT = 2
-_NEEDS_FEATURE_MAP = tuple(name for name in METHOD_NAMES if get_method(name).needs_feature_map)
+
+# Every private run applied to each model object in this process (rule 7).
+_MODEL_RUNS = ModelRuns()
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Data helpers
-# ----------------------------------------------------------------------------------------------------------
 def init_seed(seed: int | None) -> int:
     """A model-initialisation seed from the public ``init`` stream of ``seed`` (OS entropy for ``None``).
 
     Model initialisation reads no data, so a published seed here is safe; it is the same
     stream a Trainer with ``public_seed=seed`` would use.
+
+    >>> init_seed(0) == init_seed(0)
+    True
     """
     return random_seed_from(make_streams(None, public_seed=seed).init)
 
 
-def _torch_generator(seed: int) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed(int(seed))
-    return g
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The trainer
-# ----------------------------------------------------------------------------------------------------------
 class Trainer:
     """Runs one method with a model, a Ψ / loss split and a privacy plan.
 
-    Parameters (the important ones):
+    Settings come as three frozen configs (:class:`~featuredp.config.PrivacyConfig`,
+    :class:`~featuredp.config.ScheduleConfig`, :class:`~featuredp.config.PerformanceConfig`)
+    or as flat keywords sorted into them (``Trainer(model, "fdp", lr=0.05, target_epsilon=1)``).
+    The important ones:
 
-    * ``method``: one of ``nonprivate, public, dpsgd, fdp_dpsgd, fdp``.
-    * ``feature_map`` (Ψ) or ``loss_split`` (which carries its Ψ): needed for
-      ``public``, ``fdp_dpsgd`` and ``fdp``. Without a split, the default for Ψ
-      is used (Gaussian padding for column maps, the label-DP split for a
-      private label).
-    * ``epochs`` or ``steps``: length of the main phase (epochs × n / m steps).
-    * ``batch_size`` (expected private batch m; or give ``sampling_rate`` p = m/n),
-      ``public_batch_size`` (m', default m), ``dataset_size`` (checked against
-      the data when given).
-    * ``noise_multiplier`` σ or ``target_epsilon`` (with ``delta``): with a
-      target alone, σ is calibrated for the planned steps; with both, training
-      stops before a step would exceed the target.
-    * ``max_grad_norm`` C (``inf``: no clipping), ``alpha`` (weight of g_priv).
-    * ``optimizer`` ``"sgd"`` (``momentum``) or ``"adam"``; ``lr``, ``weight_decay``.
-    * ``projection_radius`` R: project θ onto the L2 ball after every step.
-    * ``averaging``: None, ``"uniform"`` (mean of the iterates in the last
-      ``average_fraction`` of training) or ``"ema"`` (decay ``ema_decay``).
-    * ``strategy``: ``"vmap"``, ``"ghost"`` or a GradientStrategy object.
-    * ``seed``: ``None`` (the default) draws every private stream (Poisson batches, noise,
-      loss draws of the private batch) from OS entropy, so the noise cannot be replayed.
-      An integer makes the whole run reproducible for research; it warns
-      (``PrivacyRiskWarning``: the seed must stay as secret as the data) and is never
-      written to run.json or results (only that the run was seeded).
-    * ``public_seed``: seeds only the public streams (public batches and their loss draws);
-      safe to publish.
-    * ``secure_rng``: noise and private sampling from a ChaCha20 CSPRNG keyed from the OS,
-      with Gaussian noise drawn and added in float64 (see :mod:`featuredp.noise`).
+    * ``method``: one of ``nonprivate, public, dpsgd, fdp_dpsgd, fdp`` (:mod:`featuredp.methods`).
+    * ``feature_map`` (Ψ) or ``loss_split`` (which carries its Ψ): needed for methods that
+      read Ψ. Without a split, the default for Ψ is used (Gaussian padding for column maps,
+      the label-DP split for a private label).
+    * schedule: ``epochs`` or ``steps``; ``batch_size`` (expected private batch m) or
+      ``sampling_rate``; ``public_batch_size`` (m', default m); ``dataset_size`` (checked);
+      ``pretrain_epochs``; ``optimizer`` (sgd/adam), ``lr``, ``momentum``, ``weight_decay``,
+      ``pretrain_lr``; ``projection_radius``; ``averaging`` (uniform/ema).
+    * privacy: ``noise_multiplier`` σ or ``target_epsilon`` (with ``delta``; with both, training
+      stops before a step would exceed the target); ``max_grad_norm`` C; ``alpha``;
+      ``relation``, ``accountant``; ``seed`` (secret: reproducible research only, warned, never
+      written out), ``public_seed`` (public streams only), ``secure_rng`` (ChaCha20 noise).
+    * performance: ``strategy`` (a registered name, default ``"ghost"``), ``physical_batch_size``,
+      ``device`` (``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``auto``; default: the model's device),
+      ``progress``, ``log_points``.
     * ``ledger``: a :class:`~featuredp.accounting.BudgetLedger` (or its path). Each ``fit``
-      reserves the planned private spend before the first private step (refusing an
-      overspend before any work) and settles it with what was actually spent, also on a crash.
+      reserves the planned private spend before the first private step and settles it with
+      what was actually spent, also on a crash.
 
     One Trainer is one run with one accountant: a second ``fit`` continues the same run
     (same streams, ε for all private steps so far) and refuses once the run is complete.
@@ -164,190 +140,135 @@ class Trainer:
         *,
         feature_map: PublicFeatureMap | None = None,
         loss_split: LossSplit | None = None,
-        epochs: float | None = None,
-        steps: int | None = None,
-        batch_size: int | None = None,
-        sampling_rate: float | None = None,
-        public_batch_size: int | None = None,
-        dataset_size: int | None = None,
-        pretrain_epochs: float = 0.0,
-        noise_multiplier: float | None = None,
-        target_epsilon: float | None = None,
-        delta: float | None = 1e-5,
-        max_grad_norm: float = 1.0,
-        alpha: float = 1.0,
-        optimizer: str = "sgd",
-        lr: float = 0.1,
-        momentum: float = 0.9,
-        weight_decay: float = 0.0,
-        pretrain_lr: float | None = None,
-        projection_radius: float | None = None,
-        averaging: str | None = None,
-        average_fraction: float = 0.5,
-        ema_decay: float = 0.99,
-        strategy: str | GradientStrategy = "vmap",
-        physical_batch_size: int | str | None = "auto",
-        relation: str = "add-remove",
-        accountant: str = "pld",
-        seed: int | None = None,
-        public_seed: int | None = None,
-        secure_rng: bool = False,
-        ledger: Any = None,
-        progress: bool = True,
-        log_points: int = 5,
+        privacy: PrivacyConfig | None = None,
+        schedule: ScheduleConfig | None = None,
+        performance: PerformanceConfig | None = None,
+        ledger: BudgetLedger | str | Path | None = None,
+        **settings: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        self.model = model
-        self.method = check_choice("method", method, METHODS)
+        self.method = check_choice("method", method, METHOD_NAMES)
+        record = get_method(self.method)
+        flat = split_settings(settings)
+        self.privacy: PrivacyConfig = _config(PrivacyConfig, "privacy", privacy, flat)
+        self.schedule: ScheduleConfig = _config(ScheduleConfig, "schedule", schedule, flat)
+        self.performance: PerformanceConfig = _config(PerformanceConfig, "performance", performance, flat)
         if loss_split is not None and not isinstance(loss_split, LossSplit):
             raise TypeError(f"loss_split must be a LossSplit, got {type(loss_split).__name__}")
         if feature_map is not None and not isinstance(feature_map, PublicFeatureMap):
             raise TypeError(f"feature_map must be a PublicFeatureMap, got {type(feature_map).__name__}")
         if loss_split is not None and feature_map is not None and loss_split.feature_map is not feature_map:
             raise ValueError("give feature_map or loss_split (which carries its own feature map), not two different")
-        if self.method in _NEEDS_FEATURE_MAP and loss_split is None and feature_map is None:
+        if record.needs_feature_map and loss_split is None and feature_map is None:
             raise ValueError(f"method {self.method!r} needs a public feature map: pass feature_map= or loss_split=")
+        if self.schedule.pretrain_epochs and not record.pretrains:
+            able = [m for m in METHOD_NAMES if get_method(m).pretrains]
+            raise ValueError(f"pretrain_epochs is for methods {able}, got method={self.method!r}")
+        if record.private and self.privacy.noise_multiplier is None and self.privacy.target_epsilon is None:
+            raise ValueError(f"method {self.method!r} needs noise_multiplier= or target_epsilon= (with delta=)")
+        if record.private and self.privacy.delta is None:
+            raise ValueError(f"method {self.method!r} needs delta=")
+        if self.privacy.seed is not None and record.private:
+            warn_private_seed("seed", self.privacy.seed)  # public_seed= fixes only the public randomness
+        self.device = _model_device(model) if self.performance.device is None else resolve_device(
+            self.performance.device)
+        self.model = model.to(self.device)
         self.feature_map = loss_split.feature_map if loss_split is not None else feature_map
         self.loss_split = loss_split
-        if (epochs is None) == (steps is None):
-            raise ValueError("give exactly one of epochs= or steps=")
-        self.epochs = None if epochs is None else check_positive("epochs", epochs)
-        self.steps = None if steps is None else check_int("steps", steps, minimum=1)
-        if batch_size is not None and sampling_rate is not None:
-            raise ValueError("give batch_size= or sampling_rate=, not both")
-        if batch_size is None and sampling_rate is None:
-            batch_size = 256
-        self.sampling_rate = None if sampling_rate is None else check_sampling_rate("sampling_rate", sampling_rate)
-        self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, minimum=1)
-        self.public_batch_size = (
-            None if public_batch_size is None else check_int("public_batch_size", public_batch_size, minimum=1)
-        )
-        self.dataset_size = None if dataset_size is None else check_int("dataset_size", dataset_size, minimum=1)
-        self.pretrain_epochs = check_nonnegative("pretrain_epochs", pretrain_epochs)
-        if self.pretrain_epochs and self.method not in ("fdp", "fdp_dpsgd"):
-            raise ValueError(f"pretrain_epochs is for methods 'fdp' and 'fdp_dpsgd', got method={self.method!r}")
-        self.noise_multiplier = (
-            None if noise_multiplier is None else check_nonnegative("noise_multiplier", noise_multiplier)
-        )
-        self.target_epsilon = None if target_epsilon is None else check_positive("target_epsilon", target_epsilon)
-        if self.method in PRIVATE_METHODS and self.noise_multiplier is None and self.target_epsilon is None:
-            raise ValueError(f"method {self.method!r} needs noise_multiplier= or target_epsilon= (with delta=)")
-        if self.method in PRIVATE_METHODS and delta is None:
-            raise ValueError(f"method {self.method!r} needs delta=")
-        self.delta = None if delta is None else check_delta(delta)
-        self.max_grad_norm = check_positive("max_grad_norm", max_grad_norm, allow_inf=True)
-        self.alpha = check_real("alpha", alpha)
-        self.optimizer_name = check_choice("optimizer", optimizer, ("sgd", "adam"))
-        self.lr = check_positive("lr", lr)
-        self.pretrain_lr = self.lr if pretrain_lr is None else check_positive("pretrain_lr", pretrain_lr)
-        self.momentum = check_nonnegative("momentum", momentum)
-        self.weight_decay = check_nonnegative("weight_decay", weight_decay)
-        self.projection_radius = (
-            None if projection_radius is None else check_positive("projection_radius", projection_radius)
-        )
-        self.averaging = None if averaging is None else check_choice("averaging", averaging, ("uniform", "ema"))
-        self.average_fraction = check_real("average_fraction", average_fraction)
-        if not 0 < self.average_fraction <= 1:
-            raise ValueError(f"average_fraction must be in (0, 1], got {average_fraction!r}")
-        self.ema_decay = check_real("ema_decay", ema_decay)
-        if not 0 < self.ema_decay < 1:
-            raise ValueError(f"ema_decay must be in (0, 1), got {ema_decay!r}")
-        self.strategy = get_strategy(strategy, physical_batch_size=physical_batch_size)
-        from featuredp.accounting.events import check_accountant, check_relation
-
-        self.relation = check_relation(relation)
-        self.accountant = check_accountant(accountant)
-        self.seed = None if seed is None else check_int("seed", seed, minimum=0)
-        if self.seed is not None and self.method in PRIVATE_METHODS:
-            warn_private_seed("seed", self.seed)  # public_seed= fixes only the public randomness
-        self.public_seed = None if public_seed is None else check_int("public_seed", public_seed, minimum=0)
-        if not isinstance(secure_rng, bool):
-            raise TypeError(f"secure_rng must be True or False, got {secure_rng!r}")
-        self.secure_rng = secure_rng
-        self.ledger = _open_ledger(ledger)
-        self._state: _RunState | None = None
-        self.progress = bool(progress)
-        self.log_points = check_int("log_points", log_points, minimum=1)
+        self.strategy: GradientStrategy = get_strategy(
+            self.performance.strategy, physical_batch_size=self.performance.physical_batch_size)
+        self.ledger = open_ledger(ledger)
         self.plan: PrivacyPlan | None = None
         self.result: TrainResult | None = None
+        self._state: RunState | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        """Read a setting by its flat name (``trainer.lr``, ``trainer.noise_multiplier``), as before the configs."""
+        if name.startswith("_") or name in ("privacy", "schedule", "performance"):
+            raise AttributeError(name)
+        for cfg in (self.privacy, self.schedule, self.performance):
+            if name in cfg.__dataclass_fields__:
+                return getattr(cfg, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- configuration -----------------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
-        """The trainer's settings (JSON-able; no data, no RNG state) for run.json."""
+        """The trainer's settings (JSON-able; no data, no RNG state, never the seed) for run.json."""
+        p, s = self.privacy, self.schedule
         return {
             "method": self.method,
-            "epochs": self.epochs,
-            "steps": self.steps,
-            "batch_size": self.batch_size,
-            "sampling_rate": self.sampling_rate,
-            "public_batch_size": self.public_batch_size,
-            "pretrain_epochs": self.pretrain_epochs,
-            "noise_multiplier": self.noise_multiplier,
-            "target_epsilon": self.target_epsilon,
-            "delta": self.delta,
-            "max_grad_norm": inf_to_str(self.max_grad_norm),
-            "alpha": self.alpha,
-            "optimizer": self.optimizer_name,
-            "lr": self.lr,
-            "pretrain_lr": self.pretrain_lr,
-            "momentum": self.momentum,
-            "weight_decay": self.weight_decay,
-            "projection_radius": self.projection_radius,
-            "averaging": self.averaging,
-            "average_fraction": self.average_fraction,
-            "ema_decay": self.ema_decay,
+            "epochs": s.epochs,
+            "steps": s.steps,
+            "batch_size": s.batch_size,
+            "sampling_rate": s.sampling_rate,
+            "public_batch_size": s.public_batch_size,
+            "pretrain_epochs": s.pretrain_epochs,
+            "noise_multiplier": p.noise_multiplier,
+            "target_epsilon": p.target_epsilon,
+            "delta": p.delta,
+            "max_grad_norm": inf_to_str(p.max_grad_norm),
+            "alpha": p.alpha,
+            "optimizer": s.optimizer,
+            "lr": s.lr,
+            "pretrain_lr": s.pretrain_lr,
+            "momentum": s.momentum,
+            "weight_decay": s.weight_decay,
+            "projection_radius": s.projection_radius,
+            "averaging": s.averaging,
+            "average_fraction": s.average_fraction,
+            "ema_decay": s.ema_decay,
             "strategy": self.strategy.name,
-            "relation": self.relation,
-            "accountant": self.accountant,
-            # Never the seed itself: with it anyone could replay the noise (rule 6).
-            "seeded": self.seed is not None,
-            "public_seed": self.public_seed,
-            "secure_rng": self.secure_rng,
+            "relation": p.relation,
+            "accountant": p.accountant,
+            # Never the seed itself: with it anyone could replay the noise.
+            "seeded": p.seed is not None,
+            "public_seed": p.public_seed,
+            "secure_rng": p.secure_rng,
+            "device": str(self.device),
         }
 
     def make_plan(self, n: int) -> PrivacyPlan:
         """The privacy plan for a dataset of ``n`` records (calibrates σ when only a target is given)."""
         n = check_int("dataset_size", n, minimum=1)
-        if self.dataset_size is not None and self.dataset_size != n:
-            raise DataValidationError(f"dataset_size={self.dataset_size} was declared but the data holds {n} records")
-        if self.sampling_rate is not None:
-            p = self.sampling_rate
+        p_cfg, s_cfg = self.privacy, self.schedule
+        record = get_method(self.method)
+        if s_cfg.dataset_size is not None and s_cfg.dataset_size != n:
+            raise DataValidationError(f"dataset_size={s_cfg.dataset_size} was declared but the data holds {n} records")
+        if s_cfg.sampling_rate is not None:
+            p = s_cfg.sampling_rate
             m = p * n
         else:
-            assert self.batch_size is not None
-            if self.batch_size > n:
-                raise DataValidationError(f"batch_size must be <= the number of records {n}, got {self.batch_size}")
-            m = float(self.batch_size)
+            batch = int(s_cfg.batch_size or 256)
+            if batch > n:
+                raise DataValidationError(f"batch_size must be <= the number of records {n}, got {batch}")
+            m = float(batch)
             p = m / n
-        m_pub = self.public_batch_size or max(1, round(m))
+        m_pub = s_cfg.public_batch_size or max(1, round(m))
         if m_pub > n:
             raise DataValidationError(f"public_batch_size must be <= the number of records {n}, got {m_pub}")
-        steps = self.steps if self.steps is not None else max(1, round(self.epochs * n / m))  # type: ignore[operator]
-        pretrain = round(self.pretrain_epochs * n / m_pub) if self.pretrain_epochs else 0
-        delta = self.delta
-        if delta is not None and self.method in PRIVATE_METHODS:
+        steps = s_cfg.steps if s_cfg.steps is not None else max(1, round(float(s_cfg.epochs or 0.0) * n / m))
+        pretrain = round(s_cfg.pretrain_epochs * n / m_pub) if s_cfg.pretrain_epochs else 0
+        delta = p_cfg.delta
+        if delta is not None and record.private:
             delta = check_delta(delta, n)  # warns (PrivacyRiskWarning) when delta >= 1/n
-        sigma, budget = self.noise_multiplier, None
-        if self.method in PRIVATE_METHODS:
-            from featuredp import accounting
-
+        sigma, budget = p_cfg.noise_multiplier, None
+        if record.private:
+            assert delta is not None  # checked in __init__
             if sigma is None:
-                sigma = accounting.calibrate_noise_multiplier(
-                    self.target_epsilon, delta, p, steps, relation=self.relation, accountant=self.accountant
-                )
+                assert p_cfg.target_epsilon is not None  # checked in __init__
+                sigma = calibrate_noise_multiplier(p_cfg.target_epsilon, delta, p, steps, relation=p_cfg.relation,
+                                                   accountant=p_cfg.accountant)
                 budget = steps
-            elif self.target_epsilon is not None:
+            elif p_cfg.target_epsilon is not None:
                 if sigma == 0:
                     raise ValueError("noise_multiplier=0 cannot meet any target_epsilon; drop target_epsilon")
-                budget = accounting.calibrate_steps(
-                    self.target_epsilon, delta, p, sigma, relation=self.relation, accountant=self.accountant
-                )
-        private = self.method in PRIVATE_METHODS
-        if private and sigma and math.isinf(self.max_grad_norm):
-            raise ValueError("max_grad_norm=inf (no clipping) has unbounded sensitivity; it is only allowed with "
-                             "noise_multiplier=0 (a non-private reference run)")
-        uses_public = self.method in ("public", "fdp") or pretrain > 0
+                budget = calibrate_steps(p_cfg.target_epsilon, delta, p, sigma, relation=p_cfg.relation,
+                                         accountant=p_cfg.accountant)
+            if sigma and math.isinf(p_cfg.max_grad_norm):
+                raise ValueError("max_grad_norm=inf (no clipping) has unbounded sensitivity; it is only allowed "
+                                 "with noise_multiplier=0 (a non-private reference run)")
+        uses_public = record.public_steps or record.public_batch or pretrain > 0
         return PrivacyPlan(
             method=self.method,
             dataset_size=n,
@@ -356,14 +277,14 @@ class Trainer:
             steps=steps,
             pretrain_steps=pretrain,
             public_batch_size=m_pub if uses_public else None,
-            noise_multiplier=sigma if private else None,
-            max_grad_norm=self.max_grad_norm if private else None,
-            alpha=self.alpha if self.method == "fdp" else 1.0,
-            delta=delta if private else None,
-            target_epsilon=self.target_epsilon if private else None,
+            noise_multiplier=sigma if record.private else None,
+            max_grad_norm=p_cfg.max_grad_norm if record.private else None,
+            alpha=p_cfg.alpha if record.public_batch else 1.0,
+            delta=delta if record.private else None,
+            target_epsilon=p_cfg.target_epsilon if record.private else None,
             budget_steps=budget,
-            relation=self.relation,
-            accountant=self.accountant,
+            relation=p_cfg.relation,
+            accountant=p_cfg.accountant,
         )
 
     # -- training ----------------------------------------------------------------------------------------
@@ -392,7 +313,7 @@ class Trainer:
         """
         batch_all = as_batch(data)
         n = int(next(iter(batch_all.values())).shape[0])
-        if "y" not in batch_all and self.method != "public":
+        if "y" not in batch_all and not get_method(self.method).public_steps:
             raise DataValidationError("data has no labels 'y'")
         if checkpoint_every is not None:
             checkpoint_every = check_int("checkpoint_every", checkpoint_every, minimum=1)
@@ -400,54 +321,20 @@ class Trainer:
                 raise ValueError("checkpoint_every needs checkpoint=PATH")
         if max_steps is not None:
             max_steps = check_int("max_steps", max_steps, minimum=1)
-        data_print = _data_fingerprint(batch_all)
-
-        if self._state is not None:  # a later call: the same run goes on
-            state = self._state
-            plan = state.plan
-            split = self.loss_split
-            if data_print != state.fingerprint["data"]:
-                raise ValueError(
-                    "fit() was called again on different data: one Trainer is one run on one dataset. Build a new "
-                    "Trainer for a new run (its privacy spend adds to this one's; record both with ledger=)"
-                )
-            if state.complete:
-                raise ValueError(
-                    f"this Trainer's run is complete ({state.private_steps} private steps, epsilon="
-                    f"{plan.epsilon(state.private_steps) if plan.is_private else plan.epsilon(0):.4g}); fit() again "
-                    "would keep training the model outside the accounted run. To train longer, plan it in one run "
-                    "(steps=/epochs=, then fit(max_steps=...) repeatedly); to start a new run, build a new Trainer and "
-                    "count both runs' spends together (ledger=)"
-                )
-        else:
-            split = self._resolve_split(data)
-            if self.pretrain_epochs and isinstance(split, LabelDPSplit):
-                warnings.warn(
-                    "public pre-training with LabelDPSplit minimises logsumexp(logits) alone, which has no minimiser "
-                    "and only pushes the logits down; use pretrain_epochs=0 for a private label",
-                    UserWarning,
-                    stacklevel=2,
-                )
-            plan = self.make_plan(n)
-            self.plan = plan
-            if plan.is_private:
-                check_no_batch_mixing(self.model)
-            if plan.method == "dpsgd":
-                _warn_record_level_statistics(data)
-            state = _RunState.start(self, plan, {"data": data_print, "psi": self._psi_fingerprint(split)})
-            if resume and checkpoint is not None and Path(checkpoint).exists():
-                state.load(load_torch_safely(checkpoint, what="checkpoint"))
-            self._state = state
-            _warn_if_trained_before(self.model, state)
+        state, split = self._run_state(data, batch_all, n, checkpoint if resume else None)
+        plan = state.plan
+        batch_all = to_device(batch_all, self.device)
 
         total = plan.pretrain_steps + plan.steps
-        log_at = {plan.pretrain_steps + round(plan.steps * (i + 1) / self.log_points) for i in range(self.log_points)}
+        log_at = {plan.pretrain_steps + round(plan.steps * (i + 1) / self.performance.log_points)
+                  for i in range(self.performance.log_points)}  # fmt: skip
         params = trainable_parameters(self.model)
         steps_this_call = 0
         private_before = state.private_steps
         display: dict[str, float] = {}  # what the bar shows: public quantities and the ε at the last log point
-        reservation = self._reserve(state)  # before any private step: an overspend is refused up front
-        pbar = _progress(total, state.step, self.progress, self.method)
+        reservation = reserve(self.ledger, state)  # before any private step: an overspend is refused up front
+        pbar = tqdm(total=total, initial=state.step, disable=not self.performance.progress, file=sys.stderr,
+                    desc=self.method, leave=False, dynamic_ncols=True)  # fmt: skip
         try:
             while state.step < total:
                 if max_steps is not None and steps_this_call >= max_steps:
@@ -457,7 +344,7 @@ class Trainer:
                 if budget is not None and state.private_steps + 1 > budget:
                     state.stop_reason = "budget"  # stop before a step would exceed the budget
                     break
-                shown = self._step(state, split, batch_all, plan, params, pre)
+                shown = self._step(state, split, batch_all, params, pre)
                 state.step += 1
                 steps_this_call += 1
                 if not pre and plan.is_private:
@@ -472,27 +359,79 @@ class Trainer:
                 if display:
                     pbar.set_postfix({k: f"{v:.4g}" for k, v in display.items()}, refresh=False)
                 if checkpoint is not None and checkpoint_every and state.step % checkpoint_every == 0:
-                    self._save_checkpoint(checkpoint, state)
+                    atomic_save_torch(checkpoint, state.state_dict(self.model))
         finally:
             pbar.close()
-            _record_applied(self.model, state)
-            self._settle(reservation, state.private_steps - private_before)
+            _MODEL_RUNS.record(self.model, state)
+            settle(reservation, plan, state.private_steps - private_before)
         finished = state.step >= total
         if checkpoint is not None:
-            self._save_checkpoint(checkpoint, state)
+            atomic_save_torch(checkpoint, state.state_dict(self.model))
         if finished or state.stop_reason == "budget":
-            state.finalize_average(self.model)
+            state.averager.finalize(params)
             state.complete = True
+        return self._result(state, split, finished)
+
+    def _run_state(
+        self, data: Any, batch_all: Batch, n: int, resume_from: str | Path | None
+    ) -> tuple[RunState, LossSplit | None]:
+        """This Trainer's run: the one in progress, or a new one (resumed from a checkpoint if asked)."""
+        data_print = data_fingerprint(batch_all)
+        if self._state is not None:  # a later call: the same run goes on
+            state = self._state
+            if data_print != state.fingerprint["data"]:
+                raise ValueError(
+                    "fit() was called again on different data: one Trainer is one run on one dataset. Build a new "
+                    "Trainer for a new run (its privacy spend adds to this one's; record both with ledger=)"
+                )
+            if state.complete:
+                plan = state.plan
+                eps = plan.epsilon(state.private_steps) if plan.is_private else plan.epsilon(0)
+                raise ValueError(
+                    f"this Trainer's run is complete ({state.private_steps} private steps, epsilon={eps:.4g}); "
+                    "fit() again would keep training the model outside the accounted run. To train longer, plan it "
+                    "in one run (steps=/epochs=, then fit(max_steps=...) repeatedly); to start a new run, build a "
+                    "new Trainer and count both runs' spends together (ledger=)"
+                )
+            return state, self.loss_split
+        split = self._resolve_split(data)
+        if self.schedule.pretrain_epochs and isinstance(split, LabelDPSplit):
+            warnings.warn(
+                "public pre-training with LabelDPSplit minimises logsumexp(logits) alone, which has no minimiser "
+                "and only pushes the logits down; use pretrain_epochs=0 for a private label",
+                UserWarning,
+                stacklevel=3,
+            )
+        plan = self.make_plan(n)
+        self.plan = plan
+        if plan.is_private:
+            check_no_batch_mixing(self.model)
+        if plan.method == "dpsgd":
+            _warn_record_level_statistics(data)
+        state = RunState.start(
+            plan, {"data": data_print, "psi": self._psi_fingerprint(split)},
+            params=list(trainable_parameters(self.model).values()), privacy=self.privacy, schedule=self.schedule,
+            device=self.device,
+        )  # fmt: skip
+        if resume_from is not None and Path(resume_from).exists():
+            state.load_state_dict(load_torch_safely(resume_from, what="checkpoint"), self.model)
+        self._state = state
+        _MODEL_RUNS.warn_if_trained_before(self.model, state)
+        return state, split
+
+    def _result(self, state: RunState, split: LossSplit | None, finished: bool) -> TrainResult:
+        plan = state.plan
         eps = plan.epsilon(state.private_steps) if plan.is_private else plan.epsilon(0)
-        report = {
-            "feature_map": None if self.feature_map is None else self.feature_map.describe(),
+        disclosure = None if self.feature_map is None else self.feature_map.describe()
+        report: dict[str, Any] = {
+            "feature_map": None if disclosure is None else disclosure.to_dict(),
             "loss_split": None if split is None else split.describe(),
             "accounting": "public batches and public pre-training read Ψ(S) only and add no privacy event",
-            "randomness": _randomness_report(self),
+            "randomness": self._randomness_report(),
         }
-        earlier = _model_epsilon(self.model, state, plan)
-        if earlier is not None:
-            report["model_epsilon_all_runs"] = earlier
+        composed = _MODEL_RUNS.composed_epsilon(self.model, state)
+        if composed is not None:
+            report["model_epsilon_all_runs"] = composed
         self.result = TrainResult(
             method=self.method,
             plan=plan,
@@ -502,52 +441,29 @@ class Trainer:
             pretrain_steps=min(state.step, plan.pretrain_steps),
             stopped_early=not finished,
             stop_reason=state.stop_reason if state.stop_reason else (None if finished else "max_steps"),
-            guarantee=plan.guarantee(eps, report["feature_map"]).replace("{T}", str(state.private_steps)),
+            guarantee=plan.guarantee(eps, disclosure).replace("{T}", str(state.private_steps)),
             privacy_report=report,
             history=list(state.history),
         )
         return self.result
 
+    def _randomness_report(self) -> dict[str, Any]:
+        """Where the private randomness came from (never the seed itself)."""
+        p = self.privacy
+        return {
+            "private": "user seed (reproducible: keep it secret)" if p.seed is not None else "OS entropy (secret)",
+            "secure_rng": p.secure_rng,
+            "noise": "ChaCha20 CSPRNG, float64 Box-Muller, added in float64" if p.secure_rng else "torch.randn",
+            "public_seed": p.public_seed,
+        }
+
     def _psi_fingerprint(self, split: LossSplit | None) -> str:
         """A digest of Ψ and the loss split as declared (public; a resume must use the same ones)."""
         desc = {
-            "feature_map": None if self.feature_map is None else self.feature_map.describe(),
+            "feature_map": None if self.feature_map is None else self.feature_map.describe().to_dict(),
             "loss_split": None if split is None else split.describe(),
         }
         return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()
-
-    def _reserve(self, state: _RunState) -> Any:
-        """Reserve in the ledger what the rest of this run may spend (None without a ledger or a private plan)."""
-        plan = state.plan
-        if self.ledger is None or not plan.is_private:
-            return None
-        planned = plan.steps if plan.budget_steps is None else min(plan.steps, plan.budget_steps)
-        remaining = planned - state.private_steps
-        if remaining <= 0:
-            return None
-        from featuredp.accounting import dpsgd_event
-
-        assert plan.noise_multiplier is not None
-        event = dpsgd_event(plan.noise_multiplier, plan.sampling_rate, remaining)
-        return self.ledger.reserve(f"featuredp Trainer {plan.method}: up to {remaining} private steps", event=event)
-
-    def _settle(self, reservation: Any, private_steps: int) -> None:
-        """Settle the reservation at the private steps this call actually ran (a crash included)."""
-        if reservation is None:
-            return
-        plan = self.plan
-        if private_steps <= 0:
-            reservation.cancel()  # no private step ran: the data was never touched by the mechanism
-            return
-        from featuredp.accounting import dpsgd_event
-
-        assert plan is not None and plan.noise_multiplier is not None
-        try:
-            reservation.settle(event=dpsgd_event(plan.noise_multiplier, plan.sampling_rate, private_steps))
-        except BudgetExceededError:
-            # Fewer steps never cost more, but if rounding ever said so, keep the (larger) reserved amount
-            # rather than lose the record or mask the exception that may be unwinding this call.
-            reservation.settle()
 
     def _resolve_split(self, data: Any) -> LossSplit | None:
         """Bind Ψ and the split to the data (a dict of tensors has no column names: maps bind to nothing)."""
@@ -562,47 +478,56 @@ class Trainer:
             self.loss_split.bind(data)
         return self.loss_split
 
-    def _save_checkpoint(self, path: str | Path, state: _RunState) -> None:
-        atomic_save_torch(path, state.state_dict())
+    def _timing_step(self, data: Any) -> Callable[[], None]:
+        """One main-phase step of this method as a closure, for throughput timing only.
 
+        It skips the accountant, the budget stop and the ledger: a model trained through it has
+        no guarantee. ``featuredp benchmark`` uses it; never use it to train a model you release.
+        """
+        batch_all = as_batch(data)
+        n = int(next(iter(batch_all.values())).shape[0])
+        state, split = self._run_state(data, batch_all, n, None)
+        batch_all = to_device(batch_all, self.device)
+        params = trainable_parameters(self.model)
+
+        def step() -> None:
+            self._step(state, split, batch_all, params, False)
+
+        return step
+
+    # -- one step ----------------------------------------------------------------------------------------
     def _step(
-        self,
-        state: _RunState,
-        split: LossSplit | None,
-        data: Batch,
-        plan: PrivacyPlan,
-        params: dict[str, torch.Tensor],
-        pre: bool,
+        self, state: RunState, split: LossSplit | None, data: Batch, params: dict[str, torch.Tensor], pre: bool
     ) -> dict[str, float]:
         """One optimisation step; returns the public quantities to show."""
         shown: dict[str, float] = {}
-        method = plan.method
-        if pre or method == "public":
-            assert split is not None
+        plan = state.plan
+        record = get_method(plan.method)
+        if pre or record.public_steps:
+            if split is None:
+                raise ValueError(f"method {plan.method!r} needs a public feature map")
             b = gather(data, state.public_shuffler.sample())
-            d = split.draws(b, state.public_draws)
-            loss = split.public_loss(self.model, b, d).mean()
+            loss = split.public_loss(self.model, b, split.draws(b, state.public_draws)).mean()
             grads = dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
             shown["public_loss"] = float(loss.detach())
             opt = state.pretrain_optimizer if pre else state.optimizer
-        elif method == "nonprivate":
+        elif not record.private:
             b = gather(data, state.shuffler.sample())
             if split is not None:
-                d = split.draws(b, state.private_draws)
-                loss = split.loss(self.model, b, d).mean()
+                loss = split.loss(self.model, b, split.draws(b, state.private_draws)).mean()
             else:
                 loss = nn.functional.cross_entropy(forward(self.model, b), b["y"])
             grads = dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
             shown["loss"] = float(loss.detach())
             opt = state.optimizer
         else:
-            grads = self._private_gradient(state, split, data, plan)
-            if method == "fdp":
-                assert split is not None
+            grads = self._private_gradient(state, split, data, record)
+            if record.public_batch:
+                if split is None:
+                    raise ValueError(f"method {plan.method!r} needs a public feature map")
                 # Independent public batch: its own sampler stream and its own draws generator.
                 bp = gather(data, state.public_sampler.sample())
-                dp = split.draws(bp, state.public_draws)
-                lp = split.public_loss(self.model, bp, dp).mean()
+                lp = split.public_loss(self.model, bp, split.draws(bp, state.public_draws)).mean()
                 gp = torch.autograd.grad(lp, list(params.values()))
                 grads = {k: g_pub + plan.alpha * grads[k] for k, g_pub in zip(params, gp)}
                 shown["public_loss"] = float(lp.detach())
@@ -611,48 +536,54 @@ class Trainer:
             p.grad = grads[k].detach().to(p.dtype)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if self.projection_radius is not None:
-            _project(params, self.projection_radius)
+        if self.schedule.projection_radius is not None:
+            _project(params, self.schedule.projection_radius)
         if not pre:
-            state.update_average(params, plan.steps)
+            state.averager.update(params, state.step - plan.pretrain_steps + 1)
         return shown
 
     def _private_gradient(
-        self, state: _RunState, split: LossSplit | None, data: Batch, plan: PrivacyPlan
+        self, state: RunState, split: LossSplit | None, data: Batch, record: Method
     ) -> dict[str, torch.Tensor]:
-        """(Σ_{i∈B} clip_C ∇ℓ_x(θ; x_i) + N(0, σ²C²)) / m for a Poisson batch B (ℓ_x = ℓ_priv for fdp, ℓ for dpsgd)."""
-        idx = state.private_sampler.sample()
-        b = gather(data, idx)
+        """(Σ_{i∈B} clip_C ∇ℓ_x(θ; x_i) + N(0, σ²C²)) / m for a Poisson batch B (ℓ_x = the method's clipped loss)."""
+        plan = state.plan
+        b = gather(data, state.private_sampler.sample())
+        loss_fn: Callable[[nn.Module, Batch, Batch], torch.Tensor]
         if split is not None:
             d = split.draws(b, state.private_draws)
-            loss_fn = split.private_loss if plan.method == "fdp" else split.loss
+            loss_fn = split.private_loss if record.clipped_loss == "private_loss" else split.loss
         else:
             d = {}
             loss_fn = _plain_cross_entropy
+        if plan.noise_multiplier is None or plan.max_grad_norm is None:
+            raise ValueError(f"method {plan.method!r} has no noise multiplier in its plan")
         sums, _norms = self.strategy.clipped_sum(self.model, loss_fn, b, d, plan.max_grad_norm)
-        assert plan.noise_multiplier is not None and plan.max_grad_norm is not None
         std = 0.0 if plan.noise_multiplier == 0 else plan.noise_multiplier * plan.max_grad_norm
         noisy = state.noise.add(sums, std)  # new tensors: safe to scale in place
-        # Divide by the EXPECTED batch size m = p·n; the realised size len(idx) is private.
+        # Divide by the EXPECTED batch size m = p·n; the realised batch size is private.
         return {k: v.div_(plan.expected_batch_size) for k, v in noisy.items()}
+
+
+def _config(cls: Any, kind: str, given: Any, flat: dict[str, dict[str, Any]]) -> Any:
+    """The config of ``kind``: the object given, or one built from the flat keywords for it (not both)."""
+    keys = flat.get(kind, {})
+    if given is not None:
+        if not isinstance(given, cls):
+            raise TypeError(f"{kind} must be a {cls.__name__}, got {type(given).__name__}")
+        if keys:
+            raise TypeError(f"give {kind}= or the flat settings {sorted(keys)}, not both")
+        return given
+    return cls(**keys)
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device
+    return torch.device("cpu")
 
 
 def _plain_cross_entropy(model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
     return nn.functional.cross_entropy(forward(model, batch), batch["y"], reduction="none")
-
-
-def _data_fingerprint(batch: Batch) -> str:
-    """SHA-256 of the training tensors (keys, dtypes, shapes, bytes).
-
-    A function of private data: it goes into the private checkpoint only, never into
-    run.json (anyone could test a guessed dataset against a published hash).
-    """
-    h = hashlib.sha256()
-    for key in sorted(batch):
-        t = batch[key].detach().cpu().contiguous()
-        h.update(f"{key}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(memoryview(t.view(torch.uint8).numpy()) if t.numel() else b"")
-    return h.hexdigest()
 
 
 def _warn_record_level_statistics(data: Any) -> None:
@@ -665,287 +596,13 @@ def _warn_record_level_statistics(data: Any) -> None:
             f"dpsgd protects whole records, but these encoding statistics were computed from the training data "
             f"and are outside its guarantee: {listed}; pass public bounds=/categories=/classes= to the loader",
             PrivacyLeakWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
-
-
-def _open_ledger(ledger: Any) -> Any:
-    """A BudgetLedger from a ledger object or the path of an existing ledger file (None passes through)."""
-    if ledger is None:
-        return None
-    from featuredp.accounting import BudgetLedger
-
-    if isinstance(ledger, BudgetLedger):
-        return ledger
-    if isinstance(ledger, str | os.PathLike):
-        if not Path(ledger).exists():
-            raise FileNotFoundError(
-                f"ledger={str(ledger)!r} does not exist: create it once with its total budget, e.g. "
-                f"BudgetLedger({str(ledger)!r}, total_epsilon=8.0, delta=1e-5)"
-            )
-        return BudgetLedger(ledger)
-    raise TypeError(f"ledger must be a BudgetLedger or the path of one, got {type(ledger).__name__}")
-
-
-def _randomness_report(trainer: Trainer) -> dict[str, Any]:
-    """Where the private randomness came from (never the seed itself)."""
-    return {
-        "private": "user seed (reproducible: keep it secret)" if trainer.seed is not None else "OS entropy (secret)",
-        "secure_rng": trainer.secure_rng,
-        "noise": "ChaCha20 CSPRNG, float64 Box-Muller, added in float64" if trainer.secure_rng else "torch.randn",
-        "public_seed": trainer.public_seed,
-    }
-
-
-# Private phases applied to each model object, by run (ARCHITECTURE rule 7: every private
-# step any call applies to a model is counted). Weak keys: the record dies with the model.
-_APPLIED: weakref.WeakKeyDictionary[nn.Module, dict[int, dict[str, Any]]] = weakref.WeakKeyDictionary()
-
-
-def _record_applied(model: nn.Module, state: _RunState) -> None:
-    plan = state.plan
-    if not plan.is_private or state.private_steps == 0:
-        return
-    _APPLIED.setdefault(model, {})[id(state)] = {
-        "noise_multiplier": plan.noise_multiplier,
-        "sampling_rate": plan.sampling_rate,
-        "steps": state.private_steps,
-    }
-
-
-def _earlier_runs(model: nn.Module, state: _RunState) -> list[dict[str, Any]]:
-    return [phase for key, phase in _APPLIED.get(model, {}).items() if key != id(state) and phase["steps"] > 0]
-
-
-def _warn_if_trained_before(model: nn.Module, state: _RunState) -> None:
-    earlier = _earlier_runs(model, state)
-    if earlier and state.plan.is_private:
-        steps = sum(p["steps"] for p in earlier)
-        warnings.warn(
-            f"this model was already trained privately by {len(earlier)} other run(s) ({steps} private steps); the "
-            "released model's guarantee is the composition of all of them, not this run's epsilon alone. The result "
-            "reports both (privacy_report['model_epsilon_all_runs']); record every run in one BudgetLedger (ledger=)",
-            PrivacyRiskWarning,
-            stacklevel=3,
-        )
-
-
-def _model_epsilon(model: nn.Module, state: _RunState, plan: PrivacyPlan) -> float | str | None:
-    """ε(δ) of every private run applied to ``model`` composed, when other runs came before this one."""
-    earlier = _earlier_runs(model, state)
-    if not earlier or not plan.is_private or plan.delta is None:
-        return None
-    from featuredp import accounting
-
-    phases = [*earlier]
-    if state.private_steps:
-        phases.append({"noise_multiplier": plan.noise_multiplier, "sampling_rate": plan.sampling_rate,
-                       "steps": state.private_steps})
-    if any(not p["noise_multiplier"] for p in phases):
-        return "inf"
-    events = [accounting.dpsgd_event(p["noise_multiplier"], p["sampling_rate"], p["steps"]) for p in phases]
-    return accounting.compute_epsilon(accounting.compose_events(*events), plan.delta, relation=plan.relation,
-                                      accountant=plan.accountant)
 
 
 @torch.no_grad()
 def _project(params: dict[str, torch.Tensor], radius: float) -> None:
-    norm = torch.sqrt(sum(p.pow(2).sum() for p in params.values()))
+    norm = torch.stack([p.pow(2).sum() for p in params.values()]).sum().sqrt()
     if norm > radius:
         for p in params.values():
             p.mul_(radius / norm)
-
-
-def _progress(total: int, initial: int, enabled: bool, desc: str) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, disable=not enabled, file=sys.stderr, desc=desc, leave=False,
-                dynamic_ncols=True)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Run state: samplers, generators, optimizers, averaging — everything a checkpoint must restore
-# ----------------------------------------------------------------------------------------------------------
-class _RunState:
-    """The mutable state of one run (private: RNG states reveal batch membership; never logged)."""
-
-    def __init__(self) -> None:
-        self.step = 0
-        self.private_steps = 0
-        self.stop_reason: str | None = None
-        self.history: list[dict[str, float]] = []
-        self.complete = False
-
-    @classmethod
-    def start(cls, trainer: Trainer, plan: PrivacyPlan, fingerprint: dict[str, str]) -> _RunState:
-        s = cls()
-        s.trainer = trainer
-        s.plan = plan
-        s.fingerprint = fingerprint
-        streams = make_streams(trainer.seed, public_seed=trainer.public_seed)
-        s.streams = streams
-        n = plan.dataset_size
-        m_int = max(1, round(plan.expected_batch_size))
-        # Loss draws of the private batch and of the public batch come from two different
-        # streams (the public ones may be seeded publicly; the private ones never).
-        s.private_draws = _torch_generator(random_seed_from(streams.private_draws))
-        s.public_draws = _torch_generator(random_seed_from(streams.public_draws))
-        s.secure_sampling: ChaCha20Generator | None = None
-        if trainer.secure_rng:
-            # Keys from os.urandom, or from the user's seed for a reproducible (and secret) run.
-            keys = [streams.noise.bytes(32), streams.private_sampling.bytes(32)] if streams.seeded else [None, None]
-            s.noise = SecureNoise(ChaCha20Generator(keys[0]))
-            s.secure_sampling = ChaCha20Generator(keys[1])
-            s.private_sampler = PoissonSampler(n, plan.sampling_rate, s.secure_sampling)
-        else:
-            s.noise = TorchNoise(_torch_generator(random_seed_from(streams.noise)))
-            s.private_sampler = PoissonSampler(n, plan.sampling_rate, streams.private_sampling)
-        s.shuffler = EpochShuffler(n, min(m_int, n), streams.private_sampling)
-        m_pub = plan.public_batch_size or m_int
-        s.public_sampler = UniformSampler(n, m_pub, streams.public_sampling)
-        s.public_shuffler = EpochShuffler(n, m_pub, streams.public_sampling)
-        params = list(trainable_parameters(trainer.model).values())
-        s.optimizer = _make_optimizer(trainer, params, trainer.lr)
-        s.pretrain_optimizer = _make_optimizer(trainer, params, trainer.pretrain_lr)
-        s.average: dict[str, torch.Tensor] | None = None
-        s.average_count = 0
-        return s
-
-    # -- iterate averaging (post-processing of the iterates) ---------------------------------------------
-    @torch.no_grad()
-    def update_average(self, params: dict[str, torch.Tensor], main_steps: int) -> None:
-        t = self.trainer
-        if t.averaging is None:
-            return
-        main_done = self.step - self.plan.pretrain_steps + 1  # this step's index in the main phase, 1-based
-        if t.averaging == "ema":
-            if self.average is None:
-                self.average = {k: p.detach().clone() for k, p in params.items()}
-            else:
-                for k, p in params.items():
-                    self.average[k].mul_(t.ema_decay).add_(p.detach(), alpha=1 - t.ema_decay)
-            return
-        start = main_steps - max(1, math.ceil(t.average_fraction * main_steps))
-        if main_done <= start:
-            return
-        self.average_count += 1
-        if self.average is None:
-            self.average = {k: p.detach().clone() for k, p in params.items()}
-        else:
-            for k, p in params.items():
-                self.average[k].add_(p.detach() - self.average[k], alpha=1.0 / self.average_count)
-
-    @torch.no_grad()
-    def finalize_average(self, model: nn.Module) -> None:
-        if self.average is None:
-            return
-        for k, p in trainable_parameters(model).items():
-            p.copy_(self.average[k])
-
-    # -- checkpoint state ----------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Tensors and plain containers only (safe for ``torch.load(weights_only=True)``)."""
-        return {
-            "format": _CHECKPOINT_FORMAT,
-            "plan": self.plan.to_dict(),
-            "fingerprint": dict(self.fingerprint),
-            "step": self.step,
-            "private_steps": self.private_steps,
-            "stop_reason": self.stop_reason,
-            "history": self.history,
-            "accountant_phases": [
-                {"noise_multiplier": self.plan.noise_multiplier, "sampling_rate": self.plan.sampling_rate,
-                 "steps": self.private_steps}
-            ] if self.plan.is_private else [],
-            "model": {k: v.detach().clone() for k, v in self.trainer.model.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
-            "pretrain_optimizer": self.pretrain_optimizer.state_dict(),
-            "numpy_rng": {name: _np_state(getattr(self.streams, name)) for name in STREAM_NAMES},
-            "torch_rng": {"private_draws": self.private_draws.get_state(),
-                          "public_draws": self.public_draws.get_state()},
-            "noise": self.noise.state_dict(),
-            "secure_sampling": None if self.secure_sampling is None else self.secure_sampling.state_dict(),
-            "shufflers": {"private": _shuffler_state(self.shuffler), "public": _shuffler_state(self.public_shuffler)},
-            "average": self.average,
-            "average_count": self.average_count,
-        }
-
-    def load(self, ck: dict[str, Any]) -> None:
-        if ck.get("format") != _CHECKPOINT_FORMAT:
-            raise ValueError(
-                f"the checkpoint has format {ck.get('format')!r}, this featuredp writes {_CHECKPOINT_FORMAT}; it was "
-                "written by another version and cannot be resumed: start a new run"
-            )
-        if ck.get("plan") != self.plan.to_dict():
-            raise ValueError(
-                "the checkpoint belongs to a different plan (dataset size, batch sizes, noise or steps differ); "
-                "resume with the same settings or start a new run"
-            )
-        saved = ck.get("fingerprint") or {}
-        if saved.get("data") != self.fingerprint["data"]:
-            raise ValueError(
-                "the checkpoint was written for different training data (its fingerprint differs): a resumed run "
-                "must continue on exactly the same records, or its accountant would not cover the change; resume "
-                "on the original data or start a new run"
-            )
-        if saved.get("psi") != self.fingerprint["psi"]:
-            raise ValueError(
-                "the checkpoint was written with a different public feature map or loss split (Ψ differs); resume "
-                "with the same Ψ or start a new run"
-            )
-        if (ck.get("secure_sampling") is not None) != (self.secure_sampling is not None):
-            raise ValueError("the checkpoint's secure_rng setting differs from this Trainer's; resume with the same")
-        self.step = int(ck["step"])
-        self.private_steps = int(ck["private_steps"])
-        self.stop_reason = ck.get("stop_reason")
-        self.history = list(ck.get("history", []))
-        self.trainer.model.load_state_dict(ck["model"])
-        self.optimizer.load_state_dict(ck["optimizer"])
-        self.pretrain_optimizer.load_state_dict(ck["pretrain_optimizer"])
-        for name, st in ck["numpy_rng"].items():
-            getattr(self.streams, name).bit_generator.state = _np_state_from(st)
-        self.private_draws.set_state(ck["torch_rng"]["private_draws"])
-        self.public_draws.set_state(ck["torch_rng"]["public_draws"])
-        self.noise.load_state_dict(ck["noise"])
-        if self.secure_sampling is not None:
-            self.secure_sampling.load_state_dict(ck["secure_sampling"])
-        _load_shuffler(self.shuffler, ck["shufflers"]["private"])
-        _load_shuffler(self.public_shuffler, ck["shufflers"]["public"])
-        self.average = ck.get("average")
-        self.average_count = int(ck.get("average_count", 0))
-
-
-def _make_optimizer(trainer: Trainer, params: list[torch.Tensor], lr: float) -> torch.optim.Optimizer:
-    if trainer.optimizer_name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=trainer.weight_decay)
-    return torch.optim.SGD(params, lr=lr, momentum=trainer.momentum, weight_decay=trainer.weight_decay)
-
-
-def _np_state(gen: np.random.Generator) -> dict[str, Any]:
-    # PCG64 state holds 128-bit integers; store them as strings so the checkpoint stays plain JSON-able data.
-    return _stringify(gen.bit_generator.state)
-
-
-def _stringify(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _stringify(v) for k, v in obj.items()}
-    if isinstance(obj, int) and not isinstance(obj, bool):
-        return {"int": str(obj)}
-    return obj
-
-
-def _np_state_from(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        if set(obj) == {"int"}:
-            return int(obj["int"])
-        return {k: _np_state_from(v) for k, v in obj.items()}
-    return obj
-
-
-def _shuffler_state(s: EpochShuffler) -> dict[str, Any]:
-    return {"perm": torch.from_numpy(np.asarray(s._perm, dtype=np.int64).copy()), "pos": int(s._pos)}
-
-
-def _load_shuffler(s: EpochShuffler, st: dict[str, Any]) -> None:
-    s._perm = st["perm"].numpy().astype(np.int64)
-    s._pos = int(st["pos"])

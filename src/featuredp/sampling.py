@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import torch
 
 from featuredp._validate import check_int, check_sampling_rate
 from featuredp.errors import PrivacyRiskWarning
@@ -52,6 +54,15 @@ class Streams:
     def draws(self) -> np.random.Generator:
         """The private loss-draws stream (the name callers used before the private/public split)."""
         return self.private_draws
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every stream's bit-generator state (secret for the private streams: checkpoint only)."""
+        return {name: _stringify(getattr(self, name).bit_generator.state) for name in STREAM_NAMES}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        for name in STREAM_NAMES:
+            getattr(self, name).bit_generator.state = _unstringify(state[name])
 
 
 def make_streams(seed: int | None = None, *, public_seed: int | None = None) -> Streams:
@@ -107,7 +118,9 @@ class PoissonSampler:
     independent inclusions.
     """
 
-    def __init__(self, dataset_size: int, sampling_rate: float, generator: np.random.Generator) -> None:
+    def __init__(
+        self, dataset_size: int, sampling_rate: float, generator: np.random.Generator | ChaCha20Generator
+    ) -> None:
         self.dataset_size = check_int("dataset_size", dataset_size, minimum=1)
         self.sampling_rate = check_sampling_rate("sampling_rate", sampling_rate)
         if not isinstance(generator, np.random.Generator | ChaCha20Generator):
@@ -120,6 +133,18 @@ class PoissonSampler:
     def expected_batch_size(self) -> float:
         """n·p, the normaliser of the private sum (never the realised size)."""
         return self.dataset_size * self.sampling_rate
+
+    def state_dict(self) -> dict[str, Any]:
+        """The secure generator's state (a numpy generator's state belongs to :class:`Streams`)."""
+        return {"chacha20": self.generator.state_dict()} if isinstance(self.generator, ChaCha20Generator) else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; a secure sampler needs a secure state and vice versa."""
+        secure = isinstance(self.generator, ChaCha20Generator)
+        if secure != ("chacha20" in state):
+            raise ValueError("the checkpoint's secure_rng setting differs from this run's; resume with the same")
+        if isinstance(self.generator, ChaCha20Generator):
+            self.generator.load_state_dict(state["chacha20"])
 
     def sample(self) -> np.ndarray:
         """Indices of one Poisson batch, sorted, int64 (may be empty)."""
@@ -172,3 +197,29 @@ class EpochShuffler:
         out = self._perm[self._pos : self._pos + self.batch_size]
         self._pos += self.batch_size
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The current permutation and position (the generator's state belongs to :class:`Streams`)."""
+        return {"perm": torch.from_numpy(np.asarray(self._perm, dtype=np.int64).copy()), "pos": int(self._pos)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self._perm = state["perm"].numpy().astype(np.int64)
+        self._pos = int(state["pos"])
+
+
+def _stringify(obj: Any) -> Any:
+    # PCG64 states hold 128-bit integers; strings keep the checkpoint loadable with weights_only=True.
+    if isinstance(obj, dict):
+        return {k: _stringify(v) for k, v in obj.items()}
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return {"int": str(obj)}
+    return obj
+
+
+def _unstringify(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if set(obj) == {"int"}:
+            return int(obj["int"])
+        return {k: _unstringify(v) for k, v in obj.items()}
+    return obj

@@ -100,7 +100,6 @@ def engine_runner(
     entropy, as in a real run. ``secure_rng`` times the ChaCha20 noise and sampling of the secure mode.
     """
     from featuredp import engine
-    from featuredp.clipping import trainable_parameters
     from featuredp.features import Columns
     from featuredp.losses import default_split
     from featuredp.models import build_model, spec_for
@@ -129,16 +128,9 @@ def engine_runner(
         secure_rng=secure_rng,
         progress=False,
     )
-    batch_all = engine.as_batch(data)
-    plan = trainer.make_plan(int(batch_all["x"].shape[0]))
-    split = trainer._resolve_split(data)
-    # The engine's per-step internals: the same code path as Trainer.fit, without the progress bar and the
-    # accountant calls at log points (those are not part of a training step's cost).
-    state = engine._RunState.start(trainer, plan, {"data": "", "psi": ""})  # fingerprints only guard resumes
-    params = trainable_parameters(trainer.model)
-
-    def step() -> None:
-        trainer._step(state, split, batch_all, plan, params, False)
+    # The engine's own step, without the progress bar and the accountant calls at log points (those are not
+    # part of a training step's cost).
+    step = trainer._timing_step(data)
 
     strategy_name = getattr(trainer.strategy, "name", str(strategy)) if method != "nonprivate" else "-"
     return StepRunner(

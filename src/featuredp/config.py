@@ -1,0 +1,175 @@
+"""The Trainer's settings as three small frozen configs, validated once (no torch import).
+
+* :class:`PrivacyConfig` — what decides the guarantee and its randomness: σ or a target ε,
+  δ, the clipping norm C, α, the neighbouring relation, the accountant, seeds, secure mode.
+* :class:`ScheduleConfig` — how long and how: steps or epochs, batch sizes, pre-training,
+  the optimiser and its learning rates, projection, iterate averaging.
+* :class:`PerformanceConfig` — what changes speed, never the result beyond float
+  rounding: the clipping strategy, physical batches, the device, progress output.
+
+``Trainer(model, "fdp", lr=0.05, target_epsilon=1.0)`` sorts flat keywords into these
+(:func:`split_settings`); ``Trainer(model, "fdp", privacy=PrivacyConfig(...))`` passes them whole.
+
+>>> ScheduleConfig(steps=10).batch_size
+256
+>>> sorted(split_settings({"lr": 0.1, "target_epsilon": 1.0, "device": "cpu"}))
+['performance', 'privacy', 'schedule']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from featuredp._validate import (
+    check_choice,
+    check_delta,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    check_real,
+    check_sampling_rate,
+)
+from featuredp.accounting.events import check_accountant, check_relation
+
+__all__ = ["PerformanceConfig", "PrivacyConfig", "ScheduleConfig", "split_settings"]
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """σ or a target ε (with δ), clipping, α, accounting, and where the private randomness comes from.
+
+    ``seed`` (secret, research only) seeds every stream; ``public_seed`` only the public ones;
+    ``secure_rng`` draws the noise and the private sampling from ChaCha20 (see ``docs/engine.md``).
+    """
+
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = None
+    delta: float | None = 1e-5
+    max_grad_norm: float = 1.0
+    alpha: float = 1.0
+    relation: str = "add-remove"
+    accountant: str = "pld"
+    seed: int | None = None
+    public_seed: int | None = None
+    secure_rng: bool = False
+
+    def __post_init__(self) -> None:
+        _set(self, "noise_multiplier", _opt(check_nonnegative, "noise_multiplier", self.noise_multiplier))
+        _set(self, "target_epsilon", _opt(check_positive, "target_epsilon", self.target_epsilon))
+        _set(self, "delta", None if self.delta is None else check_delta(self.delta))
+        _set(self, "max_grad_norm", check_positive("max_grad_norm", self.max_grad_norm, allow_inf=True))
+        _set(self, "alpha", check_real("alpha", self.alpha))
+        _set(self, "relation", check_relation(self.relation))
+        _set(self, "accountant", check_accountant(self.accountant))
+        _set(self, "seed", None if self.seed is None else check_int("seed", self.seed, minimum=0))
+        _set(self, "public_seed", None if self.public_seed is None else check_int("public_seed", self.public_seed,
+                                                                                 minimum=0))
+        if not isinstance(self.secure_rng, bool):
+            raise TypeError(f"secure_rng must be True or False, got {self.secure_rng!r}")
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The length of the run, its batch sizes and its optimiser.
+
+    Exactly one of ``epochs`` / ``steps``; ``batch_size`` (the expected private batch m) or
+    ``sampling_rate`` (p = m/n), default m = 256.
+    """
+
+    epochs: float | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+    sampling_rate: float | None = None
+    public_batch_size: int | None = None
+    dataset_size: int | None = None
+    pretrain_epochs: float = 0.0
+    optimizer: str = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    pretrain_lr: float | None = None
+    projection_radius: float | None = None
+    averaging: str | None = None
+    average_fraction: float = 0.5
+    ema_decay: float = 0.99
+
+    def __post_init__(self) -> None:
+        if (self.epochs is None) == (self.steps is None):
+            raise ValueError("give exactly one of epochs= or steps=")
+        _set(self, "epochs", _opt(check_positive, "epochs", self.epochs))
+        _set(self, "steps", None if self.steps is None else check_int("steps", self.steps, minimum=1))
+        if self.batch_size is not None and self.sampling_rate is not None:
+            raise ValueError("give batch_size= or sampling_rate=, not both")
+        if self.batch_size is None and self.sampling_rate is None:
+            _set(self, "batch_size", 256)
+        _set(self, "sampling_rate", _opt(check_sampling_rate, "sampling_rate", self.sampling_rate))
+        for name in ("batch_size", "public_batch_size", "dataset_size"):
+            value = getattr(self, name)
+            _set(self, name, None if value is None else check_int(name, value, minimum=1))
+        _set(self, "pretrain_epochs", check_nonnegative("pretrain_epochs", self.pretrain_epochs))
+        _set(self, "optimizer", check_choice("optimizer", self.optimizer, ("sgd", "adam")))
+        _set(self, "lr", check_positive("lr", self.lr))
+        _set(self, "pretrain_lr", self.lr if self.pretrain_lr is None else check_positive("pretrain_lr",
+                                                                                          self.pretrain_lr))
+        _set(self, "momentum", check_nonnegative("momentum", self.momentum))
+        _set(self, "weight_decay", check_nonnegative("weight_decay", self.weight_decay))
+        _set(self, "projection_radius", _opt(check_positive, "projection_radius", self.projection_radius))
+        if self.averaging is not None:
+            _set(self, "averaging", check_choice("averaging", self.averaging, ("uniform", "ema")))
+        _set(self, "average_fraction", check_real("average_fraction", self.average_fraction))
+        if not 0 < self.average_fraction <= 1:
+            raise ValueError(f"average_fraction must be in (0, 1], got {self.average_fraction!r}")
+        _set(self, "ema_decay", check_real("ema_decay", self.ema_decay))
+        if not 0 < self.ema_decay < 1:
+            raise ValueError(f"ema_decay must be in (0, 1), got {self.ema_decay!r}")
+
+
+@dataclass(frozen=True)
+class PerformanceConfig:
+    """How the run is computed: none of these changes the result beyond float rounding.
+
+    ``strategy``: a registered clipping strategy name (``featuredp.clipping.STRATEGIES``;
+    default ``"ghost"``) or a strategy object. ``device``: ``"cpu"``, ``"cuda"``,
+    ``"cuda:N"``, ``"mps"``, ``"auto"`` or None (the model's device).
+    """
+
+    strategy: Any = "ghost"
+    physical_batch_size: int | str | None = "auto"
+    device: Any = None
+    progress: bool = True
+    log_points: int = 5
+
+    def __post_init__(self) -> None:
+        pbs = self.physical_batch_size
+        if pbs is not None and pbs != "auto":
+            _set(self, "physical_batch_size", check_int("physical_batch_size", pbs, minimum=1))
+        _set(self, "progress", bool(self.progress))
+        _set(self, "log_points", check_int("log_points", self.log_points, minimum=1))
+
+
+_CONFIGS: dict[str, type] = {"privacy": PrivacyConfig, "schedule": ScheduleConfig, "performance": PerformanceConfig}
+_OWNER = {f.name: kind for kind, cls in _CONFIGS.items() for f in fields(cls)}
+
+
+def split_settings(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Sort flat keyword settings into ``{"privacy": {...}, "schedule": {...}, "performance": {...}}``.
+
+    An unknown keyword is a ``TypeError`` that names it.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in settings.items():
+        if key not in _OWNER:
+            raise TypeError(f"unknown Trainer setting {key!r}; settings are {', '.join(sorted(_OWNER))}")
+        out.setdefault(_OWNER[key], {})[key] = value
+    return out
+
+
+def _set(obj: object, name: str, value: Any) -> None:
+    # Frozen dataclasses: normalised values are written once, here, during validation.
+    object.__setattr__(obj, name, value)
+
+
+def _opt(check: Any, name: str, value: Any) -> Any:
+    return None if value is None else check(name, value)
+

@@ -1,0 +1,364 @@
+"""The mutable state of one training run, everything a checkpoint must restore, and its bookkeeping.
+
+A :class:`RunState` is a dataclass of parts — the streams, the samplers and shufflers,
+the loss-draw generators, the noise source, the optimisers, the iterate averager — and
+each part owns its ``state_dict()`` / ``load_state_dict()``. The state is **private**:
+RNG states reveal which records were sampled and, with the noise source's key, the noise.
+It goes into ``checkpoint.pt`` only (written by the caller with
+:func:`featuredp._io.atomic_save_torch`), never into run.json or logs.
+
+The run's bookkeeping lives here too: the data fingerprint a resume must match, the
+ledger reservation made before the first private step and settled with what ran, and
+:class:`ModelRuns`, which counts every private run applied to a model object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from featuredp.accounting import BudgetLedger, Reservation, compose_events, compute_epsilon, dpsgd_event
+from featuredp.config import PrivacyConfig, ScheduleConfig
+from featuredp.errors import BudgetExceededError, PrivacyRiskWarning
+from featuredp.noise import ChaCha20Generator, NoiseSource, SecureNoise, TorchNoise
+from featuredp.plan import PrivacyPlan
+from featuredp.sampling import (
+    EpochShuffler,
+    PoissonSampler,
+    Streams,
+    UniformSampler,
+    make_streams,
+    random_seed_from,
+)
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "Averager",
+    "ModelRuns",
+    "RunState",
+    "data_fingerprint",
+    "open_ledger",
+    "reserve",
+    "settle",
+    "torch_generator",
+]
+
+# 3: each part owns its state (streams, samplers, draws, noise, averager); data and Ψ fingerprints.
+CHECKPOINT_FORMAT = 3
+
+
+def torch_generator(seed: int, device: torch.device) -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded with ``seed`` (draws then need no copy between devices)."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
+
+
+def _generator_state(g: torch.Generator) -> torch.Tensor:
+    return g.get_state()
+
+
+@dataclass
+class Averager:
+    """Iterate averaging, a post-processing of the iterates: ``"uniform"`` over the last
+    ``fraction`` of the main phase, ``"ema"`` with ``decay``, or None (off)."""
+
+    mode: str | None
+    fraction: float
+    decay: float
+    main_steps: int
+    average: dict[str, torch.Tensor] | None = None
+    count: int = 0
+
+    @torch.no_grad()
+    def update(self, params: dict[str, torch.Tensor], main_done: int) -> None:
+        """Fold in the iterate after main-phase step ``main_done`` (1-based)."""
+        if self.mode is None:
+            return
+        if self.mode == "ema":
+            if self.average is None:
+                self.average = {k: p.detach().clone() for k, p in params.items()}
+            else:
+                for k, p in params.items():
+                    self.average[k].mul_(self.decay).add_(p.detach(), alpha=1 - self.decay)
+            return
+        start = self.main_steps - max(1, math.ceil(self.fraction * self.main_steps))
+        if main_done <= start:
+            return
+        self.count += 1
+        if self.average is None:
+            self.average = {k: p.detach().clone() for k, p in params.items()}
+        else:
+            for k, p in params.items():
+                self.average[k].add_(p.detach() - self.average[k], alpha=1.0 / self.count)
+
+    @torch.no_grad()
+    def finalize(self, params: dict[str, torch.Tensor]) -> None:
+        """Write the average into the parameters (nothing without averaging)."""
+        if self.average is None:
+            return
+        for k, p in params.items():
+            p.copy_(self.average[k])
+
+    def state_dict(self) -> dict[str, Any]:
+        """The running average and its count."""
+        return {"average": self.average, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.average = state["average"]
+        self.count = int(state["count"])
+
+
+@dataclass
+class RunState:
+    """One run's parts and counters (see the module docstring)."""
+
+    plan: PrivacyPlan
+    fingerprint: dict[str, str]
+    streams: Streams
+    private_sampler: PoissonSampler
+    shuffler: EpochShuffler
+    public_sampler: UniformSampler
+    public_shuffler: EpochShuffler
+    private_draws: torch.Generator
+    public_draws: torch.Generator
+    noise: NoiseSource
+    optimizer: torch.optim.Optimizer
+    pretrain_optimizer: torch.optim.Optimizer
+    averager: Averager
+    step: int = 0
+    private_steps: int = 0
+    stop_reason: str | None = None
+    history: list[dict[str, float]] = field(default_factory=list)
+    complete: bool = False
+
+    @classmethod
+    def start(
+        cls,
+        plan: PrivacyPlan,
+        fingerprint: dict[str, str],
+        *,
+        params: list[torch.Tensor],
+        privacy: PrivacyConfig,
+        schedule: ScheduleConfig,
+        device: torch.device,
+    ) -> RunState:
+        """A fresh state: streams from OS entropy (or the user's seeds), samplers, generators, optimisers."""
+        streams = make_streams(privacy.seed, public_seed=privacy.public_seed)
+        n = plan.dataset_size
+        m_int = max(1, round(plan.expected_batch_size))
+        noise: NoiseSource
+        if privacy.secure_rng:
+            # Keys from os.urandom, or from the user's seed for a reproducible (and secret) run.
+            keys = [streams.noise.bytes(32), streams.private_sampling.bytes(32)] if streams.seeded else [None, None]
+            noise = SecureNoise(ChaCha20Generator(keys[0]))
+            private_sampler = PoissonSampler(n, plan.sampling_rate, ChaCha20Generator(keys[1]))
+        else:
+            noise = TorchNoise(torch_generator(random_seed_from(streams.noise), device))
+            private_sampler = PoissonSampler(n, plan.sampling_rate, streams.private_sampling)
+        m_pub = plan.public_batch_size or m_int
+        return cls(
+            plan=plan,
+            fingerprint=fingerprint,
+            streams=streams,
+            private_sampler=private_sampler,
+            shuffler=EpochShuffler(n, min(m_int, n), streams.private_sampling),
+            public_sampler=UniformSampler(n, m_pub, streams.public_sampling),
+            public_shuffler=EpochShuffler(n, m_pub, streams.public_sampling),
+            # Loss draws of the private and of the public batch come from two different streams
+            # (the public one may be seeded publicly; the private one never).
+            private_draws=torch_generator(random_seed_from(streams.private_draws), device),
+            public_draws=torch_generator(random_seed_from(streams.public_draws), device),
+            noise=noise,
+            optimizer=_make_optimizer(schedule, params, schedule.lr),
+            pretrain_optimizer=_make_optimizer(schedule, params, schedule.pretrain_lr or schedule.lr),
+            averager=Averager(schedule.averaging, schedule.average_fraction, schedule.ema_decay, plan.steps),
+        )
+
+    def state_dict(self, model: nn.Module) -> dict[str, Any]:
+        """Tensors and plain containers only (safe for ``torch.load(weights_only=True)``); private."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "plan": self.plan.to_dict(),
+            "fingerprint": dict(self.fingerprint),
+            "step": self.step,
+            "private_steps": self.private_steps,
+            "stop_reason": self.stop_reason,
+            "history": self.history,
+            "accountant_phases": [
+                {"noise_multiplier": self.plan.noise_multiplier, "sampling_rate": self.plan.sampling_rate,
+                 "steps": self.private_steps}
+            ] if self.plan.is_private else [],
+            "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "pretrain_optimizer": self.pretrain_optimizer.state_dict(),
+            "streams": self.streams.state_dict(),
+            "private_sampler": self.private_sampler.state_dict(),
+            "shufflers": {"private": self.shuffler.state_dict(), "public": self.public_shuffler.state_dict()},
+            "draws": {"private": _generator_state(self.private_draws),
+                      "public": _generator_state(self.public_draws)},
+            "noise": self.noise.state_dict(),
+            "averager": self.averager.state_dict(),
+        }  # fmt: skip
+
+    def load_state_dict(self, ck: dict[str, Any], model: nn.Module) -> None:
+        """Restore a checkpoint of the *same* run: format, plan, data and Ψ fingerprints must match."""
+        if ck.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(
+                f"the checkpoint has format {ck.get('format')!r}, this featuredp writes {CHECKPOINT_FORMAT}; it was "
+                "written by another version and cannot be resumed: start a new run"
+            )
+        if ck.get("plan") != self.plan.to_dict():
+            raise ValueError(
+                "the checkpoint belongs to a different plan (dataset size, batch sizes, noise or steps differ); "
+                "resume with the same settings or start a new run"
+            )
+        saved = ck.get("fingerprint") or {}
+        if saved.get("data") != self.fingerprint["data"]:
+            raise ValueError(
+                "the checkpoint was written for different training data (its fingerprint differs): a resumed run "
+                "must continue on exactly the same records, or its accountant would not cover the change; resume "
+                "on the original data or start a new run"
+            )
+        if saved.get("psi") != self.fingerprint["psi"]:
+            raise ValueError(
+                "the checkpoint was written with a different public feature map or loss split (Ψ differs); resume "
+                "with the same Ψ or start a new run"
+            )
+        self.private_sampler.load_state_dict(ck["private_sampler"])
+        self.step = int(ck["step"])
+        self.private_steps = int(ck["private_steps"])
+        self.stop_reason = ck.get("stop_reason")
+        self.history = list(ck.get("history", []))
+        model.load_state_dict(ck["model"])
+        self.optimizer.load_state_dict(ck["optimizer"])
+        self.pretrain_optimizer.load_state_dict(ck["pretrain_optimizer"])
+        self.streams.load_state_dict(ck["streams"])
+        self.shuffler.load_state_dict(ck["shufflers"]["private"])
+        self.public_shuffler.load_state_dict(ck["shufflers"]["public"])
+        self.private_draws.set_state(ck["draws"]["private"])
+        self.public_draws.set_state(ck["draws"]["public"])
+        self.noise.load_state_dict(ck["noise"])
+        self.averager.load_state_dict(ck["averager"])
+
+
+def _make_optimizer(schedule: ScheduleConfig, params: list[torch.Tensor], lr: float) -> torch.optim.Optimizer:
+    if schedule.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=schedule.weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=schedule.momentum, weight_decay=schedule.weight_decay)
+
+
+def data_fingerprint(batch: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of the training tensors (keys, dtypes, shapes, bytes).
+
+    A function of private data: it goes into the private checkpoint only, never into
+    run.json (anyone could test a guessed dataset against a published hash).
+    """
+    h = hashlib.sha256()
+    for key in sorted(batch):
+        t = batch[key].detach().cpu().contiguous()
+        h.update(f"{key}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.view(torch.uint8).numpy().data if t.numel() else b"")  # a view: no copy of the data
+    return h.hexdigest()
+
+
+def open_ledger(ledger: Any) -> BudgetLedger | None:
+    """A BudgetLedger from a ledger object or the path of an existing ledger file (None passes through)."""
+    if ledger is None or isinstance(ledger, BudgetLedger):
+        return ledger
+    if isinstance(ledger, str | os.PathLike):
+        if not Path(ledger).exists():
+            raise FileNotFoundError(
+                f"ledger={str(ledger)!r} does not exist: create it once with its total budget, e.g. "
+                f"BudgetLedger({str(ledger)!r}, total_epsilon=8.0, delta=1e-5)"
+            )
+        return BudgetLedger(ledger)
+    raise TypeError(f"ledger must be a BudgetLedger or the path of one, got {type(ledger).__name__}")
+
+
+def reserve(ledger: BudgetLedger | None, state: RunState) -> Reservation | None:
+    """Reserve what the rest of the run may spend, before its first private step (None: nothing to reserve)."""
+    plan = state.plan
+    if ledger is None or not plan.is_private or plan.noise_multiplier is None:
+        return None
+    planned = plan.steps if plan.budget_steps is None else min(plan.steps, plan.budget_steps)
+    remaining = planned - state.private_steps
+    if remaining <= 0:
+        return None
+    event = dpsgd_event(plan.noise_multiplier, plan.sampling_rate, remaining)
+    return ledger.reserve(f"featuredp Trainer {plan.method}: up to {remaining} private steps", event=event)
+
+
+def settle(reservation: Reservation | None, plan: PrivacyPlan, private_steps: int) -> None:
+    """Settle a reservation at the private steps that actually ran (a crash included)."""
+    if reservation is None:
+        return
+    if private_steps <= 0 or plan.noise_multiplier is None:
+        reservation.cancel()  # no private step ran: the data was never touched by the mechanism
+        return
+    try:
+        reservation.settle(event=dpsgd_event(plan.noise_multiplier, plan.sampling_rate, private_steps))
+    except BudgetExceededError:
+        # Fewer steps never cost more, but if rounding ever said so, keep the (larger) reserved amount
+        # rather than lose the record or mask the exception that may be unwinding the caller.
+        reservation.settle()
+
+
+class ModelRuns:
+    """Which private runs were applied to which model object (ARCHITECTURE rule 7: every private step
+    any call applies to a model is counted). Weak keys: the record dies with the model."""
+
+    def __init__(self) -> None:
+        self._runs: weakref.WeakKeyDictionary[nn.Module, dict[int, dict[str, Any]]] = weakref.WeakKeyDictionary()
+
+    def record(self, model: nn.Module, state: RunState) -> None:
+        """Note the private steps ``state`` has applied to ``model`` so far."""
+        plan = state.plan
+        if plan.is_private and state.private_steps:
+            self._runs.setdefault(model, {})[id(state)] = {
+                "noise_multiplier": plan.noise_multiplier, "sampling_rate": plan.sampling_rate,
+                "steps": state.private_steps,
+            }  # fmt: skip
+
+    def earlier(self, model: nn.Module, state: RunState) -> list[dict[str, Any]]:
+        """The other runs' private phases on ``model``."""
+        return [p for key, p in self._runs.get(model, {}).items() if key != id(state) and p["steps"] > 0]
+
+    def warn_if_trained_before(self, model: nn.Module, state: RunState) -> None:
+        """PrivacyRiskWarning when another run already trained ``model`` privately."""
+        earlier = self.earlier(model, state)
+        if earlier and state.plan.is_private:
+            steps = sum(p["steps"] for p in earlier)
+            warnings.warn(
+                f"this model was already trained privately by {len(earlier)} other run(s) ({steps} private steps); "
+                "the released model's guarantee is the composition of all of them, not this run's epsilon alone. "
+                "The result reports both (privacy_report['model_epsilon_all_runs']); record every run in one "
+                "BudgetLedger (ledger=)",
+                PrivacyRiskWarning,
+                stacklevel=4,
+            )
+
+    def composed_epsilon(self, model: nn.Module, state: RunState) -> float | str | None:
+        """ε(δ) of every private run on ``model`` composed, when other runs came before this one."""
+        plan = state.plan
+        earlier = self.earlier(model, state)
+        if not earlier or not plan.is_private or plan.delta is None:
+            return None
+        phases = [*earlier]
+        if state.private_steps:
+            phases.append({"noise_multiplier": plan.noise_multiplier, "sampling_rate": plan.sampling_rate,
+                           "steps": state.private_steps})
+        if any(not p["noise_multiplier"] for p in phases):
+            return "inf"
+        events = [dpsgd_event(p["noise_multiplier"], p["sampling_rate"], p["steps"]) for p in phases]
+        return compute_epsilon(compose_events(*events), plan.delta, relation=plan.relation, accountant=plan.accountant)

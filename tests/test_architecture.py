@@ -1,0 +1,140 @@
+"""The house rules of the package, read from its source (DEVELOPING.md, "layers").
+
+* no import cycles between featuredp modules (imports inside functions included);
+* no package-internal imports inside functions, except in the CLI (each command keeps
+  its heavy imports lazy so that ``featuredp account`` starts fast);
+* building blocks never import the application layer (``featuredp.experiments``,
+  ``featuredp.cli``), and the engine never imports it either;
+* ``import featuredp``, the accountant, the plan, the method records and the configs
+  never import torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "featuredp"
+# Deprecated re-exports at the old import paths (kept for one release): they point into the new layout.
+SHIMS = {"featuredp.privatize", "featuredp.privatize_ghost", "featuredp.image_features", "featuredp.runs",
+         "featuredp.train_tabular"}  # fmt: skip
+APPLICATION = ("featuredp.experiments", "featuredp.cli")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in SRC.rglob("*.py"):
+        parts = p.relative_to(SRC.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> list[tuple[str, bool, int]]:
+    """(imported featuredp module, inside a function?, line) for every import in module ``name``."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            inside.update(id(n) for n in ast.walk(node) if n is not node)
+    out = []
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join([*base, node.module] if node.module else base)
+            else:
+                mod = node.module or ""
+            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        for t in targets:
+            if t in MODULES and t != name:
+                out.append((t, id(node) in inside, node.lineno))
+    return out
+
+
+def test_there_are_modules_to_check():
+    assert "featuredp.engine" in MODULES and len(MODULES) > 50
+
+
+def test_no_import_cycles():
+    graph = {m: {t for t, _, _ in _imports(m) if not t.startswith(m + ".")} for m in MODULES}
+    cycles = []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in MODULES:
+        if v not in index:
+            strong(v)
+    assert cycles == [], f"import cycles: {cycles}"
+
+
+def test_no_package_imports_inside_functions_outside_the_cli():
+    found = [
+        f"{m}:{line} imports {t}"
+        for m in MODULES
+        if not m.startswith("featuredp.cli")
+        for t, inside, line in _imports(m)
+        if inside
+    ]
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.parametrize("layer", ["building blocks", "engine"])
+def test_building_blocks_do_not_import_the_application_layer(layer):
+    if layer == "engine":
+        owners = ["featuredp.engine", "featuredp.run_state"]
+    else:
+        owners = [m for m in MODULES if not m.startswith(APPLICATION) and m not in SHIMS and m != "featuredp"]
+    found = [f"{m}:{line} imports {t}" for m in owners for t, _, line in _imports(m) if t.startswith(APPLICATION)]
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.parametrize("module", ["featuredp", "featuredp.accounting", "featuredp.plan", "featuredp.methods",
+                                    "featuredp.config"])
+def test_light_modules_do_not_import_torch(module):
+    code = f"import sys, {module}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False", f"{module} imports torch"
+
+
+def test_the_trainer_is_importable_from_the_package_root():
+    from featuredp import Trainer
+    from featuredp.engine import Trainer as EngineTrainer
+
+    assert Trainer is EngineTrainer
