@@ -25,10 +25,11 @@ import torch
 
 from featuredp._io import atomic_write_json
 from featuredp.data import load_dataset
-from featuredp.experiments.train_one import train_tabular
+from featuredp.experiments.train_one import train_one
+from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS
 
-METHODS = ("nonprivate", "public", "dpsgd", "fdp_dpsgd", "fdp")
-PRIVATE = ("dpsgd", "fdp_dpsgd", "fdp")
+METHODS = METHOD_NAMES
+PRIVATE = PRIVATE_METHODS
 
 #: the validation grid of --tune (each entry overrides the presets)
 TUNE_GRID: dict[str, dict[str, list]] = {
@@ -61,7 +62,7 @@ def _data(validation: bool):
 def _runs(args):
     if args.tune:
         for method in args.methods:
-            grid = TUNE_GRID[method]
+            grid = TUNE_GRID.get(method, {})
             for values in itertools.product(*grid.values()):
                 yield method, 1.0, 0, dict(zip(grid, values))
         return
@@ -92,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for i, (method, eps, seed, extra) in enumerate(jobs, 1):
         t0 = time.perf_counter()
-        s = train_tabular(data=data, dataset="adult", private=["sex", "race"], method=method, epsilon=eps,
-                          delta=args.delta, public_seed=seed, progress=False, **{**overrides, **extra})  # fmt: skip
+        s = train_one(data=data, dataset="adult", private=["sex", "race"], method=method, epsilon=eps,
+                      delta=args.delta, public_seed=seed, progress=False, **{**overrides, **extra}).summary  # fmt: skip
         row = {"method": method, "target_epsilon": eps, "seed": seed, "overrides": {**overrides, **extra},
                "accuracy": s["accuracy"], "epsilon": s["epsilon"], "noise_multiplier": s["noise_multiplier"],
                "steps": s["steps"], "seconds": time.perf_counter() - t0}  # fmt: skip

@@ -11,6 +11,7 @@ Run directories (with private checkpoints) go to --runs-dir, not into results/.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import time
@@ -21,7 +22,8 @@ import torch
 from featuredp._io import atomic_write_json, atomic_write_text
 from featuredp.attacks import report, tabular
 from featuredp.experiments.runs import load_run
-from featuredp.experiments.train_one import train_tabular
+from featuredp.experiments.train_one import retrain_like, train_one
+from featuredp.methods import get_method
 
 # (name, method, target ε, options): the default Adult runs, then an overfitting regime on 2,000
 # training records with a wide MLP, where membership is visible: a non-private positive control, and
@@ -79,7 +81,7 @@ def main() -> None:
         small = opts.pop("small", False)
         data = _small_data(args.seed) if small else None
         if not (rd / "run.json").exists():
-            train_tabular(method=method, epsilon=eps, out=rd, progress=False, public_seed=args.seed, data=data, **opts)
+            train_one(method=method, epsilon=eps, out=rd, progress=False, public_seed=args.seed, data=data, **opts)
         run = load_run(rd)
         train, test = data if data is not None else run.load_data()
         delta = float(run.plan.delta) if run.plan is not None and run.plan.delta else 0.0
@@ -87,7 +89,7 @@ def main() -> None:
                  "accuracy": run.metrics.get("accuracy"), "attribute": {}}  # fmt: skip
         for attr in ("sex", "race"):
             r = tabular.attribute_audit(run.model, train, test, attr, private_columns=["sex", "race"],
-                                        epsilon=run.epsilon if method != "public" else 0.0, delta=delta,
+                                        epsilon=0.0 if get_method(method).public_steps else run.epsilon, delta=delta,
                                         plan=run.plan, steps=run.info["result"].get("steps"),
                                         n_targets=args.targets, seed=args.seed)  # fmt: skip
             report.write_attribute_report(r, rd / "audit", title=name)
@@ -111,7 +113,7 @@ def main() -> None:
             ms = tabular.membership_audit(
                 run.model, train, test, n_targets=args.targets, seed=args.seed, progress=False, shadows=args.shadows,
                 shadow_train_size=SMALL_N,
-                train_fn=lambda ds: tabular.retrain_like(run, ds, seed=args.seed + 1000 + next(counter))[0],  # noqa: B023
+                train_fn=lambda ds: retrain_like(run, ds, seed=args.seed + 1000 + next(counter))[0],  # noqa: B023
             )
             ms["verdict"] = tabular.membership_verdict(ms, method, run.epsilon, delta)
             report.write_membership_report(ms, rd / "audit", title=f"{name}, {args.shadows} shadows")
@@ -136,7 +138,7 @@ def main() -> None:
             run = load_run(runs_dir / name)
             data = _small_data(args.seed) if name.startswith("overfit") else None  # audit models like the run
             c = tabular.canary_audit(run, kind=kind, canaries=args.canaries, seed=args.seed, progress=False,
-                                     data=data)  # fmt: skip
+                                     data=data, train_fn=functools.partial(retrain_like, run))  # fmt: skip
             report.write_canary_report(c, runs_dir / name / "audit", title=name)
             results["canary"][key] = {k: c[k] for k in ("kind", "method", "epsilon_lower_bound", "epsilon_claimed",
                                                         "claim_relation", "ceiling", "verdict")}  # fmt: skip

@@ -34,17 +34,19 @@ import torch
 
 from featuredp._io import atomic_write_json
 from featuredp.experiments import GridConfig, run_grid
+from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS
 from featuredp.models import MLP, LogisticRegression
 
 VARIANTS = ("vmap", "ghost-full-width", "ghost")
-METHODS = ("nonprivate", "public", "dpsgd", "fdp_dpsgd", "fdp")
-RUNS_IN_FULL_GRID = {"nonprivate": 3, "public": 3, "dpsgd": 12, "fdp_dpsgd": 12, "fdp": 12}
+METHODS = METHOD_NAMES
+# The full grid: 3 seeds, and 4 values of ε for the private methods (the references run once per seed).
+RUNS_IN_FULL_GRID = {m: 3 * (4 if m in PRIVATE_METHODS else 1) for m in METHODS}
 
 
 def run_variant(variant: str, methods: list[str], cache: str | None) -> dict[str, float]:
     """Seconds per training run of each method under ``variant`` (wall time of the cell)."""
     strategy = "vmap" if variant == "vmap" else "ghost"
-    params = {m: {"strategy": strategy} for m in methods if m in ("dpsgd", "fdp_dpsgd", "fdp")}
+    params = {m: {"strategy": strategy} for m in methods if m in PRIVATE_METHODS}
     saved = MLP.accepts_columns, LogisticRegression.accepts_columns
     if variant == "ghost-full-width":
         MLP.accepts_columns = LogisticRegression.accepts_columns = False

@@ -24,7 +24,7 @@ from featuredp.labeldp import (
 )
 
 # These tests exercise the estimators with classes=None on purpose; the warning itself is pinned in
-# tests/test_erm_classes_ledger.py.
+# tests/erm/test_classes_ledger.py.
 pytestmark = pytest.mark.filterwarnings("ignore:classes=None. the class set:featuredp.errors.PrivacyLeakWarning")
 
 

@@ -158,3 +158,31 @@ def test_zero_masking_multiplies_only_public_columns_and_equals_the_full_view(mo
     seen.clear()
     GaussianPadding(Columns(["sex"])).bind(data).public_loss(model, batch, {"pad": torch.randn(40, 7)})
     assert seen == [None]  # padding fills the private columns: the full input is multiplied
+
+
+def test_describe_embeds_the_disclosure_of_the_feature_map():
+    data = make_tabular(20, seed=6)
+    for split in _splits(data):
+        split.bind(data)
+        desc = split.describe()
+        assert desc["split"] == split.name
+        assert desc["feature_map"] == split.feature_map.describe().to_dict()
+        assert desc["feature_map"]["hides"]
+
+
+_DEVICES = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_draws_and_losses_follow_the_batch_device(device):
+    # "meta" tensors refuse to mix with CPU ones: a draw or a fill made on the CPU would fail here.
+    data = make_tabular(20, seed=7)
+    batch = {k: v.to(device) for k, v in as_batch(data).items()}
+    model = MLP(7, (5,), 2).to(device)
+    generator = torch.Generator(device=device) if device == "cuda" else torch.Generator()
+    for split in _splits(data):
+        split.bind(data)
+        d = split.draws(batch, generator)
+        assert all(v.device.type == device for v in d.values())
+        for loss in (split.loss, split.public_loss, split.private_loss):
+            assert loss(model, batch, d).device.type == device

@@ -406,7 +406,8 @@ class Trainer:
         self.plan = plan
         if plan.is_private:
             check_no_batch_mixing(self.model)
-        if plan.method == "dpsgd":
+        record = get_method(plan.method)
+        if record.private and not record.needs_feature_map:  # record-level DP (dpsgd)
             _warn_record_level_statistics(data)
         state = RunState.start(
             plan, {"data": data_print, "psi": self._psi_fingerprint(split)},

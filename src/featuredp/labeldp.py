@@ -2,7 +2,7 @@
 
 Label-DP (Ghazi et al. 2021, "Deep learning with label differential privacy") protects
 only the label: neighbours differ in the label of one record (replace-one). It is
-feature-DP with Ψ(x, y) = x (SPEC §4.1). Each mechanism here releases *noisy labels*;
+feature-DP with Ψ(x, y) = x (the paper's label-DP case study, §5). Each mechanism here releases *noisy labels*;
 any classifier trained on them is post-processing.
 
 * Randomized response (RR) over K classes keeps the label with probability
@@ -38,13 +38,21 @@ from featuredp._validate import check_choice, check_int, check_open_unit, check_
 from featuredp.erm._labels import resolve_classes
 from featuredp.erm._ledger import open_ledger, reserved, same_ledger
 from featuredp.errors import DataValidationError, PrivacyLeakWarning
+from featuredp.mechanisms import RandomizedResponse
 from featuredp.sampling import make_streams, warn_private_seed
 
 METHODS = ("rr", "rr-prior", "lp-2st")
 
 
 def rr_keep_probability(epsilon: float, n_classes: int) -> float:
-    """Probability that K-ary randomized response reports the true label: e^ε/(e^ε + K − 1)."""
+    """Probability that K-ary randomized response reports the true label: e^ε/(e^ε + K − 1).
+
+    >>> import math
+    >>> rr_keep_probability(math.log(3), 2)
+    0.75
+    >>> round(rr_keep_probability(1.0, 10), 3)
+    0.232
+    """
     eps = check_positive("epsilon", epsilon)
     k = check_int("n_classes", n_classes, minimum=2)
     return 1.0 / (1.0 + (k - 1) * math.exp(-eps))
@@ -108,8 +116,6 @@ def randomized_response(
             stacklevel=2,
         )
     y, K = _check_labels(y, n_classes)
-    from featuredp.mechanisms import RandomizedResponse
-
     rng = random_state if isinstance(random_state, np.random.Generator) else make_streams(random_state).noise
     return RandomizedResponse(eps, K).randomize(y, rng)
 
@@ -137,10 +143,14 @@ def rr_with_prior(
 
 
 def rr_with_prior_distribution(prior_row: Any, label: int, epsilon: float) -> np.ndarray:
-    """The exact output distribution of RR-with-prior for one row (for audits and tests)."""
+    """The exact output distribution of RR-with-prior for one row (for audits and tests).
+
+    >>> rr_with_prior_distribution([0.5, 0.3, 0.2], label=1, epsilon=1.0).round(4).tolist()
+    [0.2689, 0.7311, 0.0]
+    """
     prior_row = np.asarray(prior_row, dtype=np.float64)[None, :]
-    order, k = optimal_top_k(prior_row, epsilon)
-    order, k = order[0], int(k[0])
+    orders, sizes = optimal_top_k(prior_row, epsilon)
+    order, k = orders[0], int(sizes[0])
     K = prior_row.shape[1]
     out = np.zeros(K)
     top = order[:k]
@@ -315,7 +325,7 @@ class LabelDPClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         check_is_fitted(self)
         return self._aligned_proba(self.estimator_, X, len(self.classes_))
 
-    def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
+    def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
         # Inputs go straight to the wrapped estimator: accept what it accepts.
         base = get_tags(self._base())

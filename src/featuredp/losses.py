@@ -115,7 +115,11 @@ class LossSplit(ABC):
         return self.loss(model, batch, draws) - self.public_loss(model, batch, draws)
 
     def describe(self) -> dict[str, Any]:
-        """The split and the feature map, for run.json and the privacy report."""
+        """The split and the feature map (its :class:`~featuredp.plan.Disclosure` as a dict), for run.json.
+
+        >>> default_split(LabelPrivate()).describe()["feature_map"]["hides"]
+        "the label ('y')"
+        """
         return {"split": self.name, "feature_map": self.feature_map.describe().to_dict()}
 
 
@@ -135,6 +139,7 @@ class _FilledClassification(LossSplit):
         return self
 
     def loss(self, model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
+        """Cross-entropy of the full record, shape (B,)."""
         return cross_entropy(forward(model, batch), batch["y"])
 
     def _fill(self, view: Batch, draws: Batch) -> Batch:
@@ -164,6 +169,7 @@ class GaussianPadding(_FilledClassification):
         self.scale = float(scale)
 
     def draws(self, batch: Batch, generator: torch.Generator) -> Batch:
+        """N(0, scale²) padding for every ``x`` entry, drawn with ``generator`` on the batch's device."""
         x = batch["x"]
         pad = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
         return {"pad": pad if self.scale == 1.0 else pad.mul_(self.scale)}
@@ -177,6 +183,7 @@ class GaussianPadding(_FilledClassification):
         return out
 
     def describe(self) -> dict[str, Any]:
+        """The split, Ψ and the padding distribution."""
         return {**super().describe(), "padding": f"N(0, {self.scale:g}^2)"}
 
 
@@ -207,6 +214,7 @@ class Masking(_FilledClassification):
         self.mean_source: str | None = None
 
     def bind(self, dataset: Any) -> LossSplit:
+        """Bind Ψ and resolve the mean (given, or read from the data with a PrivacyLeakWarning)."""
         super().bind(dataset)
         if self.fill != "mean":
             return self
@@ -258,6 +266,7 @@ class Masking(_FilledClassification):
         return out
 
     def describe(self) -> dict[str, Any]:
+        """The split, Ψ, the fill and where a mean came from."""
         return {**super().describe(), "fill": self.fill, "mean_source": self.mean_source}
 
 
@@ -275,6 +284,7 @@ class LabelDPSplit(LossSplit):
         super().__init__(feature_map if feature_map is not None else LabelPrivate())
 
     def loss(self, model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
+        """Cross-entropy of the full record, shape (B,)."""
         return cross_entropy(forward(model, batch), batch["y"])
 
     def _public_loss(self, model: nn.Module, view: Batch, draws: Batch) -> torch.Tensor:
@@ -283,7 +293,11 @@ class LabelDPSplit(LossSplit):
 
 def default_split(feature_map: PublicFeatureMap, kind: str | None = None) -> LossSplit:
     """The split to use for ``feature_map``: ``"padding"`` (default for column maps),
-    ``"zero"``, ``"mean"`` or ``"labeldp"`` (default when the label is private)."""
+    ``"zero"``, ``"mean"`` or ``"labeldp"`` (default when the label is private).
+
+    >>> default_split(LabelPrivate()).name
+    'label_dp'
+    """
     label_private = isinstance(feature_map, LabelPrivate) or bool(getattr(feature_map, "label_private", False))
     if kind is None:
         kind = "labeldp" if label_private else "padding"

@@ -68,13 +68,19 @@ def _values(name: str, value: Any) -> np.ndarray:
 
 @dataclass(frozen=True)
 class CoinFlipSurvey:
-    """Binary randomized response by coins (Warner 1965): the survey of the slides.
+    """Binary randomized response by coins (Warner 1965): the classic sensitive-survey mechanism.
 
     Each respondent flips a coin that lands heads with probability ``truth_prob``: on heads
     they answer truthfully; on tails they flip a fair coin and answer "yes" on heads. So
     P(yes | yes) = t + (1 − t)/2 and P(yes | no) = (1 − t)/2, and ε = ln((1 + t)/(1 − t))
     (ln 3 for a fair first coin). The unbiased estimate of the true "yes" rate is
     (p_obs − (1 − t)/2)/t, i.e. 2·p_obs − 1/2 for a fair coin.
+
+    >>> survey = CoinFlipSurvey()  # fair first coin
+    >>> round(survey.epsilon, 4)  # ln 3
+    1.0986
+    >>> survey.estimate([1, 1, 1, 0])  # 75% "yes" observed: 2·0.75 − 1/2
+    1.0
     """
 
     truth_prob: float = 0.5
@@ -120,7 +126,14 @@ class CoinFlipSurvey:
 
 @dataclass(frozen=True)
 class RandomizedResponse:
-    """k-ary randomized response: keep the true value w.p. e^ε/(e^ε + k − 1), else report one of the other k − 1."""
+    """k-ary randomized response: keep the true value w.p. e^ε/(e^ε + k − 1), else report one of the other k − 1.
+
+    >>> import math
+    >>> RandomizedResponse(epsilon=math.log(3), k=2).keep_prob
+    0.75
+    >>> RandomizedResponse(epsilon=1.0, k=4).randomize([0, 1, 2, 3], rng=0).shape
+    (4,)
+    """
 
     epsilon: float
     k: int
@@ -160,7 +173,11 @@ class RandomizedResponse:
 
 @dataclass(frozen=True)
 class LaplaceMechanism:
-    """value + Laplace(0, Δ₁/ε) noise: ε-DP for queries with L1 sensitivity Δ₁."""
+    """value + Laplace(0, Δ₁/ε) noise: ε-DP for queries with L1 sensitivity Δ₁.
+
+    >>> LaplaceMechanism(epsilon=0.5, sensitivity=1.0).scale
+    2.0
+    """
 
     epsilon: float
     sensitivity: float = 1.0
@@ -184,7 +201,11 @@ class LaplaceMechanism:
 
 
 def classic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
-    """σ = Δ₂·sqrt(2 ln(1.25/δ))/ε (Dwork & Roth, Thm A.1) — valid only for ε < 1."""
+    """σ = Δ₂·sqrt(2 ln(1.25/δ))/ε (Dwork & Roth, Thm A.1) — valid only for ε < 1.
+
+    >>> round(classic_gaussian_sigma(0.5, 1e-5), 3)
+    9.69
+    """
     epsilon = check_positive("epsilon", epsilon)
     delta = check_open_unit("delta", delta)
     sensitivity = check_positive("sensitivity", sensitivity)
@@ -197,7 +218,11 @@ def classic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.
 
 
 def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
-    """The smallest σ with δ(ε) = Φ(−εσ/Δ + Δ/2σ) − e^ε Φ(−εσ/Δ − Δ/2σ) <= δ (Balle & Wang 2018)."""
+    """The smallest σ with δ(ε) = Φ(−εσ/Δ + Δ/2σ) − e^ε Φ(−εσ/Δ − Δ/2σ) <= δ (Balle & Wang 2018).
+
+    >>> round(analytic_gaussian_sigma(1.0, 1e-5), 3)  # any ε; the classic formula needs ε < 1
+    3.731
+    """
     epsilon = check_positive("epsilon", epsilon)
     delta = check_open_unit("delta", delta)
     sensitivity = check_positive("sensitivity", sensitivity)
@@ -221,6 +246,10 @@ class GaussianMechanism:
 
     ``method="analytic"`` (default) gives the smallest σ (exact Gaussian profile);
     ``"classic"`` uses the textbook formula and refuses ε >= 1.
+
+    >>> mech = GaussianMechanism(epsilon=1.0, delta=1e-5)
+    >>> round(mech.sigma, 3)
+    3.731
     """
 
     epsilon: float
@@ -253,6 +282,9 @@ class VectorMechanism:
 
     ‖b‖ ~ Gamma(shape d, scale 1/β) and b/‖b‖ is uniform on the sphere (Chaudhuri,
     Monteleoni & Sarwate 2011, output perturbation).
+
+    >>> VectorMechanism(epsilon=1.0).noise(3, size=2, rng=0).shape
+    (2, 3)
     """
 
     epsilon: float

@@ -58,6 +58,20 @@ class Method:
     marker: str = "o"
     linestyle: str = "-"
 
+    def __post_init__(self) -> None:
+        """Refuse a record whose flags contradict each other (the engine and the plan trust them)."""
+        problems = []
+        if self.private != (self.clipped_loss is not None):
+            problems.append("a method is private exactly when it has a clipped_loss")
+        if self.public_steps and (self.private or not self.needs_feature_map):
+            problems.append("public_steps (only Ψ(S) is read) means not private and needs_feature_map")
+        if (self.public_batch or self.pretrains or self.clipped_loss == "private_loss") and not self.needs_feature_map:
+            problems.append("public_batch, pretrains and clipped_loss='private_loss' read Ψ: needs_feature_map")
+        if self.public_batch and not self.private:
+            problems.append("public_batch is a part of a private step: private")
+        if problems:
+            raise ValueError(f"inconsistent method record {self.name!r}: " + "; ".join(problems))
+
 
 METHODS: dict[str, Method] = {
     m.name: m
@@ -79,7 +93,11 @@ PRIVATE_METHODS: tuple[str, ...] = tuple(name for name, m in METHODS.items() if 
 
 
 def get_method(name: str | Method) -> Method:
-    """The record of ``name``; a ValueError naming the choices for an unknown one."""
+    """The record of ``name`` (a record is returned as is); a ValueError naming the choices for an unknown one.
+
+    >>> get_method("dpsgd").clipped_loss
+    'loss'
+    """
     if isinstance(name, Method):
         return name
     if name not in METHODS:

@@ -154,6 +154,7 @@ class TorchNoise(NoiseSource):
         self.generator = generator
 
     def add(self, sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
+        """``sums`` + N(0, std²) from ``torch.randn`` in the sums' dtype, on their device."""
         std = check_nonnegative("std", std)
         if std == 0:
             return {k: v.clone() for k, v in sums.items()}
@@ -164,9 +165,11 @@ class TorchNoise(NoiseSource):
         }
 
     def state_dict(self) -> dict[str, Any]:
+        """The torch generator's state."""
         return {"torch": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
         self.generator.set_state(state["torch"])
 
 
@@ -181,6 +184,7 @@ class SecureNoise(NoiseSource):
             raise TypeError(f"generator must be a ChaCha20Generator, got {type(self.generator).__name__}")
 
     def add(self, sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
+        """``sums`` + float64 ChaCha20 Gaussians, added in float64 and only then rounded to the sums' dtype."""
         std = check_nonnegative("std", std)
         if std == 0:
             return {k: v.clone() for k, v in sums.items()}
@@ -196,9 +200,11 @@ class SecureNoise(NoiseSource):
         return out
 
     def state_dict(self) -> dict[str, Any]:
+        """The ChaCha20 key and position (secret)."""
         return {"chacha20": self.generator.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
         self.generator.load_state_dict(state["chacha20"])
 
 

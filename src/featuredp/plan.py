@@ -50,20 +50,32 @@ class Disclosure:
         """JSON-able form for run.json: ``map``, ``reveals``, ``hides`` and the details."""
         return {**dict(self.details), "map": self.map, "reveals": self.reveals, "hides": self.hides}
 
+    # Dict-style reads of the ``to_dict()`` form, kept because ``describe()`` returned a plain dict before
+    # this type existed and callers still read it so (``describe()["private_statistics_from_data"]``,
+    # ``result.privacy_report["feature_map"]["hides"]``). New code reads the attributes.
     def __getitem__(self, key: str) -> Any:
-        """Dict-style reads (``describe()["hides"]``) as before the type existed."""
+        """``to_dict()[key]`` (the dict-style read of ``describe()`` callers written before this type).
+
+        >>> Disclosure("LabelPrivate", reveals="all features", hides="the label")["hides"]
+        'the label'
+        """
         return self.to_dict()[key]
 
     def get(self, key: str, default: Any = None) -> Any:
-        """Dict-style ``get``."""
+        """``to_dict().get(key, default)``."""
         return self.to_dict().get(key, default)
 
     def __contains__(self, key: object) -> bool:
+        """Whether ``key`` is in ``to_dict()``."""
         return key in self.to_dict()
 
 
 def inf_to_str(v: float | None) -> float | str | None:
-    """∞ as the string "inf" (JSON has no infinity); other values unchanged."""
+    """∞ as the string "inf" (JSON has no infinity); other values unchanged.
+
+    >>> inf_to_str(math.inf), inf_to_str(1.5), str_to_inf("inf")
+    ('inf', 1.5, inf)
+    """
     return "inf" if isinstance(v, float) and math.isinf(v) else v
 
 
@@ -80,7 +92,15 @@ class PrivacyPlan:
     size. ``steps`` is the planned number of main-phase steps (private steps for
     private methods); ``budget_steps`` the most private steps the budget allows
     (training stops there). ``noise_multiplier`` and ``max_grad_norm`` are None
-    for methods that add no noise.
+    for methods that add no noise. Everything method-specific is read from the
+    method's record (:func:`featuredp.methods.get_method`).
+
+    >>> plan = PrivacyPlan("fdp", dataset_size=1000, expected_batch_size=100, sampling_rate=0.1, steps=10,
+    ...                    noise_multiplier=2.0, max_grad_norm=1.0, delta=1e-5)
+    >>> plan.is_private, 0 < plan.epsilon() < plan.epsilon(20)
+    (True, True)
+    >>> PrivacyPlan.from_dict(plan.to_dict()) == plan
+    True
     """
 
     method: str
@@ -101,13 +121,14 @@ class PrivacyPlan:
 
     @property
     def is_private(self) -> bool:
-        """True for methods with a (σ, p, T) privacy event (dpsgd, fdp_dpsgd, fdp)."""
+        """Whether the method's steps are a (σ, p, T) privacy event (its record's ``private``)."""
         return get_method(self.method).private
 
     def epsilon(self, steps: int | None = None) -> float:
         """ε(δ) after ``steps`` private steps (default: the planned ``steps``).
 
-        0 for ``public`` ((0, 0)-FDP) and for 0 steps; ∞ for ``nonprivate`` or σ = 0.
+        0 for a method whose steps read only Ψ(S) (``public``: (0, 0)-FDP) and for 0 steps;
+        ∞ for a non-private method (``nonprivate``) or σ = 0.
         """
         method = get_method(self.method)
         if method.public_steps:
@@ -119,6 +140,8 @@ class PrivacyPlan:
             return 0.0
         if not self.noise_multiplier:
             return math.inf
+        if self.delta is None:
+            raise ValueError(f"the plan of private method {self.method!r} needs delta to state ε(δ)")
         return epsilon_for(
             self.noise_multiplier, self.sampling_rate, t, self.delta,
             relation=self.relation, accountant=self.accountant,
@@ -139,9 +162,14 @@ class PrivacyPlan:
         ``feature_map`` is what Ψ discloses (:class:`Disclosure`, or its dict form from a run.json);
         its ``hides`` names what the guarantee protects.
 
+        >>> blur = Disclosure("GaussianBlur", reveals="the blurred image", hides="the fine detail")
         >>> plan = PrivacyPlan("public", dataset_size=10, expected_batch_size=2, sampling_rate=0.2, steps=5)
-        >>> plan.guarantee(0.0, Disclosure("GaussianBlur", reveals="the blurred image", hides="the fine detail"))
+        >>> plan.guarantee(0.0, blur)
         '(0, 0)-FDP protecting the fine detail: training read only the public view Ψ(S)'
+        >>> plan = PrivacyPlan("fdp", dataset_size=10, expected_batch_size=2, sampling_rate=0.2, steps=5,
+        ...                    noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5)
+        >>> plan.guarantee(1.5, blur.to_dict()).split(" (")[0]
+        '(1.5, 1e-05)-FDP protecting the fine detail: Algorithm 1'
         """
         hides = feature_map.hides if isinstance(feature_map, Disclosure) else (feature_map or {}).get("hides")
         what = f" protecting {hides}" if hides else ""
@@ -195,9 +223,8 @@ class TrainResult:
         }
 
 
-
-
 def _jsonable(obj: Any) -> Any:
+    """``obj`` with every :class:`Disclosure` in it replaced by its dict form."""
     if isinstance(obj, Disclosure):
         return obj.to_dict()
     if isinstance(obj, dict):

@@ -212,7 +212,7 @@ def test_agrees_with_prv_accountant_full_grid(sigma, p, steps):
     ours = epsilon_for(sigma, p, steps, 1e-5)
     # Beyond ε ≈ 100 prv-accountant is unreliable: at σ=0.5, p=0.1, T=1000 (ε≈126) its eps_error=0.25 bounds
     # exclude dp-accounting's value (stable to 1e-6 over intervals 1e-2..1e-4) and its tighter runs fail
-    # ("Discrete mean differs from continuous mean"); above ≈200 it runs out of memory (NOTES).
+    # ("Discrete mean differs from continuous mean"); above ≈200 it runs out of memory.
     if ours > 100:
         pytest.skip(f"epsilon {ours:.0f} beyond prv-accountant's range")
     try:

@@ -52,7 +52,7 @@ def test_noise_calibration_full_batch_is_exact_gaussian():
 
 
 def test_noise_calibration_known_setting():
-    # Purchase100-like: ε = 8 after 1000 steps at p = 1/16 (cf. NOTES: one step costs ≈ 1.23 at σ = 1)
+    # Purchase100-like: ε = 8 after 1000 steps at p = 1/16 (one step costs ≈ 1.23 at σ = 1)
     sigma = calibrate_noise_multiplier(8.0, 1e-5, 0.0625, 1000)
     assert 1.3 < sigma < 1.5
 
@@ -89,7 +89,7 @@ def test_step_calibration_is_the_largest(target, p, sigma):
 
 
 def test_step_calibration_known_setting():
-    # NOTES: Purchase100 settings, ε = 8 allows ≈ 21 epochs at p = 1/16, σ = 1
+    # Purchase100 settings (paper §6.2): ε = 8 allows ≈ 21 epochs at p = 1/16, σ = 1
     steps = calibrate_steps(8.0, 1e-5, 0.0625, 1.0)
     assert 20 <= steps * 0.0625 <= 23
 

@@ -118,3 +118,29 @@ def test_train_ledger_records_the_run(capsys, tmp_path):
     out = json.loads(capsys.readouterr().out)
     assert ledger.spent() == pytest.approx(out["epsilon"], rel=1e-6)
     assert not ledger.pending()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# --device: an absent device is refused up front with one line (exit 2), before any data is loaded
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["train", "--method", "dpsgd", "--epsilon", "1", "--epochs", "0.1", "--json"],
+    ["demo", "--epochs", "0.1", "--json"],
+    ["compare", "--quick", "--out", "{tmp}"],
+    ["compare", "--task", "diffusion", "--quick", "--out", "{tmp}"],
+    ["benchmark", "--rounds", "1", "--json"],
+])  # fmt: skip
+def test_device_cuda_without_a_gpu_exits_2_naming_cuda(argv, capsys, tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("data loaded before the device was checked")
+
+    monkeypatch.setattr("featuredp.data.load_dataset", no_data)
+    argv = [a.replace("{tmp}", str(tmp_path / "out")) for a in argv]
+    assert main([*argv, "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "CUDA" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

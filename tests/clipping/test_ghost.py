@@ -2,7 +2,8 @@
 
 Every supported layer type, single and double passes (FDP's cross term), with
 and without bias, sequence inputs, padded and ragged embeddings, the torch.func
-fallback on mixed models, tied weights, in-place ops, and the clipping bound.
+fallback on mixed models, tied weights, in-place ops, the clipping bound, and the
+rule registry (a rule registered for a new layer type replaces its fallback).
 The reference differentiates each example's loss on its own (batch of one), so
 it shares no code with the strategy under test.
 """
@@ -16,8 +17,8 @@ import pytest
 import torch
 from torch import nn
 
-from featuredp.clipping import VmapGradients
-from featuredp.clipping.ghost import GhostGradients
+from featuredp.clipping import GhostGradients, VmapGradients, register_rule
+from featuredp.clipping.rules import RULES, Dense, Outer, Rows, combine, rule_for
 
 RTOL = 1e-5
 
@@ -557,3 +558,75 @@ def test_three_passes_are_exact():
         return sq_loss(m(batch["x"])) - 0.5 * sq_loss(m(d["p"])) - 0.5 * sq_loss(m(d["q"]))
 
     assert_matches(model, three, {"x": x}, draws)
+
+
+# -- The rule registry ----------------------------------------------------------------------------------------
+
+
+class Scale(nn.Module):
+    """A layer without a built-in ghost rule: y = x ∘ weight over the last dimension."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(d))
+
+    def forward(self, x):
+        return x * self.weight
+
+
+def _scale_rule(m, args, kwargs, grad, B, name):
+    x = args[0]
+    return {"weight": Dense((grad * x).reshape(B, -1, x.shape[-1]).sum(1))}
+
+
+def test_a_registered_rule_replaces_the_fallback():
+    """The two-file recipe of rules.py: register a rule for the layer type, test it against autograd."""
+    model = nn.Sequential(nn.Linear(4, 5), Scale(5), nn.Tanh(), nn.Linear(5, 2))
+    x, draws = torch.randn(7, 3, 4), {"pad": torch.randn(7, 3, 4)}
+    with pytest.warns(UserWarning, match="1.weight"):
+        assert GhostGradients().plan(model).fallback == ["1.weight"]
+    register_rule(Scale)(_scale_rule)
+    try:
+        assert rule_for(Scale(2)) == (_scale_rule, "")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            strategy = assert_matches(model, double(), {"x": x}, draws)
+        assert strategy.plan(model).fallback == [] and strategy.fallback_layers == []
+    finally:
+        del RULES[Scale]
+
+
+def test_register_rule_refuses_duplicates_and_non_modules():
+    with pytest.raises(ValueError, match="Linear already has a ghost rule"):
+        register_rule(Scale, nn.Linear)(_scale_rule)
+    assert Scale not in RULES  # all or nothing
+    with pytest.raises(TypeError, match="Module subclasses"):
+        register_rule(int)
+    with pytest.raises(ValueError, match="at least one"):
+        register_rule()
+
+
+def test_rule_for_names_why_a_layer_falls_back():
+    assert rule_for(nn.PReLU()) == (None, "no ghost rule for this layer type")
+    assert rule_for(nn.Embedding(3, 2, scale_grad_by_freq=True)) == (None, "scale_grad_by_freq")
+    assert rule_for(nn.EmbeddingBag(3, 2, mode="max")) == (None, "mode='max'")
+    assert rule_for(nn.EmbeddingBag(3, 2, scale_grad_by_freq=True)) == (None, "scale_grad_by_freq")
+
+    class MyLinear(nn.Linear):  # may override forward: exact types only
+        pass
+
+    assert rule_for(MyLinear(2, 2))[0] is None
+    for layer in (nn.Linear(2, 2), nn.Conv1d(1, 1, 1), nn.Conv2d(1, 1, 1), nn.Embedding(3, 2), nn.LayerNorm(2),
+                  nn.GroupNorm(1, 2), nn.EmbeddingBag(3, 2)):
+        rule, why = rule_for(layer)
+        assert rule is not None and why == "", type(layer).__name__
+
+
+def test_contributions_of_different_kinds_are_not_combined():
+    a = Outer(torch.randn(3, 1, 1, 2), torch.randn(3, 1, 1, 4), torch.Size([4, 2]))
+    rows = Rows(torch.tensor([0, 2]), torch.tensor([1, 1]), torch.randn(2, 2), 3, torch.Size([5, 2]))
+    with pytest.raises(TypeError, match="different kinds"):
+        combine([a, rows])
+    both = combine([a, a])  # two single-token passes: kept apart, the norm has the cross term
+    torch.testing.assert_close(both.squared_norms(), 4 * a.squared_norms())
+    torch.testing.assert_close(both.weighted_sum(torch.ones(3)), 2 * a.weighted_sum(torch.ones(3)))

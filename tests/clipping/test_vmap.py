@@ -1,4 +1,5 @@
-"""Per-example gradients, clipping of ∇ℓ_priv as a whole, noise, and the batch-mixing refusal."""
+"""VmapGradients (torch.func per-example gradients): clipping of ∇ℓ_priv as a whole, noise, and the
+batch-mixing refusal."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from scipy import stats
 from torch import nn
 
 from _fdp_synth import make_tabular
+from featuredp.batches import as_batch
 from featuredp.clipping import GradientStrategy, VmapGradients, check_no_batch_mixing, clip_factors, get_strategy
-from featuredp.engine import as_batch
 from featuredp.features import Columns
 from featuredp.losses import GaussianPadding
 from featuredp.models import MLP, SparseLogisticRegression

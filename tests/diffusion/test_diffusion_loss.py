@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -124,3 +125,27 @@ def test_null_class_when_the_label_is_not_public() -> None:
 
     split.private_loss(_Rec(), b, split.draws(b, torch.Generator().manual_seed(0)))
     assert torch.equal(seen[0], b["y"]) and seen[1] is None
+
+
+_DEVICES = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_draws_and_losses_follow_the_batch_device(device: str) -> None:
+    # "meta" tensors refuse to mix with CPU ones: a timestep or noise drawn on the CPU would fail here.
+    b = {k: v.to(device) for k, v in _smooth_batch(3).items()}
+    model = build_unet("tiny", base_channels=8, channel_mults=(1, 2)).to(device)
+    split = DiffusionLoss(GaussianBlur(1.0, label_public=False), NoiseSchedule("cosine", 50))
+    generator = torch.Generator(device=device) if device == "cuda" else torch.Generator()
+    d = split.draws(b, generator)
+    assert d["t"].device.type == device and d["noise"].device.type == device
+    priv = split.private_loss(model, b, d)
+    assert priv.device.type == device and priv.shape == (3,)
+
+
+def test_describe_embeds_the_disclosure_of_the_feature_map() -> None:
+    fmap = GaussianBlur(1.5)
+    desc = DiffusionLoss(fmap, NoiseSchedule("linear", 100)).describe()
+    assert desc["feature_map"] == fmap.describe().to_dict()
+    assert desc["split"] == "diffusion" and desc["schedule"] == "linear" and desc["timesteps"] == 100
+    assert desc["common_random_numbers"] == ["t", "noise"]

@@ -93,3 +93,37 @@ def test_generate_is_reproducible_and_checks_its_arguments() -> None:
         ddim_sample(model, s, (1, 28, 28), n=1, steps=101)
     with pytest.raises(ValueError, match="labels or n"):
         ddim_sample(model, s, (1, 28, 28))
+
+
+def test_a_linear_schedule_too_short_for_its_betas_is_refused() -> None:
+    with pytest.raises(ValueError, match="timesteps > 20"):
+        NoiseSchedule("linear", 20)
+    assert float(NoiseSchedule("linear", 21).alphas_cumprod[-1]) > 0
+
+
+_DEVICES = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_samplers_follow_the_model_device(device: str) -> None:
+    # "meta" tensors refuse to mix with CPU ones: a timestep, label or noise made on the CPU would fail here.
+    model = build_unet("tiny", base_channels=8, channel_mults=(1, 2), num_classes=3).to(device)
+    s = NoiseSchedule("cosine", 20)
+    labels = torch.tensor([0, 1, 2])  # CPU labels are moved to the model
+    g = torch.Generator().manual_seed(0)  # a CPU generator: the noise is drawn there, then moved
+    assert ddim_sample(model, s, (1, 8, 8), labels=labels, steps=3, eta=1.0, generator=g).device.type == device
+    assert ddpm_sample(model, s, (1, 8, 8), n=2, generator=g).device.type == device
+    out = generate(model, s, (1, 8, 8), labels, steps=2, batch_size=2, progress=False)
+    assert out.device.type == device and out.shape == (3, 1, 8, 8)
+    assert generate(model, s, (1, 8, 8), labels[:0], progress=False).device.type == device
+    if device != "meta":  # one seed, the same starting noise on every device
+        cpu = generate(model.cpu(), s, (1, 8, 8), labels, steps=2, batch_size=2, progress=False)
+        torch.testing.assert_close(out.cpu(), cpu, atol=1e-4, rtol=0)
+
+
+def test_a_model_without_parameters_samples_on_the_given_device() -> None:
+    s = NoiseSchedule("cosine", 50)
+    c = torch.zeros(1, 1, 2, 2)
+    oracle = _Oracle(s, c.to("meta"))
+    out = ddim_sample(oracle, s, (1, 2, 2), n=2, steps=2, device="meta", generator=torch.Generator().manual_seed(0))
+    assert out.device.type == "meta"

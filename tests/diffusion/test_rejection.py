@@ -70,3 +70,8 @@ def test_redraws_only_rejected_labels() -> None:
         rejection_sample(sample_fn, torch.tensor([0]), -1.0)
     with pytest.raises(ValueError, match="quantile"):
         public_threshold(sharp, 1.5)
+
+
+def test_score_follows_the_image_device() -> None:
+    # "meta" tensors refuse to mix with CPU ones: the Laplacian kernel must move to the images.
+    assert laplacian_variance(_images(3).to("meta")).device.type == "meta"

@@ -1,7 +1,7 @@
 """Tests of featuredp.erm: noise laws, sensitivity, validation, and scikit-learn conventions.
 
 Statistical tests use fixed seeds and have power: each is paired with the alternative a
-plausible bug would produce (the lecture notes' 1/(nλ) scale, a 2/3 noise std) and checks
+plausible bug would produce (the 1/(nλ) scale sometimes quoted, a 2/3 noise std) and checks
 that the same test rejects it.
 """
 
@@ -31,7 +31,7 @@ from featuredp.errors import DataValidationError, PrivacyLeakWarning
 ESTIMATORS = (OutputPerturbationClassifier, ObjectivePerturbationClassifier, NoisySGDClassifier)
 
 # These tests exercise the estimators with classes=None on purpose; the warning itself is pinned in
-# tests/test_erm_classes_ledger.py.
+# tests/erm/test_classes_ledger.py.
 pytestmark = pytest.mark.filterwarnings("ignore:classes=None. the class set:featuredp.errors.PrivacyLeakWarning")
 
 
@@ -96,7 +96,7 @@ def test_output_perturbation_pure_noise_norm_is_gamma_with_scale_2_over_n_lambda
     assert fits[0].epsilon_ == pytest.approx(eps) and fits[0].delta_ == 0
     assert [b["epsilon"] for b in fits[0].budget_split_] == pytest.approx([eps_k] * K)
     assert stats.kstest(norms, stats.gamma(a=d, scale=2 / (n * lam * eps_k)).cdf).pvalue > 1e-3
-    # The lecture notes' scale 1/(nλε) is rejected.
+    # The scale 1/(nλε) sometimes quoted (off by two) is rejected.
     assert stats.kstest(norms, stats.gamma(a=d, scale=1 / (n * lam * eps_k)).cdf).pvalue < 1e-6
 
 

@@ -110,3 +110,19 @@ def test_column_linear_is_a_linear_with_the_same_state_dict_and_a_named_error():
     assert set(MLP(4, (3,), 2).state_dict()) == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
     with pytest.raises(ValueError, match="3 columns but columns lists 2"):
         layer(torch.randn(2, 3), columns=torch.tensor([0, 1]))
+
+
+_DEVICES = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_models_compute_on_their_own_device(device):
+    # "meta" tensors refuse to mix with CPU ones: any tensor a forward made on the CPU would fail here.
+    x = torch.randn(5, 6, device=device)
+    columns = torch.tensor([0, 2, 5], device=device)
+    assert MLP(6, (8,), 3).to(device)(x[:, [0, 2, 5]], columns=columns).device.type == device
+    assert LogisticRegression(6, 2).to(device)(x).device.type == device
+    for bias, dense in ((True, [0, 1]), (True, []), (False, [0])):
+        m = SparseLogisticRegression(dense, [3, 2], 2, bias=bias).to(device)
+        out = m({"x": x, "x_cat": torch.tensor([[0, -1]] * 5, device=device)})
+        assert out.device.type == device and out.shape == (5, 2)

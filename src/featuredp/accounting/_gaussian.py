@@ -13,7 +13,11 @@ from scipy import optimize, special
 
 
 def gaussian_delta(epsilon: float, mu: float) -> float:
-    """Exact δ(ε) of a μ-GDP mechanism (the Gaussian mechanism with Δ/σ = μ)."""
+    """Exact δ(ε) of a μ-GDP mechanism (the Gaussian mechanism with Δ/σ = μ).
+
+    >>> round(gaussian_delta(1.0, 1.0), 4)
+    0.1269
+    """
     if mu <= 0:
         return 0.0
     if math.isinf(mu):

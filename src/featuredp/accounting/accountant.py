@@ -28,10 +28,12 @@ import contextlib
 import functools
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import dp_accounting
+import numpy as np
 from dp_accounting.pld import privacy_loss_distribution as _pld
 
 from featuredp._validate import check_nonnegative, check_open_unit, check_positive
@@ -182,7 +184,15 @@ def _interval_schedule(eps_scale: float, sensitivity: float, steps: int) -> list
     return [snap_interval(first / _REFINE**k) for k in range(_MAX_ROUNDS)]
 
 
-def _pld_adaptive(atoms, inv_var, relation, scale, query, rtol, atol=0.0):
+def _pld_adaptive(
+    atoms: tuple[_Atom, ...],
+    inv_var: float,
+    relation: str,
+    scale: float,
+    query: Callable[[_pld.PrivacyLossDistribution], float],
+    rtol: float,
+    atol: float = 0.0,
+) -> tuple[float, float]:
     """Refine the interval ×3 until the estimated excess of the last answer is <= ``rtol`` (relative).
 
     Observed (and expected for connect-the-dots PLDs) convergence is quadratic in the
@@ -191,7 +201,7 @@ def _pld_adaptive(atoms, inv_var, relation, scale, query, rtol, atol=0.0):
     ε ≈ 1e-5 does not force absurdly fine intervals). Returns (the pessimistic, upper-bound
     answer, the interval that gave it).
     """
-    prev = None
+    prev: float | None = None
     best = (math.inf, _MAX_INTERVAL)
     steps = sum(a.count for a in atoms)
     for interval in _interval_schedule(scale, _SENSITIVITY[relation], steps):
@@ -204,30 +214,30 @@ def _pld_adaptive(atoms, inv_var, relation, scale, query, rtol, atol=0.0):
     return best
 
 
-def _pld_epsilon(atoms, inv_var, relation, delta, rtol):
+def _pld_epsilon(atoms: tuple[_Atom, ...], inv_var: float, relation: str, delta: float, rtol: float) -> float:
     scale = _rdp_guess(atoms, inv_var, delta)
     return _pld_adaptive(
         atoms, inv_var, relation, scale, lambda pld: pld.get_epsilon_for_delta(delta), rtol, _EPS_ATOL
     )[0]
 
 
-def _pld_epsilon_fixed(atoms, inv_var, relation, delta, interval):
+def _pld_epsilon_fixed(atoms: tuple[_Atom, ...], inv_var: float, relation: str, delta: float, interval: float) -> float:
     """Pessimistic PLD ε at one given interval (snapped to the grid); an upper bound at any interval."""
     return _composed_pld(atoms, inv_var, relation, snap_interval(interval)).get_epsilon_for_delta(delta)
 
 
-def _pld_delta(atoms, inv_var, relation, epsilon, rtol):
+def _pld_delta(atoms: tuple[_Atom, ...], inv_var: float, relation: str, epsilon: float, rtol: float) -> float:
     scale = max(epsilon, 1e-2)
     return _pld_adaptive(atoms, inv_var, relation, scale, lambda pld: pld.get_delta_for_epsilon(epsilon), rtol)[0]
 
 
-def _generic_accountant(relation: str, accountant: str):
+def _generic_accountant(relation: str, accountant: str) -> Any:
     if accountant == "pld":
         return dp_accounting.pld.PLDAccountant(_DP_RELATION[relation], value_discretization_interval=1e-4)
     return dp_accounting.rdp.RdpAccountant(neighboring_relation=_NeighborRel.ADD_OR_REMOVE_ONE)
 
 
-def _compose_generic(acc, event: DpEvent, accountant: str) -> None:
+def _compose_generic(acc: Any, event: DpEvent, accountant: str) -> None:
     try:
         acc.compose(event)
     except dp_accounting.UnsupportedEventError as exc:
@@ -273,7 +283,7 @@ def _quiet_absl() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _rdp_accountant(event: DpEvent, relation: str):
+def _rdp_accountant(event: DpEvent, relation: str) -> Any:
     acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=_NeighborRel.ADD_OR_REMOVE_ONE)
     with _quiet_absl():
         _compose_generic(acc, _rdp_event(event, relation), "rdp")
@@ -301,6 +311,13 @@ def compute_epsilon(
 
     ``rtol`` (PLD only) is the relative agreement of two successive discretisations
     at which the adaptive PLD stops; the answer is always the pessimistic (upper) one.
+
+    >>> from featuredp.accounting import compose_events, gaussian_event
+    >>> round(compute_epsilon(gaussian_event(2.0), 1e-5), 3)
+    1.993
+    >>> two = compose_events(gaussian_event(2.0), gaussian_event(2.0))  # = one release at σ = √2
+    >>> round(compute_epsilon(two, 1e-5), 3)
+    2.943
     """
     event = _check_event(event)
     delta = check_open_unit("delta", delta)
@@ -331,7 +348,12 @@ def compute_delta(
     accountant: str = "pld",
     rtol: float = DEFAULT_RTOL,
 ) -> float:
-    """The smallest δ such that ``event`` is (ε, δ)-DP under ``relation`` (an upper bound; 1 if non-private)."""
+    """The smallest δ such that ``event`` is (ε, δ)-DP under ``relation`` (an upper bound; 1 if non-private).
+
+    >>> from featuredp.accounting import gaussian_event
+    >>> round(compute_delta(gaussian_event(1.0), 1.0), 4)
+    0.1269
+    """
     event = _check_event(event)
     epsilon = check_nonnegative("epsilon", epsilon)
     relation = check_relation(relation)
@@ -355,19 +377,21 @@ def compute_delta(
 
 def privacy_profile(
     event: DpEvent,
-    epsilons,
+    epsilons: Any,
     *,
     relation: str = "add-remove",
     accountant: str = "pld",
     rtol: float = DEFAULT_RTOL,
-):
+) -> np.ndarray:
     """δ(ε) of ``event`` at each ε in ``epsilons`` (a numpy array; upper bounds, like ``compute_delta``).
 
     With the PLD backend the composed PLD is built once (at the interval the adaptive
     accountant chooses for δ = 1e-6) and queried at every ε.
-    """
-    import numpy as np
 
+    >>> from featuredp.accounting import gaussian_event
+    >>> privacy_profile(gaussian_event(1.0), [0.0, 1.0]).round(4).tolist()
+    [0.3829, 0.1269]
+    """
     event = _check_event(event)
     eps = np.asarray(epsilons, dtype=float)
     if eps.ndim != 1 or eps.size == 0 or not np.all(np.isfinite(eps)) or np.any(eps < 0):
@@ -407,7 +431,13 @@ def epsilon_for(
     relation: str = "add-remove",
     accountant: str = "pld",
 ) -> float:
-    """ε of ``steps`` DP-SGD / Algorithm 1 steps (Poisson rate ``sampling_rate``, noise ``noise_multiplier``)."""
+    """ε of ``steps`` DP-SGD / Algorithm 1 steps (Poisson rate ``sampling_rate``, noise ``noise_multiplier``).
+
+    >>> round(epsilon_for(1.0, 1.0, 1, 1e-5), 2)  # one full-batch Gaussian release (closed form)
+    4.38
+    >>> round(epsilon_for(1.0, 0.01, 100, 1e-5), 1)  # 100 Poisson-subsampled steps (PLD)
+    0.7
+    """
     return compute_epsilon(
         dpsgd_event(noise_multiplier, sampling_rate, steps), delta, relation=relation, accountant=accountant
     )
@@ -422,7 +452,11 @@ def delta_for(
     relation: str = "add-remove",
     accountant: str = "pld",
 ) -> float:
-    """δ(ε) of ``steps`` DP-SGD / Algorithm 1 steps."""
+    """δ(ε) of ``steps`` DP-SGD / Algorithm 1 steps.
+
+    >>> round(delta_for(1.0, 1.0, 1, 1.0), 4)
+    0.1269
+    """
     return compute_delta(
         dpsgd_event(noise_multiplier, sampling_rate, steps), epsilon, relation=relation, accountant=accountant
     )

@@ -29,12 +29,12 @@ from featuredp.errors import UnreachableTargetError
 
 _SIGMA_MIN = 1e-3
 _SIGMA_MAX = 1e4
+_MAX_EVALS = 60
 
 
 def _coarse_relative(steps: int) -> float:
     """Coarse-phase interval relative to the target ε: ≈ 1–3% pessimistic and cheap (cf. relative_interval)."""
     return min(1e-2, 0.1 / math.sqrt(max(1, steps)))
-_MAX_EVALS = 60
 
 
 def _epsilon(sigma: float, p: float, steps: int, delta: float, relation: str, accountant: str, rtol: float) -> float:
@@ -133,6 +133,13 @@ def calibrate_noise_multiplier(
     The achieved ε (by ``compute_epsilon`` with the same relation/accountant) is in
     ``[(1 − tolerance)·target, target]``. Raises ``UnreachableTargetError`` when even
     σ = 10⁴ does not reach the target.
+
+    >>> from featuredp.accounting import epsilon_for
+    >>> sigma = calibrate_noise_multiplier(1.0, 1e-5, 1.0, 1)  # one full-batch release: closed form
+    >>> round(sigma, 2)
+    3.74
+    >>> 0.99 <= epsilon_for(sigma, 1.0, 1, 1e-5) <= 1.0
+    True
     """
     target = check_positive("target_epsilon", target_epsilon)
     delta = check_open_unit("delta", delta)
@@ -202,6 +209,9 @@ def calibrate_steps(
 
     Raises ``UnreachableTargetError`` when even one step exceeds the target; the
     message names the noise multiplier that one step would need.
+
+    >>> calibrate_steps(10.0, 1e-5, 1.0, 5.0)  # full-batch steps at σ = 5
+    100
     """
     target = check_positive("target_epsilon", target_epsilon)
     delta = check_open_unit("delta", delta)
@@ -243,7 +253,11 @@ def calibrate_steps(
         for _ in range(3):
             base = coarse(guess)
             ratio = f(guess) / base if base > 0 else 1.0
-            new = _largest_below(lambda t, r=ratio: coarse(t) * r, target, guess, max_steps)
+
+            def corrected(t: int, r: float = ratio) -> float:
+                return coarse(t) * r
+
+            new = _largest_below(corrected, target, guess, max_steps)
             if new == guess:
                 break
             guess = new

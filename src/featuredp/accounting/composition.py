@@ -1,4 +1,4 @@
-"""Composition rules for generic (ε, δ)-DP mechanisms (slides / lecture notes).
+"""Composition rules for generic (ε, δ)-DP mechanisms (the textbook rules; see ``docs/accounting.md``).
 
 These are the textbook bounds for mechanisms known only by their (ε, δ). For DP-SGD and
 Algorithm 1 use the tight accountants in :mod:`featuredp.accounting.accountant`, which
@@ -31,7 +31,11 @@ def _pairs(name: str, guarantees: Iterable[tuple[float, float]]) -> list[tuple[f
 
 
 def basic_composition(guarantees: Iterable[tuple[float, float]]) -> tuple[float, float]:
-    """Sequential composition: (Σ ε_i, Σ δ_i) (δ capped at 1)."""
+    """Sequential composition: (Σ ε_i, Σ δ_i) (δ capped at 1).
+
+    >>> basic_composition([(1.0, 1e-5), (0.5, 0.0)])
+    (1.5, 1e-05)
+    """
     pairs = _pairs("guarantees", guarantees)
     return sum(e for e, _ in pairs), min(1.0, sum(d for _, d in pairs))
 
@@ -41,6 +45,10 @@ def advanced_composition(epsilon: float, delta: float, k: int, delta_prime: floa
 
     ε̃ = k·ε·(e^ε − 1) + ε·sqrt(2k·ln(1/δ')),  δ̃ = k·δ + δ'.
     Returned as is, even where basic composition (kε, kδ) is smaller (small k or large ε).
+
+    >>> eps, delta = advanced_composition(0.1, 0.0, 100, 1e-5)
+    >>> round(eps, 3), delta
+    (5.85, 1e-05)
     """
     epsilon = check_nonnegative("epsilon", epsilon)
     delta = check_nonnegative("delta", delta)
@@ -51,7 +59,11 @@ def advanced_composition(epsilon: float, delta: float, k: int, delta_prime: floa
 
 
 def parallel_composition(guarantees: Iterable[tuple[float, float]]) -> tuple[float, float]:
-    """Mechanisms on disjoint parts of the data: (max ε_i, max δ_i)."""
+    """Mechanisms on disjoint parts of the data: (max ε_i, max δ_i).
+
+    >>> parallel_composition([(1.0, 0.0), (2.0, 1e-6)])
+    (2.0, 1e-06)
+    """
     pairs = _pairs("guarantees", guarantees)
     if not pairs:
         return 0.0, 0.0
@@ -62,6 +74,10 @@ def amplify_by_subsampling(epsilon: float, delta: float, sampling_rate: float) -
     """Privacy amplification by Poisson subsampling at rate q: ε' = ln(1 + q(e^ε − 1)), δ' = q·δ.
 
     (Add/remove neighbours; Balle, Barthe & Gaboardi 2018.)
+
+    >>> eps, delta = amplify_by_subsampling(1.0, 1e-5, 0.01)
+    >>> round(eps, 4), round(delta, 9)
+    (0.017, 1e-07)
     """
     epsilon = check_nonnegative("epsilon", epsilon)
     delta = check_nonnegative("delta", delta)

@@ -8,7 +8,7 @@ events. A DP-SGD / Algorithm 1 run is a Poisson-subsampled Gaussian self-compose
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import dp_accounting
 
@@ -20,7 +20,8 @@ AccountantName = Literal["pld", "rdp"]
 RELATIONS: tuple[str, ...] = ("add-remove", "replace-one")
 ACCOUNTANTS: tuple[str, ...] = ("pld", "rdp")
 
-DpEvent = dp_accounting.DpEvent
+# dp-accounting ships no type information, so this alias is Any to mypy; at run time it is the class.
+DpEvent: TypeAlias = dp_accounting.DpEvent
 
 
 def check_relation(relation: object) -> str:
@@ -46,6 +47,12 @@ def dpsgd_event(noise_multiplier: float, sampling_rate: float, steps: int) -> Dp
     contribution to norm C and adds N(0, (noise_multiplier·C)²). At ``sampling_rate == 1``
     the plain Gaussian event is used (no subsampling): accountants then give the exact
     Gaussian result quickly instead of composing a degenerate mixture numerically.
+
+    >>> event = dpsgd_event(1.0, 0.01, 100)
+    >>> type(event).__name__, event.count, type(event.event).__name__, event.event.sampling_probability
+    ('SelfComposedDpEvent', 100, 'PoissonSampledDpEvent', 0.01)
+    >>> dpsgd_event(2.0, 1.0, 1)
+    GaussianDpEvent(noise_multiplier=2.0)
     """
     sigma = check_positive("noise_multiplier", noise_multiplier)
     p = check_sampling_rate("sampling_rate", sampling_rate)
@@ -57,7 +64,13 @@ def dpsgd_event(noise_multiplier: float, sampling_rate: float, steps: int) -> Dp
 
 
 def compose_events(*events: DpEvent) -> DpEvent:
-    """Compose several events (runs, phases) into one; no events gives the no-op event (ε = 0)."""
+    """Compose several events (runs, phases) into one; no events gives the no-op event (ε = 0).
+
+    >>> compose_events()
+    NoOpDpEvent()
+    >>> type(compose_events(gaussian_event(1.0), dpsgd_event(1.0, 0.01, 10))).__name__
+    'ComposedDpEvent'
+    """
     for i, event in enumerate(events):
         if not isinstance(event, dp_accounting.DpEvent):
             raise TypeError(f"events[{i}] must be a dp_accounting.DpEvent, got {event!r} ({type(event).__name__})")
@@ -69,7 +82,13 @@ def compose_events(*events: DpEvent) -> DpEvent:
 
 
 def event_to_dict(event: DpEvent) -> dict[str, Any]:
-    """A JSON-serialisable description of an event (for ledgers and run files)."""
+    """A JSON-serialisable description of an event (for ledgers and run files).
+
+    >>> event_to_dict(gaussian_event(2.0))
+    {'module_name': 'dp_accounting.dp_event', 'class_name': 'GaussianDpEvent', 'noise_multiplier': 2.0}
+    >>> event_from_dict(event_to_dict(dpsgd_event(1.0, 0.01, 100))) == dpsgd_event(1.0, 0.01, 100)
+    True
+    """
     if not isinstance(event, dp_accounting.DpEvent):
         raise TypeError(f"event must be a dp_accounting.DpEvent, got {event!r} ({type(event).__name__})")
     return _to_plain(event.to_named_tuple())

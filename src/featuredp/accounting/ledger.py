@@ -47,6 +47,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import dp_accounting
+
 from featuredp._io import atomic_write_json
 from featuredp._validate import check_nonnegative, check_open_unit, check_positive
 from featuredp.accounting.accountant import compute_epsilon
@@ -250,7 +252,7 @@ class BudgetLedger:
             raise ValueError("give exactly one of event (a DpEvent) or epsilon (a generic (epsilon, delta) spend)")
         now = _now()
         if event is not None:
-            if not isinstance(event, DpEvent):
+            if not isinstance(event, dp_accounting.DpEvent):  # DpEvent is an alias: isinstance needs the class
                 raise TypeError(f"event must be a dp_accounting.DpEvent, got {event!r}")
             if delta:
                 raise ValueError(f"delta is set by the ledger for event spends; got delta={delta!r}")

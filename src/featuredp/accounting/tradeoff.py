@@ -8,7 +8,7 @@ is f-DP for (Dong, Roth & Su 2019, Prop. 2.12 / the dual of the profile)
 
 Taking the sup over a finite grid of ε gives a curve *below* the true f (a valid, slightly
 conservative trade-off function), so bounds derived from it — e.g. attack success
-1 − f(Ball) — are upper bounds. Theorem 4 (SPEC §3): an adversary who sees the model and
+1 − f(Ball) — are upper bounds. Theorem 4 (paper §4): an adversary who sees the model and
 knows Ψ(x) = u guesses the private part within radius ρ with probability at most
 1 − f(Ball), where Ball is the best success possible without the model; for (ε, δ)-DP
 this is at most e^ε·Ball + δ.
@@ -20,8 +20,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import dp_accounting
 import numpy as np
 
+from featuredp._io import atomic_path
 from featuredp._validate import check_nonnegative, check_open_unit
 from featuredp.accounting._gaussian import gaussian_tradeoff
 from featuredp.accounting.accountant import DEFAULT_RTOL, compute_epsilon, privacy_profile
@@ -78,7 +80,12 @@ def tradeoff_from_profile(
 
 
 def epsilon_delta_tradeoff(epsilon: float, delta: float, alphas: Any = None) -> tuple[np.ndarray, np.ndarray]:
-    """The trade-off function f_{ε,δ}(α) = max(0, 1 − δ − e^ε α, e^{−ε}(1 − δ − α)) of (ε, δ)-DP."""
+    """The trade-off function f_{ε,δ}(α) = max(0, 1 − δ − e^ε α, e^{−ε}(1 − δ − α)) of (ε, δ)-DP.
+
+    >>> alphas, betas = epsilon_delta_tradeoff(1.0, 0.0, [0.0, 0.1, 0.5])
+    >>> betas.round(4).tolist()
+    [1.0, 0.7282, 0.1839]
+    """
     epsilon = check_nonnegative("epsilon", epsilon)
     delta = check_nonnegative("delta", delta)
     if delta > 1:
@@ -96,7 +103,7 @@ def _epsilon_grid(event: DpEvent, relation: str, accountant: str, num: int, rtol
 
 
 def _as_event(event_or_params: Any) -> DpEvent:
-    if isinstance(event_or_params, DpEvent):
+    if isinstance(event_or_params, dp_accounting.DpEvent):  # DpEvent is an alias: isinstance needs the class
         return event_or_params
     if isinstance(event_or_params, dict):
         keys = {"noise_multiplier", "sampling_rate", "steps"}
@@ -172,7 +179,11 @@ def epsilon_from_tradeoff(alphas: Any, betas: Any, delta: float) -> float:
 
 
 def attribute_inference_bound_eps_delta(epsilon: float, delta: float, ball: Any) -> Any:
-    """The (ε, δ) form of Theorem 4: attack success <= min(1, e^ε·Ball + δ)."""
+    """The (ε, δ) form of Theorem 4: attack success <= min(1, e^ε·Ball + δ).
+
+    >>> round(attribute_inference_bound_eps_delta(1.0, 1e-5, 0.1), 4)
+    0.2718
+    """
     epsilon = check_nonnegative("epsilon", epsilon)
     delta = check_nonnegative("delta", delta)
     b = _ball(ball)
@@ -224,12 +235,10 @@ def plot_tradeoff(
     title: str | None = None,
 ) -> None:
     """Draw the trade-off curve (and the (ε, δ) curve if given) into a PNG, written atomically."""
-    import matplotlib
+    import matplotlib  # lazy: plotting is optional and matplotlib is slow to import
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from featuredp._io import atomic_path
 
     fig, ax = plt.subplots(figsize=(4.5, 4.5))
     ax.plot(alphas, betas, label="trade-off f(α) of the run", color="C0")

@@ -10,11 +10,16 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from torch import nn
+from tqdm.auto import tqdm
 
 from featuredp._validate import check_choice, check_int, check_open_unit
+from featuredp.accounting import epsilon_for
+from featuredp.accounting.tradeoff import attribute_inference_bound
 from featuredp.attacks import torch_adapter as ta
 from featuredp.attacks.attribute import (
     ImputationBaseline,
@@ -34,6 +39,8 @@ from featuredp.attacks.canaries import (
 from featuredp.attacks.membership import ShadowModelAttack, lira_scores, loss_threshold_scores, yeom_attack
 from featuredp.attacks.metrics import membership_metrics
 from featuredp.errors import DataValidationError
+from featuredp.methods import Method, get_method
+from featuredp.plan import TrainResult
 
 MAX_JOINT_CANDIDATES = 256
 
@@ -70,8 +77,6 @@ def run_bound(
     trade-off curve of the run's (σ, p, T)) when the plan is known, else 1 − f_{ε,δ}(Ball)."""
     if math.isinf(epsilon):
         return 1.0, "no guarantee (ε = ∞): the bound is vacuous"
-    from featuredp.accounting.tradeoff import attribute_inference_bound
-
     if plan is not None and plan.noise_multiplier and (steps or plan.steps):
         t = int(steps or plan.steps)
         b = attribute_inference_bound((plan.noise_multiplier, plan.sampling_rate, t), ball, relation="add-remove",
@@ -327,8 +332,6 @@ def membership_audit(
         phi = np.empty((shadows, 2 * n_t))
         probs = []
         inmask = np.zeros((shadows, 2 * n_t), bool)
-        from tqdm.auto import tqdm
-
         # Paired design (Carlini et al.): every target is in exactly half of the shadows, so each one
         # has in- and out-models even with few shadows; other pool records join at random.
         target_in = np.argsort(rng.random((shadows, 2 * n_t)), axis=0) < shadows // 2
@@ -353,8 +356,9 @@ def membership_audit(
         attack = ShadowModelAttack(seed=seed).fit(sh_p, sh_y, inmask.ravel())
         curves["Shokri shadow"] = attack.score(ta.softmax(z), y)
         out["shadows"] = shadows
-    metrics = {name: membership_metrics(s, labels).to_dict() for name, s in curves.items()}
-    best = max(metrics, key=lambda k: metrics[k]["auc"])
+    scored = {name: membership_metrics(s, labels) for name, s in curves.items()}
+    best = max(scored, key=lambda k: scored[k].auc)
+    metrics = {name: m.to_dict() for name, m in scored.items()}
     out.update(
         {
             "metrics": metrics,
@@ -381,20 +385,21 @@ def canary_audit(
     canaries: int = 1000,
     runs: int = 1,
     train_size: int | None = None,
-    steps: int | None = None,
-    epochs: float | None = None,
     flip_label: bool = True,
     beta: float = 0.05,
     seed: int = 0,
     progress: bool = True,
     data: tuple[Any, Any] | None = None,
+    train_fn: Callable[..., tuple[nn.Module, TrainResult]] | None = None,
 ) -> dict[str, Any]:
     """Train ``runs`` models with the run's configuration and ``canaries`` canaries each; certify ε.
 
-    The audit models keep the run's method, model, hyperparameters, noise multiplier σ and
-    sampling rate p; ``train_size`` (a random subset of the training split), ``steps`` or
-    ``epochs`` shorten them, and the claimed ε is recomputed for what was actually run.
-    Canaries come from the test split (never in the training data otherwise).
+    ``train_fn(dataset, seed=s) -> (model, TrainResult)`` trains one audit model like the run:
+    :func:`featuredp.experiments.train_one.retrain_like` keeps the run's method, model,
+    hyperparameters, noise multiplier σ and sampling rate p (its ``steps`` or ``epochs`` shorten
+    the models, e.g. ``functools.partial(retrain_like, run, steps=100)``); the claimed ε is
+    recomputed for what was actually run. ``train_size`` trains on a random subset of the
+    training split. Canaries come from the test split (never in the training data otherwise).
 
     * ``feature``: pairs differing only in the private columns (FDP's replacement neighbours),
       compared with the *replace-one* ε of the audit models.
@@ -412,6 +417,9 @@ def canary_audit(
     delta = float(plan.delta) if plan is not None and plan.delta else 1e-5
     if kind == "gradient":
         return _gradient_canary_audit(run, canaries, runs, delta, beta, seed)
+    if train_fn is None:
+        raise ValueError(f"{kind} canaries need train_fn (a function training a model like the run's, e.g. "
+                         "featuredp.experiments.train_one.retrain_like bound to the run)")
     train, test = data if data is not None else run.load_data()
     if getattr(train, "X_cat", None) is not None:
         train = dataclasses.replace(train, X_cat=None)
@@ -425,8 +433,6 @@ def canary_audit(
         raise ValueError(f"canaries must be <= the test split size {test.n}, got {canaries}")
     rng = np.random.default_rng(seed)
     all_scores, all_bits, claims = [], [], []
-    from tqdm.auto import tqdm
-
     # One canary per run and >= 4 runs is the multi-run design (Clopper–Pearson on a fixed half/half
     # split of the runs); otherwise the one-run theorem (independent fair coins) is used.
     multi = canaries == 1 and runs >= 4
@@ -440,12 +446,12 @@ def canary_audit(
                                   n_classes=max(2, len(train.classes)))  # fmt: skip
         else:
             cs = mislabelled_canaries(test.X, test.y, max(2, len(train.classes)), canaries, rng)
-        if multi:  # the classic design: exactly half of the runs get bit 1
+        if design is not None:  # the multi-run design: exactly half of the runs get bit 1
             cs = dataclasses.replace(cs, bits=np.array([bool(design[r])]))
         cX, cy = cs.training_rows()
         data_r = _concat(base, np.vstack([base.X, cX]), np.r_[base.y, cy])
-        model, result = retrain_like(run, data_r, steps=steps, epochs=epochs, seed=seed + 1 + r, progress=progress)
-        if kind == "feature":
+        model, result = train_fn(data_r, seed=seed + 1 + r)
+        if cs.X_alt is not None:  # feature canaries: which of the two versions was trained on
             s = feature_canary_scores(
                 ta.per_example_loss(model, cs.X, cs.y), ta.per_example_loss(model, cs.X_alt, cs.y)
             )
@@ -490,19 +496,34 @@ def canary_audit(
     return out
 
 
-def _claims(method: str, result: Any) -> dict[str, float]:
-    from featuredp.accounting import epsilon_for
+def _record(method: str | None) -> Method | None:
+    """The method's record, None for a run that names none."""
+    return None if method is None else get_method(method)
 
+
+def _record_level(record: Method | None) -> bool:
+    """Whether the method's ε is record-level DP: private steps and Ψ(S) never read without noise."""
+    return record is not None and record.private and not record.needs_feature_map
+
+
+def _reads_public_freely(record: Method | None) -> bool:
+    """Whether the method reads Ψ(S) (labels, public columns) without noise: it does not hide membership."""
+    return record is not None and record.needs_feature_map
+
+
+def _claims(method: str, result: TrainResult) -> dict[str, float]:
     plan = result.plan
-    if method == "nonprivate" or not plan.noise_multiplier:
+    record = get_method(method)
+    if not record.private or not plan.noise_multiplier:
         return {"add_remove": math.inf, "replace_one": math.inf, "record_level": math.inf}
     steps = int(result.steps)
     if steps == 0:
-        return {"add_remove": 0.0, "replace_one": 0.0, "record_level": 0.0 if method == "dpsgd" else math.inf}
+        return {"add_remove": 0.0, "replace_one": 0.0, "record_level": 0.0 if _record_level(record) else math.inf}
+    assert plan.delta is not None  # the engine refuses a private method without δ
     ar = epsilon_for(plan.noise_multiplier, plan.sampling_rate, steps, plan.delta)
     ro = epsilon_for(plan.noise_multiplier, plan.sampling_rate, steps, plan.delta, relation="replace-one")
-    # dpsgd is record-level DP; the FDP methods read Ψ(S) (labels, public columns) freely
-    return {"add_remove": ar, "replace_one": ro, "record_level": ar if method == "dpsgd" else math.inf}
+    # DP-SGD is record-level DP; the FDP methods read Ψ(S) (labels, public columns) freely
+    return {"add_remove": ar, "replace_one": ro, "record_level": ar if _record_level(record) else math.inf}
 
 
 def _canary_verdict(out: dict[str, Any]) -> str:
@@ -512,7 +533,7 @@ def _canary_verdict(out: dict[str, Any]) -> str:
         f"than ε ≈ {ceil:.2f} even with a perfect attack, so a small lower bound is NOT evidence of privacy."
     )
     if claim is None:
-        if out["kind"] == "mislabelled" and out["method"] in ("fdp", "fdp_dpsgd", "public"):
+        if out["kind"] == "mislabelled" and _reads_public_freely(_record(out["method"])):
             return head + " The method makes no record-level claim: FDP does not hide membership."
         return head + " The model makes no claim (ε = ∞)."
     if lb > claim:
@@ -521,8 +542,6 @@ def _canary_verdict(out: dict[str, Any]) -> str:
 
 
 def _gradient_canary_audit(run: Any, canaries: int, runs: int, delta: float, beta: float, seed: int) -> dict:
-    from featuredp.accounting import epsilon_for
-
     plan = run.plan
     if plan is None or not plan.noise_multiplier or not plan.steps:
         raise ValueError("gradient canaries need a private run (noise multiplier and steps in its plan)")
@@ -551,79 +570,6 @@ def _gradient_canary_audit(run: Any, canaries: int, runs: int, delta: float, bet
     return out
 
 
-# --- retraining with a run's configuration ----------------------------------------------------------------
-
-_SPLIT_NAMES = {"gaussian_padding": "padding", "label_dp": "labeldp", "masking": "zero"}
-
-
-def retrain_like(
-    run: Any,
-    data: Any,
-    *,
-    steps: int | None = None,
-    epochs: float | None = None,
-    seed: int = 0,
-    progress: bool = False,
-) -> tuple[Any, Any]:
-    """Train a fresh model on ``data`` with ``run``'s method, model and hyperparameters.
-
-    Private methods keep the run's noise multiplier and sampling rate (not its ε target),
-    so that the audit models' claimed ε is the run's when the length is the same.
-    Returns ``(model, TrainResult)``.
-    """
-    from featuredp.engine import PRIVATE_METHODS, Trainer, init_seed
-    from featuredp.features import Columns
-    from featuredp.losses import default_split
-    from featuredp.models import build_model
-
-    info = run.info
-    cfg = dict(info.get("config") or {})
-    method = info["method"]
-    model = build_model(info["model_spec"], seed=init_seed(seed))
-    split = None
-    if method != "nonprivate" or run.private_columns:
-        fmap = Columns(private=run.private_columns, label_private=bool(run.dataset.get("label_private"))).bind(data)
-        split_name = ((info.get("result") or {}).get("privacy_report") or {}).get("loss_split", {}).get("split")
-        split = default_split(fmap, _SPLIT_NAMES.get(split_name))
-    keep = ("public_batch_size", "pretrain_epochs", "delta", "max_grad_norm", "alpha", "optimizer", "lr",
-            "pretrain_lr", "momentum", "weight_decay", "projection_radius", "averaging", "average_fraction",
-            "ema_decay", "relation", "accountant")  # fmt: skip
-    kwargs = {k: cfg[k] for k in keep if k in cfg and cfg[k] is not None}
-    if kwargs.get("max_grad_norm") == "inf":
-        kwargs["max_grad_norm"] = math.inf
-    if kwargs.get("public_batch_size"):  # a shrunken audit set (--train-size) may be smaller than m'
-        kwargs["public_batch_size"] = min(int(kwargs["public_batch_size"]), int(data.n))
-    plan = run.plan
-    if method in PRIVATE_METHODS:
-        kwargs["noise_multiplier"] = plan.noise_multiplier
-        kwargs["sampling_rate"] = plan.sampling_rate
-        kwargs["steps"] = int(steps if steps is not None else (info.get("result") or {}).get("steps") or plan.steps)
-        if epochs is not None:
-            kwargs.pop("steps")
-            kwargs["epochs"] = epochs
-    else:
-        for k in ("public_batch_size", "pretrain_epochs", "max_grad_norm", "alpha", "pretrain_lr"):
-            kwargs.pop(k, None)
-        kwargs["batch_size"] = cfg.get("batch_size") or 256
-        if steps is not None:
-            kwargs["steps"] = steps
-        else:
-            kwargs["epochs"] = epochs if epochs is not None else (cfg.get("epochs") or 1.0)
-    if method == "dpsgd":
-        for k in ("alpha", "public_batch_size", "pretrain_epochs", "pretrain_lr"):
-            kwargs.pop(k, None)
-    if method == "fdp_dpsgd":
-        kwargs.pop("alpha", None)
-    if method == "nonprivate":
-        kwargs.pop("delta", None)
-    # The seed fixes only the public randomness (initialisation, public batches): the audit models'
-    # private noise is fresh, as it would be in a real run, so audit outcomes vary from run to run.
-    trainer = Trainer(model, method, loss_split=split, public_seed=seed, progress=progress, **kwargs)
-    result = trainer.fit(data)
-    trainer.model.eval()
-    return trainer.model, result
-
-
 def membership_verdict(result: dict[str, Any], method: str | None, epsilon: float, delta: float) -> str:
     """Say whether membership is visible, and what the method claims about it."""
     n1, n0 = result["n_members"], result["n_nonmembers"]
@@ -635,18 +581,19 @@ def membership_verdict(result: dict[str, Any], method: str | None, epsilon: floa
         + ("— membership signal DETECTED" if detected else "— no membership signal beyond chance")
         + f" (3 standard errors under chance = {3 * se:.4f})."
     ]
-    if method in ("fdp", "fdp_dpsgd", "public"):
+    record = _record(method)
+    if _reads_public_freely(record):
         parts.append(
             "Feature-DP protects the private attributes only; it does NOT hide membership (the public part of a "
             "record, label included, is used without noise)."
         )
-    elif method == "dpsgd" and not math.isinf(epsilon):
+    elif _record_level(record) and not math.isinf(epsilon):
         adv_max = (math.exp(epsilon) - 1 + 2 * delta) / (math.exp(epsilon) + 1)
         ok = result["advantage"] <= adv_max
         parts.append(
             f"Record-level ({epsilon:.3g}, {delta:g})-DP allows a membership advantage of at most {adv_max:.4f}: "
             + ("consistent." if ok else "VIOLATION.")
         )
-    elif method == "nonprivate":
+    elif record is not None and not record.private:
         parts.append("The model is not private: nothing limits membership inference.")
     return " ".join(parts)

@@ -21,11 +21,10 @@ import torch
 from torch import nn
 
 from featuredp._validate import check_int, check_nonnegative, check_positive
+from featuredp.batches import forward
 
 
 def _forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    from featuredp.losses import forward
-
     return forward(model, {"x": x})
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from featuredp._io import atomic_write_json
     from featuredp.attacks import report, tabular
     from featuredp.experiments.runs import load_run
+    from featuredp.experiments.train_one import retrain_like
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     run_ = load_run(run_dir)
@@ -104,9 +106,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.attack == "canary":
         res = tabular.canary_audit(run_, kind=args.canary_kind, canaries=args.canaries, runs=args.runs,
-                                   train_size=args.train_size, steps=args.steps, epochs=args.epochs,
-                                   flip_label=not args.no_flip_label, beta=args.beta, seed=args.seed,
-                                   progress=progress)  # fmt: skip
+                                   train_size=args.train_size, flip_label=not args.no_flip_label, beta=args.beta,
+                                   seed=args.seed, progress=progress,
+                                   train_fn=functools.partial(retrain_like, run_, steps=args.steps, epochs=args.epochs,
+                                                              progress=progress))  # fmt: skip
         files += report.write_canary_report(res, out_dir, title=title)
         results.append(res)
     else:
@@ -130,8 +133,8 @@ def run(args: argparse.Namespace) -> int:
             counter = iter(range(10**6))
 
             def train_fn(ds: Any) -> Any:
-                return tabular.retrain_like(run_, ds, steps=args.steps, epochs=args.epochs,
-                                            seed=args.seed + 1000 + next(counter))[0]  # fmt: skip
+                return retrain_like(run_, ds, steps=args.steps, epochs=args.epochs,
+                                    seed=args.seed + 1000 + next(counter))[0]  # fmt: skip
 
             res = tabular.membership_audit(run_.model, train, test, n_targets=args.targets, shadows=args.shadows,
                                            train_fn=train_fn, shadow_train_size=args.train_size, seed=args.seed,

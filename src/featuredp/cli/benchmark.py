@@ -7,14 +7,18 @@ import json
 import sys
 from typing import Any
 
-METHODS = ("nonprivate", "dpsgd", "fdp")
+from featuredp.cli._device import add_device_argument, check_device
+from featuredp.methods import METHOD_NAMES
+
+#: what is timed by default: the non-private reference, DP-SGD and FDP (any registered method can be asked for)
+DEFAULT_METHODS = ("nonprivate", "dpsgd", "fdp")
 
 
 def _methods(text: str) -> list[str]:
     items = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in items if m not in METHODS]
+    bad = [m for m in items if m not in METHOD_NAMES]
     if not items or bad:
-        raise argparse.ArgumentTypeError(f"methods must be a subset of {','.join(METHODS)}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"methods must be a subset of {','.join(METHOD_NAMES)}, got {text!r}")
     return list(dict.fromkeys(items))
 
 
@@ -22,15 +26,16 @@ def register(subparsers: Any) -> None:
     """Add the ``benchmark`` subcommand."""
     p = subparsers.add_parser(
         "benchmark",
-        help="throughput of nonprivate / DP-SGD / FDP training steps (samples/s, ratio to non-private)",
+        help="throughput of training steps (samples/s, ratio to non-private); default nonprivate, DP-SGD, FDP",
         description="Times the engine's full training step of each method, interleaved in rounds, on synthetic "
         "Purchase100-shaped data (600 binary inputs, 100 public; MLP 600-300-100; 100 classes). Ratios to "
         "non-private are computed within each round; medians over rounds are reported.",
     )
     p.add_argument("--model", choices=("mlp",), default="mlp", help="model (the paper's Purchase100 MLP)")
     p.add_argument("--batch-size", type=int, default=1024, help="expected private batch size m (default 1024)")
-    p.add_argument("--methods", type=_methods, default=list(METHODS),
-                   help="comma-separated subset of nonprivate,dpsgd,fdp (nonprivate is always timed as reference)")
+    p.add_argument("--methods", type=_methods, default=list(DEFAULT_METHODS),
+                   help=f"comma-separated subset of {','.join(METHOD_NAMES)} (default {','.join(DEFAULT_METHODS)}; "
+                   "nonprivate is always timed as reference)")
     p.add_argument("--strategy", choices=("ghost", "vmap"), default="ghost",
                    help="per-example gradient strategy of the private methods (default ghost)")
     p.add_argument("--loss-split", choices=("zero", "padding"), default="zero",
@@ -47,6 +52,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the synthetic data, model initialisation and public batches (the private "
                    "randomness is always fresh OS entropy)")
+    add_device_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (samples/s and ratios)")
     p.set_defaults(func=run)
 
@@ -55,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark and print a table or JSON."""
     from featuredp._validate import check_int, check_positive
 
+    check_device(args.device)  # an absent device: exit 2 with one line, before any work
     batch = check_int("batch_size", args.batch_size, minimum=1)
     threads = check_int("threads", args.threads, minimum=1)
     rounds = check_int("rounds", args.rounds, minimum=1)
@@ -72,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     runners = [
         throughput.engine_runner(
             m, data, public, batch_size=batch, strategy=args.strategy, seed=args.seed,
-            name=f"{m}_secure" if secure else m, loss_split=args.loss_split, secure_rng=secure,
+            name=f"{m}_secure" if secure else m, loss_split=args.loss_split, secure_rng=secure, device=args.device,
         )
         for m, secure in variants
     ]
@@ -87,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     out.update({
         "batch_size": batch, "threads": threads, "rounds": rounds, "strategy": args.strategy, "model": args.model,
         "loss_split": args.loss_split, "dataset_size": n, "spread_nonprivate": res.spread("nonprivate"),
-        "secure_rng": args.secure_rng,
+        "secure_rng": args.secure_rng, "device": args.device or "cpu",
     })
     if args.json:
         json.dump(out, sys.stdout)

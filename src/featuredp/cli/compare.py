@@ -1,8 +1,10 @@
 """``featuredp compare``: a privacy–utility grid (method × ε × seed) with results, summary and plot.
 
-``--task tabular`` (default) runs :mod:`featuredp.experiments`; ``--task diffusion``
+``--task tabular`` (default) runs :mod:`featuredp.experiments.grid`; ``--task diffusion``
 delegates to :func:`featuredp.experiments.diffusion.run_compare` with the same
-namespace (``--epsilon`` is a single-value alias of ``--epsilons``).
+namespace (``--epsilon`` is a single-value alias of ``--epsilons``). Both tasks' options are
+registered here; the diffusion ones come from the torch-free
+:mod:`featuredp.experiments.diffusion_options`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import shlex
 import sys
 from typing import Any
 
-_METHODS = ("nonprivate", "public", "dpsgd", "fdp_dpsgd", "fdp")
+from featuredp.cli._device import add_device_argument, check_device
+from featuredp.experiments.diffusion_options import add_diffusion_arguments
+from featuredp.methods import METHOD_NAMES
 
 
 def _floats(text: str) -> list[float]:
@@ -38,14 +42,14 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "compare",
         help="run method × ε × seed and write results.csv, summary.md, privacy_utility.png",
-        description="Compare nonprivate, public, dpsgd, fdp_dpsgd and fdp at several ε on one dataset. "
+        description=f"Compare {', '.join(METHOD_NAMES)} at several ε on one dataset. "
         "Resumable: a rerun with the same --out skips finished cells.",
     )
     p.add_argument("--task", choices=("tabular", "diffusion"), default="tabular")
     p.add_argument("--dataset", default=None,
                    help="tabular: adult | census-income | purchase-style | criteo-style | ... (default adult); "
                         "diffusion: see its options")
-    p.add_argument("--methods", type=_names, default=None, help=f"comma-separated subset of {','.join(_METHODS)}")
+    p.add_argument("--methods", type=_names, default=None, help=f"comma-separated subset of {','.join(METHOD_NAMES)}")
     p.add_argument("--epsilons", type=_floats, default=None, help="comma-separated targets (default 1,2,4,8)")
     p.add_argument("--epsilon", type=float, default=None, help="a single target ε (alias of --epsilons)")
     p.add_argument("--seeds", type=int, default=None,
@@ -66,17 +70,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (default 1: steadier on shared machines; cells run one at a time)")
-    try:  # the diffusion task's own options (--delta, --lr, ... live there); optional if that module is absent
-        from featuredp.experiments.diffusion import add_diffusion_arguments
-
-        add_diffusion_arguments(p)
-    except ImportError:  # pragma: no cover
-        p.add_argument("--delta", type=float, default=None)
+    add_device_argument(p)
+    add_diffusion_arguments(p)  # the diffusion task's own options (--delta, --lr, ... live there)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the grid described by ``args``."""
+    check_device(args.device)  # an absent device: exit 2 with one line, before any work
     if args.task == "diffusion":
         from featuredp.experiments.diffusion import run_compare
 
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = GridConfig(
         dataset=dataset,
         out=args.out,
-        methods=args.methods or list(_METHODS),
+        methods=args.methods or list(METHOD_NAMES),
         epsilons=epsilons if epsilons is not None else ([2.0, 8.0] if args.quick else [1.0, 2.0, 4.0, 8.0]),
         seeds=list(range(first, first + n_seeds)),
         quick=args.quick,
@@ -121,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         private=args.private,
         dataset_options=options,
         report_only=args.report_only,
+        device=args.device,
         progress=not args.json and sys.stderr.isatty(),
         command="featuredp " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["compare"]
         else "featuredp compare",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 METHODS = ("output", "objective", "noisy-sgd", "rr", "lp-2st")
 DATASETS = ("breast_cancer", "digits", "adult")
@@ -47,12 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _data(name: str):  # type: ignore[no-untyped-def]
+def _data(name: str) -> tuple[Any, Any, Any, Any, list[int]]:
     """(X_train, y_train, X_test, y_test, classes): rows L2-normalised, y as class indices, and the
     class list the dataset *defines* (fixed by its schema, so declaring it leaks nothing)."""
     import numpy as np
 
-    def unit(X):  # type: ignore[no-untyped-def]
+    def unit(X: Any) -> Any:
         X = np.asarray(X, dtype=np.float64)
         nrm = np.linalg.norm(X, axis=1, keepdims=True)
         return X / np.where(nrm > 0, nrm, 1.0)

@@ -93,8 +93,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
+        private = list(train.default_private or [])
         for k, v in out.items():
-            if k == "default_private" and v and len(v) > 8:
-                v = f"{len(v)} columns: {', '.join(v[:5])}, ..."
+            if k == "default_private" and len(private) > 8:
+                v = f"{len(private)} columns: {', '.join(private[:5])}, ..."
             print(f"{k:17s} {v}")
     return 0

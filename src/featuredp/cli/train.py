@@ -7,7 +7,8 @@ import json
 import sys
 from typing import Any
 
-METHODS = ("nonprivate", "public", "dpsgd", "fdp_dpsgd", "fdp")
+from featuredp.cli._device import add_device_argument, check_device
+from featuredp.methods import METHOD_NAMES
 
 
 def _columns(text: str) -> list[str]:
@@ -29,14 +30,14 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "train",
         help="train a model with feature DP (or a baseline) and report accuracy and epsilon",
-        description="Train nonprivate | public | dpsgd | fdp_dpsgd | fdp on a tabular dataset whose --private "
-        "columns are protected. Unset hyperparameters use tuned per-method defaults (docs/engine.md).",
+        description=f"Train {' | '.join(METHOD_NAMES)} on a tabular dataset whose --private columns are "
+        "protected. Unset hyperparameters use tuned per-method defaults (docs/engine.md).",
     )
     p.add_argument("--dataset", default="adult", help="dataset name (default: adult, bundled)")
     p.add_argument("--private", type=_columns, default=None,
                    help="comma-separated private raw columns (default: the dataset's, sex,race for adult); "
                         "naming the label makes it private")
-    p.add_argument("--method", choices=METHODS, default="fdp")
+    p.add_argument("--method", choices=METHOD_NAMES, default="fdp")
     p.add_argument("--epsilon", type=float, default=None, help="target epsilon (sigma is calibrated)")
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--noise-multiplier", type=float, default=None, help="sigma (with --epsilon: budget stop)")
@@ -67,6 +68,7 @@ def register(subparsers: Any) -> None:
                    "any work) and settle what was spent at the end or on a crash")
     p.add_argument("--out", default=None, help="run directory (run.json, model.pt, checkpoint.pt)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    add_device_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -76,21 +78,22 @@ def run(args: argparse.Namespace) -> int:
     """Train and print the result."""
     import torch
 
-    from featuredp.experiments.train_one import train_tabular
+    from featuredp.experiments.train_one import train_one
 
+    check_device(args.device)  # an absent device: exit 2 with one line, before loading anything
     torch.set_num_threads(1)  # small models: one intra-op thread is faster and steadier on shared CPUs
     if args.resume and not args.out:
         raise ValueError("--resume needs --out DIR (the run to continue)")
-    summary = train_tabular(
+    summary = train_one(
         dataset=args.dataset, private=args.private, method=args.method, epsilon=args.epsilon, delta=args.delta,
         seed=args.seed, public_seed=args.public_seed, secure_rng=args.secure_rng, ledger=args.ledger,
         model=args.model, hidden=args.hidden, loss_split=args.loss_split, out=args.out,
-        resume=args.resume, progress=not (args.quiet or args.json),
+        resume=args.resume, progress=not (args.quiet or args.json), device=args.device,
         epochs=args.epochs, noise_multiplier=args.noise_multiplier, max_grad_norm=args.max_grad_norm,
         batch_size=args.batch_size, public_batch_size=args.public_batch_size, alpha=args.alpha, lr=args.lr,
         momentum=args.momentum, optimizer=args.optimizer, pretrain_epochs=args.pretrain_epochs,
         accountant=args.accountant, relation=args.relation,
-    )  # fmt: skip
+    ).summary  # fmt: skip
     if args.json:
         print(json.dumps(summary))
         return 0

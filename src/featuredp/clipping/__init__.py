@@ -4,11 +4,13 @@
   torch.func per-example gradient helper;
 * :mod:`~featuredp.clipping.vmap` — :class:`VmapGradients`, exact per-example gradients (the reference);
 * :mod:`~featuredp.clipping.ghost` — :class:`GhostGradients`, ghost-norm clipping with per-layer rules
-  (:mod:`~featuredp.clipping.rules`);
+  (:mod:`~featuredp.clipping.rules`: one rule per layer type, added with :func:`register_rule`);
 * :mod:`~featuredp.clipping.safety` — refusal of layers that mix the batch and of forwards with side effects.
 
-Strategies are chosen by name (``Trainer(strategy="ghost")``); :func:`register_strategy` adds one. The
-noise is added by the engine afterwards (:mod:`featuredp.noise`).
+Strategies are chosen by name (``Trainer(strategy="ghost")``); :func:`register_strategy` adds one, which
+must then pass the contract suite ``tests/clipping/test_contract.py`` (it is parametrised over
+:data:`STRATEGIES`, so a registered strategy is tested automatically). The noise is added by the engine
+afterwards (:mod:`featuredp.noise`).
 
 >>> sorted(STRATEGIES)
 ['ghost', 'vmap']
@@ -28,6 +30,7 @@ from featuredp.clipping.base import (
     trainable_parameters,
 )
 from featuredp.clipping.ghost import GhostGradients
+from featuredp.clipping.rules import register_rule
 from featuredp.clipping.safety import ForwardStateGuard, check_no_batch_mixing
 from featuredp.clipping.vmap import VmapGradients
 from featuredp.errors import BatchMixingError, ForwardSideEffectError
@@ -46,6 +49,7 @@ __all__ = [
     "clip_factors",
     "get_strategy",
     "per_example_grads",
+    "register_rule",
     "register_strategy",
     "trainable_parameters",
 ]
@@ -69,6 +73,8 @@ def register_strategy(name: str, factory: StrategyFactory, *, auto_physical_batc
         raise ValueError(f"strategy name must be a non-empty string, got {name!r}")
     if name in STRATEGIES:
         raise ValueError(f"a strategy named {name!r} is already registered")
+    if not callable(factory):
+        raise TypeError(f"factory must be callable (physical_batch_size -> strategy), got {type(factory).__name__}")
     STRATEGIES[name] = (factory, auto_physical_batch_size)
 
 
@@ -84,6 +90,9 @@ def get_strategy(
     """A strategy object from a registered name, or a strategy object passed through.
 
     ``physical_batch_size="auto"`` uses the strategy's registered default.
+
+    >>> get_strategy("ghost", physical_batch_size=64)
+    GhostGradients(physical_batch_size=64, reweight='matmul')
     """
     if not isinstance(strategy, str):
         if not callable(getattr(strategy, "clipped_sum", None)):

@@ -11,6 +11,7 @@ per-example gradient helper (used by the vmap strategy and by ghost's fallback).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -23,13 +24,18 @@ __all__ = [
     "GradientStrategy",
     "LossFn",
     "LossModule",
+    "add_up",
     "batch_size_of",
     "clip_factors",
+    "empty_result",
     "per_example_grads",
+    "slice_batch",
     "trainable_parameters",
 ]
 
-LossFn = Any  # Callable[[nn.Module, Batch, Batch], Tensor] returning per-example losses (B,)
+# Callable[[nn.Module, Batch, Batch], Tensor] returning per-example losses (B,). Any, not that Callable: a loss
+# annotated for its own model class (``model: MLP``) would not type-check against ``nn.Module`` (contravariance).
+LossFn = Any
 
 
 @runtime_checkable
@@ -52,17 +58,69 @@ def trainable_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def clip_factors(norms: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
-    """Per-example scale min(1, C / ‖g_i‖); the clipped norm is ≤ C (strictly, with the 1e-6 guard)."""
+    """Per-example scale min(1, C / ‖g_i‖); the clipped norm is ≤ C (strictly, with the 1e-6 guard).
+
+    >>> clip_factors(torch.tensor([0.5, 2.0, 4.0]), 1.0)
+    tensor([1.0000, 0.5000, 0.2500])
+    """
     if math.isinf(max_grad_norm):
         return torch.ones_like(norms)
     return (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
 
 
-def batch_size_of(batch: Batch) -> int:
-    sizes = {int(v.shape[0]) for v in batch.values()}
+def batch_size_of(batch: Batch, *more: Batch) -> int:
+    """The number of examples: the first dimension shared by every tensor of ``batch`` (and of ``more``,
+    e.g. the loss split's draws); a ValueError if they disagree or there are no tensors.
+
+    >>> batch_size_of({"x": torch.zeros(3, 2)}, {"pad": torch.zeros(3, 2)})
+    3
+    """
+    sizes = {int(v.shape[0]) for b in (batch, *more) for v in b.values()}
     if len(sizes) != 1:
-        raise ValueError(f"batch tensors must share the first (batch) dimension, got sizes {sorted(sizes)}")
+        what = "batch and draws" if more else "batch"
+        raise ValueError(f"{what} tensors must share the first (batch) dimension, got sizes {sorted(sizes)}")
     return sizes.pop()
+
+
+def slice_batch(batch: Batch, rows: slice) -> Batch:
+    """The same rows of every tensor of ``batch`` (a physical chunk, or the head of a batch)."""
+    return {k: v[rows] for k, v in batch.items()}
+
+
+def add_up(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """t₀ + t₁ + … in order: the rounding of Python's ``sum``, without its integer start (which types as int).
+
+    >>> add_up([torch.tensor(1.0), torch.tensor(2.0)])
+    tensor(3.)
+    """
+    if not tensors:
+        raise ValueError("add_up needs at least one tensor")
+    total = tensors[0]
+    for t in tensors[1:]:
+        total = total + t
+    return total
+
+
+def empty_result(
+    params: dict[str, torch.Tensor], *batches: Batch
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """What a strategy returns for an empty batch (a normal Poisson outcome; the caller still adds noise).
+
+    Zero sums shaped like the parameters, and no norms (shape (0,)) in the parameters' dtype, on the
+    parameters' device (the batch's when nothing is trainable), never on a hard-coded CPU.
+
+    >>> sums, norms = empty_result({"w": torch.ones(2, dtype=torch.float64)}, {"x": torch.zeros(0, 3)})
+    >>> sums["w"], norms.shape, norms.dtype
+    (tensor([0., 0.], dtype=torch.float64), torch.Size([0]), torch.float64)
+    """
+    sums = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in params.items()}
+    like = next(iter(params.values()), None)
+    if like is None:
+        like = next((t for b in batches for t in b.values()), None)
+    if like is None:  # no parameters and no tensors: nothing to follow
+        return sums, torch.zeros(0)
+    dtype = like.dtype if like.is_floating_point() else torch.get_default_dtype()
+    return sums, torch.zeros(0, dtype=dtype, device=like.device)
 
 
 class LossModule(nn.Module):
@@ -75,6 +133,7 @@ class LossModule(nn.Module):
         self._loss_fn = loss_fn
 
     def forward(self, batch: Batch, draws: Batch) -> torch.Tensor:
+        """The per-example losses of ``batch`` (with the loss split's ``draws``) under the current parameters."""
         return self._loss_fn(self.model, batch, draws)
 
 

@@ -54,19 +54,17 @@ import torch
 from torch import nn
 
 from featuredp._validate import check_choice, check_int, check_positive
-from featuredp.clipping.base import LossFn, clip_factors, per_example_grads, trainable_parameters
-from featuredp.clipping.rules import (
-    Dense,
-    NotPerExampleError,
-    Rule,
-    abs_sum,
-    combine,
-    first_examples,
-    rule_for,
-    squared_norms,
-    term_bounds,
-    weighted_sum,
+from featuredp.clipping.base import (
+    LossFn,
+    add_up,
+    batch_size_of,
+    clip_factors,
+    empty_result,
+    per_example_grads,
+    slice_batch,
+    trainable_parameters,
 )
+from featuredp.clipping.rules import Contribution, Dense, NormCache, NotPerExampleError, Rule, combine, rule_for
 from featuredp.clipping.safety import ForwardStateGuard, check_no_batch_mixing
 from featuredp.errors import BatchMixingError
 from featuredp.features.base import Batch
@@ -76,6 +74,8 @@ __all__ = ["GhostGradients", "GhostPlan"]
 
 @dataclass
 class _Layer:
+    """A supported layer of the model and the trainable parameters its rule covers."""
+
     name: str
     module: nn.Module
     rule: Rule
@@ -89,7 +89,7 @@ class GhostPlan:
     layers: list[_Layer]
     fallback: list[str]  # parameter names differentiated per example with torch.func
     fallback_layers: list[str]  # "layer (Type): reason", for the user
-    signature: tuple
+    signature: tuple[tuple[str, int, bool], ...]
     clone_outputs: set[int] = field(default_factory=set)  # id(module): outputs later modified in place
     validated: bool = False
     whole_model_fallback: bool = False
@@ -98,22 +98,17 @@ class GhostPlan:
 
 @dataclass
 class _Call:
+    """One call of a supported layer during the forward: what its rule needs, and how to see it was modified."""
+
     layer: _Layer
-    args: tuple
-    kwargs: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
     output: torch.Tensor
     versions: list[tuple[torch.Tensor, int]]  # tensors whose in-place modification would invalidate the call
 
 
-def _signature(model: nn.Module) -> tuple:
+def _signature(model: nn.Module) -> tuple[tuple[str, int, bool], ...]:
     return tuple((n, id(p), p.requires_grad) for n, p in model.named_parameters(remove_duplicate=False))
-
-
-def _batch_size(batch: Batch, draws: Batch) -> int:
-    sizes = {int(v.shape[0]) for v in (*batch.values(), *draws.values())}
-    if len(sizes) != 1:
-        raise ValueError(f"batch and draws tensors must share the first (batch) dimension, got sizes {sorted(sizes)}")
-    return sizes.pop()
 
 
 def _has_randomness(model: nn.Module) -> list[str]:
@@ -181,7 +176,8 @@ def _acts_per_example(m: nn.Module) -> bool:
         return m.dim not in (None, 0)  # over dim 0 (or an implicit dim on 2-d input) it normalises across examples
     return isinstance(m, _PER_EXAMPLE)
 
-Inspect = Callable[[dict[str, Any], dict[str, list], torch.Tensor], None]
+# The separability cross-check's look at one chunk: (combined contributions, the per-call parts, norms).
+Inspect = Callable[[dict[str, Contribution], dict[str, list[Contribution]], torch.Tensor], None]
 
 # Separability cross-check tolerance. Per example and parameter, the ghost gradient g and the batch-of-one
 # gradient r must satisfy ‖g − r‖ ≤ RTOL·‖r‖ + TERM_TOL·b + SCALE_TOL·max b, where b bounds the norm without
@@ -213,6 +209,15 @@ class GhostGradients:
         backward pass of Σ_i c_i loss_i).
     fallback_batch_size:
         Chunk size of the torch.func fallback (its memory grows with the fallback parameters).
+
+    >>> import torch
+    >>> from torch import nn
+    >>> model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    >>> loss = lambda m, batch, draws: m(batch["x"]).squeeze(1) ** 2
+    >>> strategy = GhostGradients()
+    >>> sums, norms = strategy.clipped_sum(model, loss, {"x": torch.randn(8, 3)}, {}, max_grad_norm=0.1)
+    >>> sorted(sums), tuple(norms.shape), strategy.fallback_layers
+    (['0.bias', '0.weight', '2.bias', '2.weight'], (8,), [])
     """
 
     name = "ghost"
@@ -310,12 +315,10 @@ class GhostGradients:
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Σ_i clip_C(∇_θ loss_fn(model, batch_i, draws_i)) per trainable parameter, and the norms (B,)."""
         C = check_positive("max_grad_norm", max_grad_norm, allow_inf=True)
-        n = _batch_size(batch, draws)
+        n = batch_size_of(batch, draws)
         params = trainable_parameters(model)
         if n == 0:  # an empty Poisson batch: the sum is zero (the caller still adds noise)
-            return {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in params.items()}, (
-                torch.zeros(0)
-            )
+            return empty_result(params, batch, draws)
         plan = self.plan(model)
         if plan.fallback and _has_randomness(model):
             raise ValueError(
@@ -348,8 +351,7 @@ class GhostGradients:
         norms = []
         for start in range(0, n, chunk):
             sl = slice(start, min(start + chunk, n))
-            part_b = {k: v[sl] for k, v in batch.items()}
-            part_d = {k: v[sl] for k, v in draws.items()}
+            part_b, part_d = slice_batch(batch, sl), slice_batch(draws, sl)
             part_sums, part_norms = self._chunk(plan, model, loss_fn, part_b, part_d, C, params, inspect)
             inspect = None  # the first chunk is the one checked
             for k, v in part_sums.items():
@@ -388,10 +390,11 @@ class GhostGradients:
             return None
         if first_chunk < 2:
             return None
-        head = {k: v[:first_chunk] for k, v in batch.items()}
-        head_d = {k: v[:first_chunk] for k, v in draws.items()}
+        head, head_d = slice_batch(batch, slice(first_chunk)), slice_batch(draws, slice(first_chunk))
 
-        def inspect(combined: dict[str, Any], parts: dict[str, list], norms: torch.Tensor) -> None:
+        def inspect(
+            combined: dict[str, Contribution], parts: dict[str, list[Contribution]], norms: torch.Tensor
+        ) -> None:
             self._compare_with_alone(plan, model, loss_fn, head, head_d, params, combined, parts, norms)
 
         if not _has_randomness(model):
@@ -410,8 +413,8 @@ class GhostGradients:
         batch: Batch,
         draws: Batch,
         params: dict[str, torch.Tensor],
-        combined: dict[str, Any],
-        parts: dict[str, list],
+        combined: dict[str, Contribution],
+        parts: dict[str, list[Contribution]],
         norms: torch.Tensor,
     ) -> None:
         """Raise BatchMixingError if the ghost gradients or norms of the first examples differ from theirs alone."""
@@ -425,10 +428,10 @@ class GhostGradients:
             for pname in params:
                 ref = alone[pname].reshape(k, -1).to(torch.float64)
                 if pname in combined:
-                    mine = first_examples(combined[pname], k).reshape(k, -1).to(torch.float64)
+                    mine = combined[pname].first_examples(k).reshape(k, -1).to(torch.float64)
                     # Bound the terms over the separate calls (passes), whose sum is where cancellation happens.
                     pieces = parts.get(pname) or [combined[pname]]
-                    bound = sum(term_bounds(c, k) for c in pieces)
+                    bound = add_up([c.term_bounds(k) for c in pieces])
                 else:  # no gradient reached it through the ghost path
                     mine = torch.zeros_like(ref)
                     bound = torch.zeros(k, dtype=torch.float64, device=ref.device)
@@ -471,8 +474,7 @@ class GhostGradients:
         rows: dict[str, list[torch.Tensor]] = {n: [] for n in names}
 
         def grads(i: int) -> list[torch.Tensor]:
-            one = {key: v[i : i + 1] for key, v in batch.items()}
-            one_d = {key: v[i : i + 1] for key, v in draws.items()}
+            one, one_d = slice_batch(batch, slice(i, i + 1)), slice_batch(draws, slice(i, i + 1))
             gs = torch.autograd.grad(loss_fn(model, one, one_d).sum(), tensors, allow_unused=True)
             return [torch.zeros_like(t) if g is None else g.detach() for g, t in zip(gs, tensors)]
 
@@ -536,7 +538,7 @@ class GhostGradients:
         params: dict[str, torch.Tensor],
         inspect: Inspect | None = None,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        B = _batch_size(batch, draws)
+        B = batch_size_of(batch, draws)
         for _ in range(2):  # re-run only if an output was modified in place (it is cloned the next time)
             if plan.whole_model_fallback:
                 return self._fallback_only(model, loss_fn, batch, draws, C, list(params))
@@ -560,12 +562,12 @@ class GhostGradients:
         self, plan: GhostPlan, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch
     ) -> tuple[list[_Call], torch.Tensor]:
         calls: list[_Call] = []
-        handles = []
+        handles: list[torch.utils.hooks.RemovableHandle] = []
 
         def make_hooks(layer: _Layer) -> None:
             clone_out = id(layer.module) in plan.clone_outputs
 
-            def post(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+            def post(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
                 if not isinstance(output, torch.Tensor) or not output.requires_grad:
                     return None
                 tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
@@ -630,7 +632,7 @@ class GhostGradients:
             )
         else:
             out_grads = ()
-        parts: dict[str, list] = {}
+        parts: dict[str, list[Contribution]] = {}
         with torch.no_grad():  # book-keeping only: nothing here may join the model's graph
             for call, g in zip(calls, out_grads):
                 if g is None:  # this call's output did not reach the loss
@@ -654,9 +656,9 @@ class GhostGradients:
 
         with torch.no_grad():
             sq = torch.zeros(B, dtype=torch.float64, device=losses.device)
-            cache: dict = {}
+            cache: NormCache = {}
             for c in combined.values():
-                sq += squared_norms(c, cache)
+                sq += c.squared_norms(cache)
             norms = sq.sqrt()
         if inspect is not None:
             inspect(combined, parts, norms)
@@ -675,7 +677,7 @@ class GhostGradients:
         with torch.no_grad():
             for pname, c in combined.items():
                 if pname not in sums:
-                    sums[pname] = weighted_sum(c, factors).to(params[pname].dtype)
+                    sums[pname] = c.weighted_sum(factors).to(params[pname].dtype)
         for pname, p in params.items():  # parameters that got no gradient in this chunk
             if pname not in sums:
                 sums[pname] = torch.zeros_like(p)
@@ -685,8 +687,8 @@ class GhostGradients:
     def _validate(
         plan: GhostPlan,
         params: dict[str, torch.Tensor],
-        combined: dict[str, Any],
-        parts: dict[str, list],
+        combined: dict[str, Contribution],
+        parts: dict[str, list[Contribution]],
         losses: torch.Tensor,
     ) -> list[str]:
         """Parameter names whose ghost sum of gradients differs from autograd's (checked once per model).
@@ -707,9 +709,9 @@ class GhostGradients:
                     if float(t.abs().max()) > 0:
                         bad.append(n)
                     continue
-                mine = weighted_sum(combined[n], ones)
+                mine = combined[n].weighted_sum(ones)
                 # Rounding scales with the size of the terms, not of their (possibly cancelling) sum.
-                scale = float(sum(abs_sum(p) for p in parts[n]).max()) + float(t.abs().max())
+                scale = float(add_up([p.abs_sum() for p in parts[n]]).max()) + float(t.abs().max())
                 if float((mine - t).abs().max()) > 1e-4 * scale:
                     bad.append(n)
         return bad
@@ -722,14 +724,12 @@ class GhostGradients:
         """Per-example gradients of just ``names`` (B, *shape) with torch.func; other parameters are constants."""
         if not names:
             return {}
-        B = _batch_size(batch, draws)
+        B = batch_size_of(batch, draws)
         step = self.fallback_batch_size
         pieces = []
         for s in range(0, B, step):
             sl = slice(s, min(s + step, B))
-            part_b = {k: v[sl] for k, v in batch.items()}
-            part_d = {k: v[sl] for k, v in draws.items()}
-            pieces.append(per_example_grads(model, loss_fn, part_b, part_d, names))
+            pieces.append(per_example_grads(model, loss_fn, slice_batch(batch, sl), slice_batch(draws, sl), names))
         return {k: torch.cat([p[k] for p in pieces]) for k in names}
 
     def _fallback_only(
@@ -738,12 +738,14 @@ class GhostGradients:
         random_layers = _has_randomness(model)
         if random_layers:
             raise ValueError(f"torch.func per-example gradients need a model without active dropout: {random_layers}")
-        B = _batch_size(batch, draws)
+        B = batch_size_of(batch, draws)
         per = self._fallback_grads(model, loss_fn, batch, draws, names)
-        sq = torch.zeros(B, dtype=torch.float64)
+        # The gradients' device (the model's); without parameters, the batch's (B > 0: there is a tensor).
+        device = next(iter((*per.values(), *batch.values(), *draws.values()))).device
+        sq = torch.zeros(B, dtype=torch.float64, device=device)
         for g in per.values():
-            sq += squared_norms(Dense(g))
+            sq += Dense(g).squared_norms()
         norms = sq.sqrt()
         factors = clip_factors(norms, C)
         dtype = next(iter(per.values())).dtype if per else torch.float32
-        return {k: weighted_sum(Dense(g), factors).to(g.dtype) for k, g in per.items()}, norms.to(dtype)
+        return {k: Dense(g).weighted_sum(factors).to(g.dtype) for k, g in per.items()}, norms.to(dtype)

@@ -11,6 +11,7 @@ separability cross-check (:mod:`featuredp.clipping.ghost`).
 from __future__ import annotations
 
 from types import TracebackType
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,6 +53,12 @@ def check_no_batch_mixing(model: nn.Module) -> None:
     Mixing done by parameter-free code (e.g. ``x - x.mean(0)``) cannot be seen statically; ghost clipping
     checks it numerically on its first batch (:class:`featuredp.clipping.ghost.GhostGradients`) and every
     private clipped sum runs under :class:`ForwardStateGuard`.
+
+    >>> check_no_batch_mixing(nn.Sequential(nn.Linear(2, 2), nn.GroupNorm(1, 2)))  # accepted: returns None
+    >>> check_no_batch_mixing(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
+    Traceback (most recent call last):
+    ...
+    featuredp.errors.BatchMixingError: layer '1' (BatchNorm1d) mixes examples across the batch, ...
     """
     for name, module in model.named_modules():
         label = _label(model, name, module)
@@ -111,6 +118,13 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
+def _put_back(now: dict[str, Any], before: dict[str, Any]) -> None:
+    """Make the module dict ``now`` hold exactly the entries of ``before`` again (same objects)."""
+    if len(now) != len(before) or any(now.get(k, _MISSING) is not v for k, v in before.items()):
+        now.clear()
+        now.update(before)
+
+
 class ForwardStateGuard:
     """Refuses, and undoes, changes that a private forward makes to a model's parameters and buffers.
 
@@ -138,12 +152,12 @@ class ForwardStateGuard:
         tensors: dict[int, tuple[torch.Tensor, bool]] = {}
         # Uninitialised lazy tensors have no data yet (their materialisation depends on shapes, not values).
         for _, params, buffers, _ in self._modules:
-            for t in params.values():
-                if t is not None and not is_lazy(t):
-                    tensors[id(t)] = (t, True)
-            for t in buffers.values():
-                if t is not None and not is_lazy(t):
-                    tensors.setdefault(id(t), (t, False))
+            for p in params.values():
+                if p is not None and not is_lazy(p):
+                    tensors[id(p)] = (p, True)
+            for b in buffers.values():
+                if b is not None and not is_lazy(b):
+                    tensors.setdefault(id(b), (b, False))
         self._state = [(t, _version(t), _ptr(t)) for t, _ in tensors.values()]
         buffer_size = sum(t.numel() for t, is_param in tensors.values() if not is_param)
         copy_buffers = self.first_call or buffer_size <= _BUFFER_COPY_LIMIT
@@ -225,10 +239,9 @@ class ForwardStateGuard:
     def _restore(self) -> list[str]:
         """Put every dict entry and every changed tensor back; the tensors that could not be restored."""
         for m, params, buffers, mods in self._modules:
-            for now, before in ((m._parameters, params), (m._buffers, buffers), (m._modules, mods)):
-                if len(now) != len(before) or any(now.get(k, _MISSING) is not v for k, v in before.items()):
-                    now.clear()
-                    now.update(before)
+            _put_back(m._parameters, params)
+            _put_back(m._buffers, buffers)
+            _put_back(m._modules, mods)
         unrestored = []
         names = None
         with torch.no_grad():

@@ -33,6 +33,7 @@ from importlib import resources
 import pandas as pd
 
 from featuredp._validate import check_choice
+from featuredp.data.census import subsample
 from featuredp.data.tabular import CategoricalEncoding, TableSpec, TabularDataset, check_private_set, encode_frames
 
 ADULT_RAW_COLUMNS = [
@@ -126,8 +127,6 @@ def load_adult(
     ``missing`` is ``"category"`` (keep ``?`` as a category) or ``"drop"`` (drop those rows);
     ``categorical="codes"`` puts categoricals in ``X_cat`` instead of one-hot columns.
     """
-    from featuredp.data.census import subsample
-
     train_df, test_df = adult_frames(missing)
     train_df = subsample(train_df, n_train, seed, "n_train")
     test_df = subsample(test_df, n_test, seed + 1, "n_test")

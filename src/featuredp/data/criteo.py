@@ -31,6 +31,8 @@ import numpy as np
 import pandas as pd
 
 from featuredp._validate import check_int, check_open_unit
+from featuredp.data.census import CENSUS_NUMERIC, census_frames, load_census_income
+from featuredp.data.census import LABEL as CENSUS_LABEL
 from featuredp.data.tabular import (
     CategoricalEncoding,
     TableSpec,
@@ -148,10 +150,8 @@ def load_criteo_style(
     frames: tuple[pd.DataFrame, pd.DataFrame] | None = None,
 ) -> tuple[TabularDataset, TabularDataset]:
     """Criteo-style (train, test) from Census-Income: numeric + label public, categorical private."""
-    from featuredp.data.census import CENSUS_NUMERIC, LABEL, census_frames, load_census_income
-
     raw = frames if frames is not None else census_frames(cache_dir)
-    categoricals = [c for c in raw[0].columns if c not in CENSUS_NUMERIC and c != LABEL]
+    categoricals = [c for c in raw[0].columns if c not in CENSUS_NUMERIC and c != CENSUS_LABEL]
     train, test = load_census_income(
         private=categoricals, categorical=categorical, n_train=n_train, n_test=n_test, seed=seed, frames=raw
     )

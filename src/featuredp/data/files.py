@@ -1,7 +1,7 @@
-"""Your own CSV or Parquet table, with a column spec.
+"""Your own CSV or Parquet table, with a column spec::
 
->>> train, test = load_table("people.csv", label="income", numeric=["age", "hours"],
-...                          categorical=["sex", "race", "job"], private=["sex", "race"])
+    train, test = load_table("people.csv", label="income", numeric=["age", "hours"],
+                             categorical=["sex", "race", "job"], private=["sex", "race"])
 
 Either ``private`` or ``public`` is given (the other is the complement of the
 feature columns); the label is public unless it is listed in ``private``.

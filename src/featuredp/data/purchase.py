@@ -40,6 +40,7 @@ import pandas as pd
 from featuredp._io import atomic_path
 from featuredp._validate import check_int, check_open_unit
 from featuredp.data.cache import cache_dir as _cache_dir
+from featuredp.data.census import census_frames
 from featuredp.data.tabular import TabularDataset, seeded_split
 from featuredp.errors import DataValidationError
 
@@ -265,8 +266,6 @@ def load_purchase_style(
     else:
         path = purchase_style_cache(cache_dir)
         if not path.is_file():
-            from featuredp.data.census import census_frames
-
             X, y, names = build_purchase_style(census_frames(cache_dir))
             # np.savez would append ".npz" to a bare temporary name, so write through a file object.
             with atomic_path(path) as tmp, open(tmp, "wb") as fh:

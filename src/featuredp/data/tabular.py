@@ -9,7 +9,7 @@ Raw columns (what users name in ``--private sex,race``) are encoded as:
 ``feature_sources`` maps every encoded column back to its raw column, so a public
 feature map can select columns by their raw name.
 
-Privacy of the preprocessing (ARCHITECTURE rule 6): scaling bounds and category
+Privacy of the preprocessing (``docs/datasets.md``, "Encoding statistics"): scaling bounds and category
 lists of a *private* column (and the class list of a private label) are
 statistics of private data. They are fine when given by the user (or fixed
 public knowledge such as a codebook), and raise

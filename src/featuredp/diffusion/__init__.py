@@ -4,43 +4,25 @@ Modules: :mod:`~featuredp.diffusion.unet` (class-conditional GroupNorm U-Net),
 :mod:`~featuredp.diffusion.schedule` (DDPM schedules), :mod:`~featuredp.diffusion.sampler` (DDIM, DDPM),
 :mod:`~featuredp.diffusion.losses` (the diffusion loss split with common random numbers),
 :mod:`~featuredp.diffusion.rejection` (post-processing that drops blurry samples),
-:mod:`~featuredp.diffusion.grid` (PNG sample grids), :mod:`~featuredp.experiments.diffusion`
-(the five-method comparison; ``run_compare``). Training goes through :class:`featuredp.engine.Trainer`.
+:mod:`~featuredp.diffusion.grid` (PNG sample grids). Training goes through :class:`featuredp.engine.Trainer`;
+the five-method comparison (``run_compare``) is the application :mod:`featuredp.experiments.diffusion`.
+
+Every module here needs torch, so the names are imported plainly: code that must stay torch-free
+(the CLI parser) imports none of this package.
 """
 
-import importlib
-from typing import Any
-
-# Names resolve lazily (PEP 562) so that ``featuredp.experiments.diffusion`` can register its CLI
-# options without importing torch: every ``featuredp`` command builds the full parser.
-_EXPORTS = {
-    "DiffusionLoss": "losses",
-    "denoising_loss": "losses",
-    "laplacian_variance": "rejection",
-    "public_threshold": "rejection",
-    "rejection_sample": "rejection",
-    "ddim_sample": "sampler",
-    "ddpm_sample": "sampler",
-    "generate": "sampler",
-    "NoiseSchedule": "schedule",
-    "PRESETS": "unet",
-    "UNet": "unet",
-    "UNetConfig": "unet",
-    "build_unet": "unet",
-    "count_parameters": "unet",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+from featuredp.diffusion.grid import make_grid, save_grid, to_uint8
+from featuredp.diffusion.losses import DiffusionLoss, denoising_loss
+from featuredp.diffusion.rejection import RejectionResult, laplacian_variance, public_threshold, rejection_sample
+from featuredp.diffusion.sampler import ddim_sample, ddpm_sample, generate
+from featuredp.diffusion.schedule import NoiseSchedule
+from featuredp.diffusion.unet import PRESETS, UNet, UNetConfig, build_unet, count_parameters
 
 __all__ = [
     "PRESETS",
     "DiffusionLoss",
     "NoiseSchedule",
+    "RejectionResult",
     "UNet",
     "UNetConfig",
     "build_unet",
@@ -50,6 +32,9 @@ __all__ = [
     "denoising_loss",
     "generate",
     "laplacian_variance",
+    "make_grid",
     "public_threshold",
     "rejection_sample",
+    "save_grid",
+    "to_uint8",
 ]

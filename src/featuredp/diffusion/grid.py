@@ -22,7 +22,11 @@ def to_uint8(images: torch.Tensor | np.ndarray) -> np.ndarray:
 
 
 def make_grid(images: torch.Tensor | np.ndarray, nrow: int = 10, pad: int = 2) -> np.ndarray:
-    """Tile images (N, C, H, W) into one (H', W') or (H', W', 3) uint8 array, ``nrow`` per row."""
+    """Tile images (N, C, H, W) into one (H', W') or (H', W', 3) uint8 array, ``nrow`` per row.
+
+    >>> make_grid(torch.zeros(3, 1, 4, 4), nrow=2).shape  # 2 rows of 2 tiles, 2-pixel gaps
+    (14, 14)
+    """
     x = to_uint8(images)
     if x.ndim != 4 or len(x) == 0:
         raise ValueError(f"images must be a non-empty (N, C, H, W) batch, got shape {x.shape}")
@@ -39,11 +43,10 @@ def make_grid(images: torch.Tensor | np.ndarray, nrow: int = 10, pad: int = 2) -
 
 def save_grid(images: torch.Tensor | np.ndarray, path: str | os.PathLike[str], nrow: int = 10) -> None:
     """Write a PNG sample grid atomically (grayscale or RGB)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # matplotlib.image, not pyplot: writing a PNG needs no GUI backend, so the caller's backend is left alone.
+    # Imported here because matplotlib is slow to import and only this function needs it.
+    from matplotlib import image as mpimg
 
     grid = make_grid(images, nrow)
     with atomic_path(path) as tmp:
-        plt.imsave(tmp, grid, cmap="gray" if grid.ndim == 2 else None, vmin=0, vmax=255, format="png")
+        mpimg.imsave(tmp, grid, cmap="gray" if grid.ndim == 2 else None, vmin=0, vmax=255, format="png")

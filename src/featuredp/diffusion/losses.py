@@ -53,20 +53,25 @@ class DiffusionLoss(LossSplit):
             raise TypeError(f"schedule must be a NoiseSchedule, got {type(schedule).__name__}")
 
     def draws(self, batch: Batch, generator: torch.Generator) -> Batch:
-        """t ~ Uniform{0, ..., T−1} and ε ~ N(0, I) per example, both batch-first."""
+        """t ~ Uniform{0, ..., T−1} and ε ~ N(0, I) per example, batch-first, drawn with ``generator``.
+
+        Both are made on the batch's device (``generator`` must live there too).
+        """
         x = batch.get("x")
         if x is None or x.dim() != 4:
             raise DataValidationError("the diffusion loss needs batch['x'] of shape (B, C, H, W)")
         b = x.shape[0]
-        t = torch.randint(0, self.schedule.timesteps, (b,), generator=generator, dtype=torch.long)
-        noise = torch.randn(x.shape, generator=generator, dtype=x.dtype)
+        t = torch.randint(0, self.schedule.timesteps, (b,), generator=generator, dtype=torch.long, device=x.device)
+        noise = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
         return {"t": t, "noise": noise}
 
     def loss(self, model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
+        """ℓ: the denoising loss of the sharp image (conditioned on its label), shape (B,)."""
         return denoising_loss(model, self.schedule, batch["x"], batch.get("y"), draws["t"], draws["noise"])
 
     def _public_loss(self, model: nn.Module, view: Batch, draws: Batch) -> torch.Tensor:
         return denoising_loss(model, self.schedule, view["x"], view.get("y"), draws["t"], draws["noise"])
 
     def describe(self) -> dict[str, Any]:
+        """The split, Ψ (its Disclosure as a dict), the schedule and the shared draws."""
         return {**super().describe(), **self.schedule.describe(), "common_random_numbers": ["t", "noise"]}

@@ -13,6 +13,7 @@ scaled to [0, 1], a standard focus measure: blur removes high frequencies and lo
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,7 +43,7 @@ def _as_unit(images: torch.Tensor | np.ndarray) -> torch.Tensor:
 def laplacian_variance(images: torch.Tensor | np.ndarray) -> torch.Tensor:
     """Per-image variance of the Laplacian (channels averaged first), shape (N,). Higher = sharper."""
     x = _as_unit(images).mean(1, keepdim=True)
-    lap = F.conv2d(x, _LAPLACE.view(1, 1, 3, 3))  # valid convolution: no padding artefacts at borders
+    lap = F.conv2d(x, _LAPLACE.to(x.device).view(1, 1, 3, 3))  # valid convolution: no padding artefacts at borders
     return lap.flatten(1).var(1)
 
 
@@ -70,7 +71,8 @@ class RejectionResult:
         """Accepted (by the test) / drawn."""
         return (len(self.images) - self.forced) / max(self.drawn, 1)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
+        """Counts for run files: kept, drawn, forced and the acceptance rate."""
         return {"kept": len(self.images), "drawn": self.drawn, "forced": self.forced,
                 "acceptance_rate": self.acceptance_rate}
 
@@ -102,12 +104,13 @@ def rejection_sample(
             break
         imgs = sample_fn(pending)
         drawn += len(imgs)
-        ok = laplacian_variance(imgs) >= threshold
+        ok = laplacian_variance(imgs) >= threshold  # on the images' device
+        ok_y = ok.to(pending.device)  # the labels may live elsewhere (e.g. CPU labels, GPU samples)
         kept_x.append(imgs[ok])
-        kept_y.append(pending[ok])
-        if round_ == max_rounds - 1 and fill and (~ok).any():
+        kept_y.append(pending[ok_y])
+        if round_ == max_rounds - 1 and fill and bool((~ok).any()):
             kept_x.append(imgs[~ok])
-            kept_y.append(pending[~ok])
+            kept_y.append(pending[~ok_y])
             forced = int((~ok).sum())
-        pending = pending[~ok]
+        pending = pending[~ok_y]
     return RejectionResult(torch.cat(kept_x), torch.cat(kept_y), drawn, forced)

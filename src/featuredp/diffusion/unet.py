@@ -20,7 +20,9 @@ used when the label is not public (and for unconditional sampling).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -43,14 +45,15 @@ class UNetConfig:
     num_classes: int = 10
     dropout: float = 0.0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (tuples as lists); ``UNetConfig(**d)`` rebuilds it (tuples or lists)."""
         d = asdict(self)
         d["channel_mults"] = list(self.channel_mults)
         d["attention_levels"] = list(self.attention_levels)
         return d
 
 
-PRESETS: dict[str, dict] = {
+PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {"base_channels": 16, "channel_mults": (1, 2, 2), "num_res_blocks": 1},
     "small": {"base_channels": 32, "channel_mults": (1, 2, 2), "num_res_blocks": 1},
     "base": {"base_channels": 64, "channel_mults": (1, 2, 2, 2), "num_res_blocks": 2, "attention_levels": (2,)},
@@ -73,6 +76,8 @@ def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class ResBlock(nn.Module):
+    """Pre-activation residual block; the time/class embedding is added after the first convolution."""
+
     def __init__(self, cin: int, cout: int, emb_dim: int, dropout: float) -> None:
         super().__init__()
         self.norm1 = nn.GroupNorm(_groups(cin), cin)
@@ -84,6 +89,7 @@ class ResBlock(nn.Module):
         self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
 
     def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """The block's output for features ``x`` (B, C, H, W) and embeddings ``emb`` (B, E)."""
         h = self.conv1(F.silu(self.norm1(x)))
         h = h + self.emb(F.silu(emb))[:, :, None, None]
         h = self.conv2(self.dropout(F.silu(self.norm2(h))))
@@ -91,6 +97,8 @@ class ResBlock(nn.Module):
 
 
 class Attention(nn.Module):
+    """Residual single-head self-attention over the pixels of one image (no mixing across the batch)."""
+
     def __init__(self, channels: int) -> None:
         super().__init__()
         self.norm = nn.GroupNorm(_groups(channels), channels)
@@ -98,6 +106,7 @@ class Attention(nn.Module):
         self.proj = nn.Conv2d(channels, channels, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` plus the attention output, same shape."""
         b, c, h, w = x.shape
         q, k, v = self.qkv(self.norm(x)).reshape(b, 3, c, h * w).unbind(1)
         attn = torch.softmax(torch.einsum("bci,bcj->bij", q, k) / math.sqrt(c), dim=-1)
@@ -161,19 +170,22 @@ class UNet(nn.Module):
         self.conv_out = nn.Conv2d(cur, config.in_channels, 3, padding=1)
         # the output starts at zero so an untrained model predicts ε = 0 (loss 1), a stable start
         nn.init.zeros_(self.conv_out.weight)
+        assert self.conv_out.bias is not None  # built with bias=True above
         nn.init.zeros_(self.conv_out.bias)
 
     @property
     def null_class(self) -> int:
+        """The class index meaning "no label" (unconditional)."""
         return self.config.num_classes
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """Predicted noise, same shape as ``x``; ``t`` (B,) int timesteps, ``y`` (B,) labels or None."""
         if y is None:
             y = torch.full((x.shape[0],), self.null_class, dtype=torch.long, device=x.device)
         emb = self.time_mlp(timestep_embedding(t, self.config.base_channels)) + self.class_emb(y)
         h = self.conv_in(x)
         hs = [h]
-        for block in self.down:
+        for block in _blocks(self.down):
             if isinstance(block[0], ResBlock):
                 h = block[0](h, emb)
                 for extra in block[1:]:
@@ -182,7 +194,7 @@ class UNet(nn.Module):
                 h = block[0](h)
             hs.append(h)
         h = self.mid2(self.mid_attn(self.mid1(h, emb)), emb)
-        for block in self.up:
+        for block in _blocks(self.up):
             if isinstance(block[0], ResBlock):
                 h = block[0](torch.cat([h, hs.pop()], dim=1), emb)
                 for extra in block[1:]:
@@ -192,8 +204,22 @@ class UNet(nn.Module):
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
-def build_unet(preset: str = "tiny", *, in_channels: int = 1, num_classes: int = 10, **overrides) -> UNet:
-    """A U-Net from a named preset (``tiny``, ``small``, ``base``, ``large``) with optional overrides."""
+def _blocks(stages: nn.ModuleList) -> Iterator[nn.ModuleList]:
+    """The stages of a path, each a ModuleList (a ResBlock and its attention, or one resampling conv)."""
+    # The paths are ModuleLists of ModuleLists (this layout fixes the state_dict keys of saved models);
+    # iterating a ModuleList is typed as yielding plain Modules.
+    for stage in stages:
+        yield cast(nn.ModuleList, stage)
+
+
+def build_unet(preset: str = "tiny", *, in_channels: int = 1, num_classes: int = 10, **overrides: Any) -> UNet:
+    """A U-Net from a named preset (``tiny``, ``small``, ``base``, ``large``) with optional overrides.
+
+    >>> model = build_unet("tiny", base_channels=8, channel_mults=(1, 2))
+    >>> x = torch.zeros(2, 1, 8, 8)
+    >>> model(x, torch.tensor([0, 5])).shape
+    torch.Size([2, 1, 8, 8])
+    """
     check_choice("preset", preset, tuple(PRESETS))
     kw = {**PRESETS[preset], **overrides}
     return UNet(UNetConfig(in_channels=in_channels, num_classes=num_classes, **kw))

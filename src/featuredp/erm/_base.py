@@ -245,7 +245,7 @@ class PrivateLinearClassifier(ClassifierMixin, BaseEstimator):
         # validate_data sets n_features_in_ before a ledger can refuse the fit; only a model counts as fitted.
         return hasattr(self, "coef_")
 
-    def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
+    def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
         # Rows are validated against data_norm; NaN/inf can never satisfy a norm bound.
         tags.input_tags.allow_nan = False

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from featuredp.accounting import BudgetLedger
+
 
 def open_ledger(ledger: object) -> Any:
     """``None``, a ``BudgetLedger`` (or any object with ``reserve``), or the ledger at a path.
@@ -35,8 +37,6 @@ def open_ledger(ledger: object) -> Any:
     if ledger is None or hasattr(ledger, "reserve"):
         return ledger
     if isinstance(ledger, (str, os.PathLike)):
-        from featuredp.accounting import BudgetLedger
-
         path = Path(ledger)
         if not path.exists():
             raise FileNotFoundError(

@@ -8,7 +8,7 @@ has no bounded second derivative, hence the Huber SVM (CMS11 §3.4.2).
 
 The multinomial (softmax) loss is used by noisy SGD only: ℓ = LSE(Wᵀz) − Wᵀz·y
 with W of shape (d, K). Its per-example gradient z(p − y)ᵀ has Frobenius norm
-<= √2‖z‖; the label-private part −z yᵀ has norm ‖z‖ (SPEC §4.1).
+<= √2‖z‖; the label-private part −z yᵀ has norm ‖z‖ (the paper's label-DP case study, §5).
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ import functools
 import numpy as np
 
 from featuredp._validate import check_int, check_positive
+from featuredp.accounting import calibrate_noise_multiplier
+from featuredp.mechanisms import VectorMechanism
 
 
 def sample_vector_laplace(dim: int, beta: float, rng: np.random.Generator, size: int | None = None) -> np.ndarray:
@@ -22,8 +24,6 @@ def sample_vector_laplace(dim: int, beta: float, rng: np.random.Generator, size:
 
     Delegates to :class:`featuredp.mechanisms.VectorMechanism` (rate β = ε/Δ₂, here Δ₂ = 1).
     """
-    from featuredp.mechanisms import VectorMechanism
-
     dim = check_int("dim", dim, minimum=1)
     beta = check_positive("beta", beta)
     return VectorMechanism(epsilon=beta, sensitivity=1.0).noise(dim, size=size, rng=rng)
@@ -32,6 +32,4 @@ def sample_vector_laplace(dim: int, beta: float, rng: np.random.Generator, size:
 @functools.lru_cache(maxsize=256)
 def gaussian_noise_multiplier(epsilon: float, delta: float) -> float:
     """σ/Δ of a single Gaussian release that is (ε, δ)-DP (exact calibration, rounded to the safe side)."""
-    from featuredp.accounting import calibrate_noise_multiplier
-
     return calibrate_noise_multiplier(epsilon, delta, 1.0, 1)

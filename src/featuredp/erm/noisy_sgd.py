@@ -1,6 +1,6 @@
 """Noisy SGD for convex linear models: the paper's Algorithm 1 in the setting of Thm 6.
 
-Each step t = 1..T (SPEC §3):
+Each step t = 1..T (Algorithm 1, paper §5):
 1. a private batch B by Poisson sampling at rate p = m/n (``featuredp.sampling.PoissonSampler``);
 2. g_priv = (1/m) [Σ_{i∈B} clip_C(∇ℓ_priv(w; z_i)) + N(0, σ²C²I)], normalised by the
    *expected* batch size m;
@@ -17,7 +17,7 @@ so clipping never binds and the gradient is unbiased):
 * one-vs-rest with K classes, trained jointly: the K heads' gradients stacked, norm <= √K —
   one DP-SGD run at the full (ε, δ) with sensitivity √K instead of K runs at ε/K;
 * multinomial logistic (softmax): ∇ = z(p − y)ᵀ, norm <= √2 (DP-SGD on the full loss);
-* label-DP split (SPEC §4.1, Ψ(x, y) = x): ℓ_pub = LSE(Wᵀz) with gradient z pᵀ, and
+* label-DP split (the paper's label-DP case study in §5, Ψ(x, y) = x): ℓ_pub = LSE(Wᵀz) with gradient z pᵀ, and
   ℓ_priv = −(Wᵀz)_y with gradient −z yᵀ, norm <= 1: the private part is 1-Lipschitz
   while the whole loss is √2-Lipschitz, so the same ε needs √2 less noise.
 
@@ -40,10 +40,11 @@ from sklearn.utils.validation import check_is_fitted
 from tqdm.auto import tqdm
 
 from featuredp._validate import check_choice, check_int, check_nonnegative, check_positive
+from featuredp.accounting import calibrate_noise_multiplier, dpsgd_event, epsilon_for
 from featuredp.erm._base import LOSSES, NORM_POLICIES, PrivateLinearClassifier, check_data_norm, check_random_state
 from featuredp.erm._ledger import ledger_composes, open_ledger, reserved
 from featuredp.erm._losses import make_loss
-from featuredp.sampling import PoissonSampler, UniformSampler, make_streams
+from featuredp.sampling import PoissonSampler, Streams, UniformSampler, make_streams
 
 MULTI_CLASS = ("auto", "ovr", "multinomial")
 LEARNING_RATES = ("sqrt", "strong")
@@ -53,15 +54,11 @@ AVERAGING = ("uniform", "last")
 @functools.lru_cache(maxsize=512)
 def _calibrate(epsilon: float, delta: float, p: float, steps: int, relation: str, accountant: str) -> float:
     # Calibration takes seconds; benchmarks fit many seeds at the same (ε, δ, p, T).
-    from featuredp.accounting import calibrate_noise_multiplier
-
     return calibrate_noise_multiplier(epsilon, delta, p, steps, relation=relation, accountant=accountant)
 
 
 @functools.lru_cache(maxsize=512)
 def _epsilon(sigma: float, delta: float, p: float, steps: int, relation: str, accountant: str) -> float:
-    from featuredp.accounting import epsilon_for
-
     return epsilon_for(sigma, p, steps, delta, relation=relation, accountant=accountant)
 
 
@@ -246,8 +243,6 @@ class NoisySGDClassifier(PrivateLinearClassifier):
         guarantee = "label-DP (feature-DP, Psi(x,y)=x)" if model == "label-private" else "DP"
         event = None
         if ledger is not None and ledger_composes(ledger, params["relation"], params["accountant"]):
-            from featuredp.accounting import dpsgd_event
-
             event = dpsgd_event(sigma, p, T)  # composed tightly with the ledger's other events
         what = self._ledger_what(guarantee, params["relation"])
         with reserved(ledger, what, event=event, epsilon=epsilon, delta=delta) as reservation:
@@ -286,8 +281,6 @@ class NoisySGDClassifier(PrivateLinearClassifier):
         This runs *after* ``fit``, when the data was already used: prefer ``ledger=``, which
         reserves the run before training and refuses an overspend with the data untouched.
         """
-        from featuredp.accounting import dpsgd_event
-
         check_is_fitted(self)
         self._check_not_recorded(ledger)
         what = name or self._ledger_what()
@@ -305,7 +298,21 @@ class NoisySGDClassifier(PrivateLinearClassifier):
             return "ovr"
         return "multinomial"
 
-    def _train(self, Z, y_idx, K, heads, model, C, sigma, T, m, m_pub, params, streams):  # type: ignore[no-untyped-def]
+    def _train(
+        self,
+        Z: np.ndarray,
+        y_idx: np.ndarray,
+        K: int,
+        heads: int,
+        model: str,
+        C: float,
+        sigma: float,
+        T: int,
+        m: int,
+        m_pub: int | None,
+        params: dict[str, Any],
+        streams: Streams,
+    ) -> np.ndarray:
         n, d = Z.shape
         loss = make_loss(params["loss"], params["huber_h"])
         if model == "binary":

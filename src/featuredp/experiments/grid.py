@@ -1,6 +1,6 @@
 """Privacy–utility grids: method × ε × seed on a tabular dataset, composed from the engine.
 
-:func:`run_grid` trains every cell through :func:`featuredp.experiments.train_one.train_tabular`
+:func:`run_grid` trains every cell through :func:`featuredp.experiments.train_one.train_one`
 (which builds Ψ, the loss split, the model and an :class:`~featuredp.engine.Trainer`),
 evaluates on the test set and writes, in ``out``:
 
@@ -13,14 +13,14 @@ evaluates on the test set and writes, in ``out``:
 * ``privacy_utility.png`` — accuracy vs ε per method, error bars, reference lines;
 * ``tuning/`` — with ``tune=True``: validation accuracy of each candidate.
 
-Hyperparameters come from per-dataset presets (:data:`PRESETS`); ``tune=True`` picks
+Hyperparameters come from the per-dataset presets of :mod:`featuredp.experiments.presets`
+(:data:`PRESETS`, re-exported here); ``tune=True`` picks
 among a small grid on a validation split carved from the training data (never the
 test set). Tuning is *not* accounted for in the reported ε, and summary.md says so.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import itertools
 import json
@@ -32,12 +32,35 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
 
 from featuredp._io import atomic_path, atomic_write_json, atomic_write_text
 from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
-from featuredp.experiments.presets import METHOD_DEFAULTS
-from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS
+from featuredp.batches import resolve_device
+from featuredp.data import load_dataset
+from featuredp.experiments.plots import privacy_utility_plot
+from featuredp.experiments.presets import PRESETS, preset_for
+from featuredp.experiments.train_one import train_cell
+from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS, Method, get_method
 from featuredp.methods import METHODS as METHOD_RECORDS
+
+__all__ = [
+    "CSV_COLUMNS",
+    "LABELS",
+    "METHODS",
+    "PRESETS",
+    "REFERENCE_METHODS",
+    "Cell",
+    "GridConfig",
+    "GridRunner",
+    "grid_cells",
+    "preset_for",
+    "render_summary_md",
+    "run_grid",
+    "summarize",
+    "train_cell",
+]
 
 METHODS = METHOD_NAMES
 REFERENCE_METHODS = tuple(name for name, m in METHOD_RECORDS.items() if m.reference)
@@ -47,177 +70,19 @@ CSV_COLUMNS = [
     "max_grad_norm", "sampling_rate", "batch_size", "steps", "pretrain_steps", "stopped_early", "wall_s", "cpu_s",
     "tuned", "params",
 ]  # fmt: skip
-
-# --------------------------------------------------------------------------------------------------------
-# Per-dataset presets. Trainer keyword arguments per method; "quick" shrinks data and epochs.
-# Chosen on validation splits of the training data (see docs/experiments.md); override with method_params.
-# --------------------------------------------------------------------------------------------------------
-_COMMON_PRIVATE = {"strategy": "ghost", "momentum": 0.9}
-_ENGINE_DEFAULTS = METHOD_DEFAULTS  # the engine's defaults, tuned on Adult by the engine engineer
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "adult": {
-        # Sex and race private (featuredp.experiments.presets holds the engine's tuned Adult defaults).
-        "load": {}, "quick_load": {"n_train": 4_000, "n_test": 2_000},
-        "model": "mlp", "hidden": [64], "loss_split": "padding", "delta": 1e-5,
-        "methods": {m: dict(p, **({"strategy": "ghost"} if m in ("dpsgd", "fdp_dpsgd", "fdp") else {}))
-                    for m, p in _ENGINE_DEFAULTS.items()},
-        "tune": {"dpsgd": {"lr": [0.2, 0.5, 1.0]}, "fdp_dpsgd": {"lr": [0.1, 0.2, 0.5]},
-                 "fdp": {"alpha": [0.3, 1.0, 3.0]}},
-    },
-    "purchase-style": {
-        # The paper's Purchase100 setup (MLP 1×300 ReLU, 100 public features + label public, C = 0.1 for FDP) with
-        # two changes chosen on a validation split of the training data (docs/experiments.md, "Purchase-style"):
-        # * zero masking instead of Gaussian padding: on these sparse binary features (mean 0.08) the median
-        #   per-example ‖∇ℓ_priv‖ after public pre-training is 3.7 with zero masking vs 5.2 with N(0, 0.25²) and
-        #   12.2 with the paper's N(0, 1) padding (‖∇ℓ‖: 7–9), so only zero masking keeps FDP's premise;
-        # * α·C ≈ ‖∇ℓ_priv‖ (α = 30, C = 0.1) with lr 0.5: the update's noise lr·α·σC/m is half DP-SGD's; the old
-        #   α = 150 (α·C = 15 ≫ ‖∇ℓ_priv‖) gave the same noise as DP-SGD and a step that ascends ℓ_pub.
-        "load": {"n_train": 20_000, "n_test": 10_000},
-        "quick_load": {"n_train": 4_000, "n_test": 2_000},
-        "model": "mlp", "hidden": [300], "loss_split": "zero", "delta": 1e-5,
-        "methods": {
-            "nonprivate": {"epochs": 10, "batch_size": 1024, "lr": 0.2, "momentum": 0.9},
-            "public": {"epochs": 10, "batch_size": 1024, "lr": 0.2, "momentum": 0.9},
-            "dpsgd": {"epochs": 6, "batch_size": 1250, "lr": 3.0, "max_grad_norm": 1.0, **_COMMON_PRIVATE},
-            "fdp_dpsgd": {"epochs": 6, "batch_size": 1250, "lr": 3.0, "max_grad_norm": 1.0, "pretrain_epochs": 4,
-                          "pretrain_lr": 0.2, **_COMMON_PRIVATE},
-            "fdp": {"epochs": 6, "batch_size": 1250, "public_batch_size": 1250, "lr": 0.5, "max_grad_norm": 0.1,
-                    "alpha": 30.0, "pretrain_epochs": 10, "pretrain_lr": 0.2, **_COMMON_PRIVATE},
-        },
-        "tune": {"dpsgd": {"lr": [2.0, 3.0, 5.0]}, "fdp_dpsgd": {"lr": [1.0, 3.0, 10.0]},
-                 "fdp": {"alpha": [15.0, 30.0, 60.0]}},
-    },
-    "criteo-style": {
-        # The paper's Criteo setup: logistic regression, categoricals through sparse embeddings of dimension 1,
-        # private categoricals masked to zero in the public loss; 40k/10k rows.
-        "load": {"n_train": 40_000, "n_test": 10_000, "categorical": "codes"},
-        "quick_load": {"n_train": 5_000, "n_test": 2_000, "categorical": "codes"},
-        "model": "sparse_logreg", "loss_split": "zero", "delta": 1e-5,
-        "methods": {
-            "nonprivate": {"epochs": 5, "batch_size": 512, "lr": 0.5, "momentum": 0.9},
-            "public": {"epochs": 5, "batch_size": 512, "lr": 0.5, "momentum": 0.9},
-            "dpsgd": {"epochs": 5, "batch_size": 2000, "lr": 2.0, "max_grad_norm": 1.0, **_COMMON_PRIVATE},
-            "fdp_dpsgd": {"epochs": 5, "batch_size": 2000, "lr": 2.0, "max_grad_norm": 1.0, "pretrain_epochs": 10,
-                          "pretrain_lr": 0.5, **_COMMON_PRIVATE},
-            "fdp": {"epochs": 5, "batch_size": 2000, "public_batch_size": 2000, "lr": 1.0, "max_grad_norm": 1.0,
-                    "alpha": 1.0, "pretrain_epochs": 10, "pretrain_lr": 0.5, **_COMMON_PRIVATE},
-        },
-        "tune": {"dpsgd": {"lr": [0.5, 2.0, 5.0], "max_grad_norm": [0.1, 1.0]},
-                 "fdp_dpsgd": {"lr": [0.5, 2.0, 5.0], "max_grad_norm": [0.1, 1.0]},
-                 "fdp": {"lr": [0.5, 1.0, 3.0], "alpha": [0.5, 1.0, 3.0]}},
-    },
-    "census-income": {
-        # Sex and race private; everything else and the label public. MLP 1×64.
-        "load": {"n_train": 50_000, "n_test": 20_000},
-        "quick_load": {"n_train": 5_000, "n_test": 2_000},
-        "model": "mlp", "hidden": [64], "loss_split": "padding", "delta": 1e-6,
-        "methods": {
-            "nonprivate": {"epochs": 3, "batch_size": 512, "lr": 0.1, "momentum": 0.9},
-            "public": {"epochs": 3, "batch_size": 512, "lr": 0.1, "momentum": 0.9},
-            "dpsgd": {"epochs": 3, "batch_size": 1000, "lr": 0.5, "max_grad_norm": 1.0, **_COMMON_PRIVATE},
-            "fdp_dpsgd": {"epochs": 2, "batch_size": 1000, "lr": 0.2, "max_grad_norm": 1.0, "pretrain_epochs": 3,
-                          "pretrain_lr": 0.1, **_COMMON_PRIVATE},
-            "fdp": {"epochs": 2, "batch_size": 1000, "public_batch_size": 512, "lr": 0.1, "max_grad_norm": 0.3,
-                    "alpha": 1.0, "pretrain_epochs": 3, "pretrain_lr": 0.1, **_COMMON_PRIVATE},
-        },
-        "tune": {"dpsgd": {"lr": [0.2, 0.5, 1.0]}, "fdp_dpsgd": {"lr": [0.1, 0.2, 0.5]},
-                 "fdp": {"alpha": [0.3, 1.0, 3.0]}},
-    },
-}  # fmt: skip
-
-
-def preset_for(dataset: str) -> dict[str, Any]:
-    """The preset of ``dataset``; datasets without one use the engine's defaults (featuredp.experiments.presets)."""
-    if dataset in PRESETS:
-        return copy.deepcopy(PRESETS[dataset])
-    from featuredp.experiments.presets import DEFAULT_MODEL, METHOD_DEFAULTS
-
-    return {
-        "load": {}, "quick_load": {}, "model": DEFAULT_MODEL["kind"], "hidden": DEFAULT_MODEL.get("hidden"),
-        "loss_split": None, "delta": 1e-5,
-        "methods": {m: dict(METHOD_DEFAULTS[m], **({"strategy": "ghost"} if m in PRIVATE_METHODS else {}))
-                    for m in METHODS},
-        "tune": {"dpsgd": {"lr": [0.2, 0.5, 1.0]}, "fdp_dpsgd": {"lr": [0.1, 0.2, 0.5]},
-                 "fdp": {"alpha": [0.3, 1.0, 3.0]}},
-    }  # fmt: skip
-
-
-# --------------------------------------------------------------------------------------------------------
-_PRIVATE_ONLY = ("noise_multiplier", "max_grad_norm", "alpha", "public_batch_size", "pretrain_epochs", "pretrain_lr",
-                 "strategy", "physical_batch_size")  # fmt: skip
-_UNUSED = {
-    "nonprivate": _PRIVATE_ONLY,
-    "public": _PRIVATE_ONLY,
-    "dpsgd": ("alpha", "public_batch_size", "pretrain_epochs", "pretrain_lr"),
-    "fdp_dpsgd": ("alpha", "public_batch_size"),
-    "fdp": (),
-}
-
-
-def train_cell(
-    *,
-    data: tuple[Any, Any],
-    method: str,
-    epsilon: float | None,
-    delta: float,
-    seed: int,
-    private: list[str] | None = None,
-    model: str = "mlp",
-    hidden: list[int] | None = None,
-    loss_split: str | None = None,
-    padding_scale: float | None = None,
-    **params: Any,
-) -> dict[str, Any]:
-    """Train one method on ``data = (train, eval)`` through the engine and evaluate it; a JSON-able summary.
-
-    Ψ = ``Columns(private or train.default_private)``; the loss split is ``loss_split``
-    (``"padding"`` = GaussianPadding with ``padding_scale``, ``"zero"``, ``"mean"``,
-    ``"labeldp"``; default by Ψ); ``params`` are Trainer keyword arguments (keys a
-    method does not use are dropped, e.g. ``alpha`` for ``dpsgd``).
-    """
-    from featuredp.engine import Trainer, evaluate, init_seed
-    from featuredp.features import Columns
-    from featuredp.losses import GaussianPadding, default_split
-    from featuredp.models import build_model, spec_for
-
-    train, test = data
-    fmap = Columns(private=list(private or train.default_private or [])).bind(train)
-    if loss_split == "padding" and padding_scale is not None:
-        split = GaussianPadding(fmap, scale=check_positive("padding_scale", padding_scale))
-    else:
-        split = default_split(fmap, loss_split)
-    spec = spec_for(train, model, **({"hidden": list(hidden)} if model == "mlp" and hidden else {}))
-    net = build_model(spec, seed=init_seed(seed))
-    kwargs = {k: v for k, v in params.items() if k not in _UNUSED[method]}
-    if method in PRIVATE_METHODS:
-        kwargs.update(target_epsilon=epsilon, delta=delta)
-    # The cell's seed is public (initialisation, public batches); the private randomness is OS entropy.
-    trainer = Trainer(net, method, loss_split=split, public_seed=seed, progress=False, **kwargs)
-    result = trainer.fit(train)
-    metrics = evaluate(trainer.model, test)
-    plan = result.plan
-    return {
-        "accuracy": metrics["accuracy"],
-        "loss": metrics["loss"],
-        "epsilon": None if math.isinf(result.epsilon) else result.epsilon,
-        "delta": result.delta,
-        "noise_multiplier": plan.noise_multiplier,
-        "max_grad_norm": plan.max_grad_norm if method in PRIVATE_METHODS else None,
-        "sampling_rate": plan.sampling_rate,
-        "batch_size": plan.expected_batch_size,
-        "steps": result.steps,
-        "pretrain_steps": result.pretrain_steps,
-        "stopped_early": result.stopped_early,
-        "guarantee": result.guarantee,
-        "model": spec,
-    }
+#: the differences summary.md reports (the paper's claims): (minuend, subtrahend, how the line names it)
+CLAIMED_DIFFERENCES = (("fdp", "dpsgd", "FDP − DP-SGD"), ("fdp", "fdp_dpsgd", "FDP − FDP(DP-SGD)"),
+                       ("fdp_dpsgd", "dpsgd", "FDP(DP-SGD) − DP-SGD"))  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------------
 @dataclass
 class GridConfig:
-    """What to run. ``seeds`` are the seed values; ``method_params`` override the preset per method."""
+    """What to run. ``seeds`` are the seed values; ``method_params`` override the preset per method.
+
+    ``device`` (cpu, cuda, cuda:N, mps, auto) changes where cells train, not their results beyond
+    float rounding, so it is not part of a cell's configuration: finished cells are reused on any device.
+    """
 
     dataset: str
     out: Path
@@ -234,6 +99,7 @@ class GridConfig:
     progress: bool = True
     command: str = ""
     report_only: bool = False  # summarise the finished cells; run nothing (e.g. while a grid is still running)
+    device: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.dataset, str) or not self.dataset:
@@ -251,6 +117,8 @@ class GridConfig:
         if self.delta is not None:
             check_open_unit("delta", self.delta)
         check_open_unit("val_fraction", self.val_fraction)
+        if self.device is not None:
+            resolve_device(self.device)  # an absent device is an error before any cell runs
         unknown = sorted(set(self.method_params) - set(METHODS))
         if unknown:
             raise ValueError(f"method_params has unknown method(s) {unknown}; methods are {list(METHODS)}")
@@ -266,6 +134,7 @@ class Cell:
 
     @property
     def key(self) -> str:
+        """The cell's file name stem, e.g. ``fdp__eps2__seed0``."""
         eps = "none" if self.epsilon is None else f"{self.epsilon:g}"
         return f"{self.method}__eps{eps}__seed{self.seed}"
 
@@ -290,6 +159,7 @@ class GridRunner:
     """Loads the data once and runs (or skips) the cells of a :class:`GridConfig`."""
 
     def __init__(self, cfg: GridConfig, *, trainer_fn: Callable[..., dict[str, Any]] | None = None) -> None:
+        """``trainer_fn`` trains one cell (default :func:`~featuredp.experiments.train_one.train_cell`)."""
         self.cfg = cfg
         self.preset = preset_for(cfg.dataset)
         if cfg.quick:
@@ -300,9 +170,7 @@ class GridRunner:
         load = dict(self.preset["quick_load"] if cfg.quick else self.preset["load"])
         load.update(cfg.dataset_options)
         self.load_options = load
-        if trainer_fn is None:
-            trainer_fn = train_cell
-        self._train = trainer_fn
+        self._train = trainer_fn if trainer_fn is not None else train_cell
         self._data: tuple[Any, Any] | None = None
         self._val: tuple[Any, Any] | None = None
         self.tuned: dict[str, dict[str, Any]] = {}
@@ -323,9 +191,8 @@ class GridRunner:
     # -- data ----------------------------------------------------------------------------------------
     @property
     def data(self) -> tuple[Any, Any]:
+        """(train, test) of the grid's dataset, loaded once."""
         if self._data is None:
-            from featuredp.data import load_dataset
-
             self._data = load_dataset(self.cfg.dataset, **self.load_options)
         return self._data
 
@@ -341,6 +208,7 @@ class GridRunner:
 
     # -- one training run ----------------------------------------------------------------------------
     def params_for(self, method: str, epsilon: float | None) -> dict[str, Any]:
+        """The Trainer arguments of ``method`` at ``epsilon``: the preset's, with the tuned values if any."""
         params = dict(self.preset["methods"].get(method, {}))
         params.update(self.tuned.get(_tune_key(method, epsilon), {}))
         return params
@@ -350,7 +218,8 @@ class GridRunner:
         return self._train(
             data=data, private=self.cfg.private, method=method, epsilon=epsilon if method in PRIVATE_METHODS else None,
             delta=self.delta, seed=seed, model=self.preset.get("model"), hidden=self.preset.get("hidden"),
-            loss_split=self.preset.get("loss_split"), padding_scale=self.preset.get("padding_scale"), **params,
+            loss_split=self.preset.get("loss_split"), padding_scale=self.preset.get("padding_scale"),
+            **({} if self.cfg.device is None else {"device": self.cfg.device}), **params,
         )  # fmt: skip
 
     def cell_config(self, cell: Cell) -> dict[str, Any]:
@@ -442,8 +311,6 @@ class GridRunner:
     # -- the grid -------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Run (or skip) every cell; write results.csv, summary.md and privacy_utility.png; return the summary."""
-        from tqdm.auto import tqdm
-
         cfg = self.cfg
         cfg.out.mkdir(parents=True, exist_ok=True)
         cells = grid_cells(cfg)
@@ -486,15 +353,11 @@ class GridRunner:
             "command": cfg.command,
         }  # fmt: skip
         atomic_write_text(cfg.out / "summary.md", render_summary_md(rows, summary, meta))
-        from featuredp.experiments.plots import privacy_utility_plot
-
         privacy_utility_plot(rows, cfg.out / "privacy_utility.png", title=f"{cfg.dataset}: accuracy vs ε")
         return {"dataset": cfg.dataset, "out": str(cfg.out), "summary": summary, "meta": meta}
 
     def write_results(self, rows: Sequence[dict[str, Any]]) -> None:
         """results.csv, written atomically."""
-        import pandas as pd
-
         df = pd.DataFrame(list(rows), columns=CSV_COLUMNS)
         with atomic_path(self.cfg.out / "results.csv") as tmp:
             df.to_csv(tmp, index=False)
@@ -504,12 +367,14 @@ def _tune_key(method: str, epsilon: float | None) -> str:
     return f"{method}__eps{'none' if epsilon is None else f'{epsilon:g}'}"
 
 
+def _reference_epsilon(record: Method) -> float:
+    """The ε of a non-private method: 0 when its steps read only Ψ(S), else ∞ (no guarantee)."""
+    return 0.0 if record.public_steps else math.inf
+
+
 def _spent(method: str, eps: Any) -> float:
-    if method == "nonprivate":
-        return math.inf
-    if method == "public":
-        return 0.0
-    return float(eps)
+    record = get_method(method)
+    return float(eps) if record.private else _reference_epsilon(record)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -569,7 +434,7 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
         if m in REFERENCE_METHODS:
             s = by.get((m, None))
             cell = "—" if s is None else _fmt_acc(s)
-            note = " (ε = ∞)" if m == "nonprivate" else " (ε = 0)"
+            note = " (ε = 0)" if _reference_epsilon(get_method(m)) == 0 else " (ε = ∞)"
             lines.append(f"| {LABELS[m]}{note} | " + " | ".join(cell for _ in eps_values) + " |")
         else:
             lines.append(f"| {LABELS[m]} | " + " | ".join(
@@ -578,14 +443,11 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
     lines += ["", f"Seeds per cell: {', '.join(map(str, n_seeds))}.", ""]
     diffs = []
     for e in eps_values:
-        f, d, fd = by.get(("fdp", e)), by.get(("dpsgd", e)), by.get(("fdp_dpsgd", e))
         parts = []
-        if f and d:
-            parts.append(f"FDP − DP-SGD = {100 * (f['accuracy_mean'] - d['accuracy_mean']):+.1f}")
-        if f and fd:
-            parts.append(f"FDP − FDP(DP-SGD) = {100 * (f['accuracy_mean'] - fd['accuracy_mean']):+.1f}")
-        if fd and d:
-            parts.append(f"FDP(DP-SGD) − DP-SGD = {100 * (fd['accuracy_mean'] - d['accuracy_mean']):+.1f}")
+        for a, b, name in CLAIMED_DIFFERENCES:
+            sa, sb = by.get((a, e)), by.get((b, e))
+            if sa and sb:
+                parts.append(f"{name} = {100 * (sa['accuracy_mean'] - sb['accuracy_mean']):+.1f}")
         if parts:
             diffs.append(f"* ε = {e:g}: " + "; ".join(parts) + " points")
     if diffs:

@@ -1,36 +1,232 @@
-"""Per-method default hyperparameters for tabular training (used by ``featuredp train`` and ``demo``).
+"""The preset store: per-dataset, per-method hyperparameters for tabular training.
 
-Chosen on a validation split carved from the Adult *training* set (never the
-test set) with ``benchmarks/adult_methods.py --tune``; see docs/engine.md.
-Every value can be overridden on the command line or in ``Trainer(...)``.
+One store, read by :func:`featuredp.experiments.train_one.train_one` (``featuredp train``,
+``featuredp demo``, the benchmarks) and by the grids (``featuredp compare``). Each entry of
+:data:`PRESETS` is one dataset's preset::
+
+    {"load": {...}, "quick_load": {...},            # loader options (full / --quick grids)
+     "model": "mlp", "hidden": [64],                 # the model
+     "loss_split": "padding", "delta": 1e-5,         # the loss split (None: default for Ψ) and δ
+     "methods": {method: {Trainer keyword arguments}},
+     "tune": {method: {parameter: [candidates]}}}    # the --tune grid
+
+Values were chosen on validation splits carved from the *training* data (never the test set):
+Adult with ``benchmarks/adult_methods.py --tune`` (docs/engine.md), the others as described in
+docs/experiments.md. The Adult preset is also the default one (:data:`DEFAULT_PRESET`): ``featuredp
+train`` uses its method parameters for every dataset, and a grid on a dataset without a preset
+starts from it. Every value can be overridden (command line, ``method_params``, ``Trainer(...)``).
+
+A method without an entry in a preset borrows the entry of the registered method most like it
+(:func:`method_params`), so adding a method to :mod:`featuredp.methods` needs no change here.
+
+>>> method_defaults("dpsgd")["lr"]
+1.0
+>>> sorted(unused_params("dpsgd"))
+['alpha', 'pretrain_epochs', 'pretrain_lr', 'public_batch_size']
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
+
+from featuredp.methods import METHODS, Method, get_method
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "DEFAULT_PRESET",
+    "LABEL_DP_DEFAULTS",
+    "METHOD_DEFAULTS",
+    "PRESETS",
+    "method_defaults",
+    "method_params",
+    "preset_for",
+    "unused_params",
+]
 
 #: model used by default for tabular data
 DEFAULT_MODEL: dict[str, Any] = {"kind": "mlp", "hidden": [64]}
 
-#: Trainer keyword arguments per method
-METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "nonprivate": {"epochs": 5, "batch_size": 256, "lr": 0.05, "momentum": 0.9},
-    "public": {"epochs": 3, "batch_size": 256, "lr": 0.05, "momentum": 0.9},
-    "dpsgd": {"epochs": 5, "batch_size": 1024, "lr": 1.0, "momentum": 0.9, "max_grad_norm": 1.0},
-    "fdp_dpsgd": {"epochs": 3, "batch_size": 512, "lr": 0.2, "momentum": 0.9, "max_grad_norm": 1.0,
-                  "pretrain_epochs": 3, "pretrain_lr": 0.05},
-    "fdp": {"epochs": 3, "batch_size": 512, "public_batch_size": 256, "lr": 0.05, "momentum": 0.9,
-            "max_grad_norm": 1.0, "alpha": 0.5, "pretrain_epochs": 3, "pretrain_lr": 0.05},
+#: the preset whose method parameters are the defaults (``featuredp train``, datasets without a preset)
+DEFAULT_PRESET = "adult"
+
+# Ghost norms: the same clipped sums as per-example ``vmap`` gradients (to 1e-6), several times faster.
+_GHOST = {"strategy": "ghost"}
+_COMMON_PRIVATE = {**_GHOST, "momentum": 0.9}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "adult": {
+        # Sex and race private; the engine's tuned Adult defaults (docs/engine.md, "Default hyperparameters").
+        "load": {}, "quick_load": {"n_train": 4_000, "n_test": 2_000},
+        "model": "mlp", "hidden": [64], "loss_split": "padding", "delta": 1e-5,
+        "methods": {
+            "nonprivate": {"epochs": 5, "batch_size": 256, "lr": 0.05, "momentum": 0.9},
+            "public": {"epochs": 3, "batch_size": 256, "lr": 0.05, "momentum": 0.9},
+            "dpsgd": {"epochs": 5, "batch_size": 1024, "lr": 1.0, "momentum": 0.9, "max_grad_norm": 1.0, **_GHOST},
+            "fdp_dpsgd": {"epochs": 3, "batch_size": 512, "lr": 0.2, "momentum": 0.9, "max_grad_norm": 1.0,
+                          "pretrain_epochs": 3, "pretrain_lr": 0.05, **_GHOST},
+            "fdp": {"epochs": 3, "batch_size": 512, "public_batch_size": 256, "lr": 0.05, "momentum": 0.9,
+                    "max_grad_norm": 1.0, "alpha": 0.5, "pretrain_epochs": 3, "pretrain_lr": 0.05, **_GHOST},
+        },
+        "tune": {"dpsgd": {"lr": [0.2, 0.5, 1.0]}, "fdp_dpsgd": {"lr": [0.1, 0.2, 0.5]},
+                 "fdp": {"alpha": [0.3, 1.0, 3.0]}},
+    },
+    "purchase-style": {
+        # The paper's Purchase100 setup (MLP 1×300 ReLU, 100 public features + label public, C = 0.1 for FDP) with
+        # two changes chosen on a validation split of the training data (docs/experiments.md, "Purchase-style"):
+        # * zero masking instead of Gaussian padding: on these sparse binary features (mean 0.08) the median
+        #   per-example ‖∇ℓ_priv‖ after public pre-training is 3.7 with zero masking vs 5.2 with N(0, 0.25²) and
+        #   12.2 with the paper's N(0, 1) padding (‖∇ℓ‖: 7–9), so only zero masking keeps FDP's premise;
+        # * α·C ≈ ‖∇ℓ_priv‖ (α = 30, C = 0.1) with lr 0.5: the update's noise lr·α·σC/m is half DP-SGD's; the old
+        #   α = 150 (α·C = 15 ≫ ‖∇ℓ_priv‖) gave the same noise as DP-SGD and a step that ascends ℓ_pub.
+        "load": {"n_train": 20_000, "n_test": 10_000},
+        "quick_load": {"n_train": 4_000, "n_test": 2_000},
+        "model": "mlp", "hidden": [300], "loss_split": "zero", "delta": 1e-5,
+        "methods": {
+            "nonprivate": {"epochs": 10, "batch_size": 1024, "lr": 0.2, "momentum": 0.9},
+            "public": {"epochs": 10, "batch_size": 1024, "lr": 0.2, "momentum": 0.9},
+            "dpsgd": {"epochs": 6, "batch_size": 1250, "lr": 3.0, "max_grad_norm": 1.0, **_COMMON_PRIVATE},
+            "fdp_dpsgd": {"epochs": 6, "batch_size": 1250, "lr": 3.0, "max_grad_norm": 1.0, "pretrain_epochs": 4,
+                          "pretrain_lr": 0.2, **_COMMON_PRIVATE},
+            "fdp": {"epochs": 6, "batch_size": 1250, "public_batch_size": 1250, "lr": 0.5, "max_grad_norm": 0.1,
+                    "alpha": 30.0, "pretrain_epochs": 10, "pretrain_lr": 0.2, **_COMMON_PRIVATE},
+        },
+        "tune": {"dpsgd": {"lr": [2.0, 3.0, 5.0]}, "fdp_dpsgd": {"lr": [1.0, 3.0, 10.0]},
+                 "fdp": {"alpha": [15.0, 30.0, 60.0]}},
+    },
+    "criteo-style": {
+        # The paper's Criteo setup: logistic regression, categoricals through sparse embeddings of dimension 1,
+        # private categoricals masked to zero in the public loss; 40k/10k rows.
+        "load": {"n_train": 40_000, "n_test": 10_000, "categorical": "codes"},
+        "quick_load": {"n_train": 5_000, "n_test": 2_000, "categorical": "codes"},
+        "model": "sparse_logreg", "loss_split": "zero", "delta": 1e-5,
+        "methods": {
+            "nonprivate": {"epochs": 5, "batch_size": 512, "lr": 0.5, "momentum": 0.9},
+            "public": {"epochs": 5, "batch_size": 512, "lr": 0.5, "momentum": 0.9},
+            "dpsgd": {"epochs": 5, "batch_size": 2000, "lr": 2.0, "max_grad_norm": 1.0, **_COMMON_PRIVATE},
+            "fdp_dpsgd": {"epochs": 5, "batch_size": 2000, "lr": 2.0, "max_grad_norm": 1.0, "pretrain_epochs": 10,
+                          "pretrain_lr": 0.5, **_COMMON_PRIVATE},
+            "fdp": {"epochs": 5, "batch_size": 2000, "public_batch_size": 2000, "lr": 1.0, "max_grad_norm": 1.0,
+                    "alpha": 1.0, "pretrain_epochs": 10, "pretrain_lr": 0.5, **_COMMON_PRIVATE},
+        },
+        "tune": {"dpsgd": {"lr": [0.5, 2.0, 5.0], "max_grad_norm": [0.1, 1.0]},
+                 "fdp_dpsgd": {"lr": [0.5, 2.0, 5.0], "max_grad_norm": [0.1, 1.0]},
+                 "fdp": {"lr": [0.5, 1.0, 3.0], "alpha": [0.5, 1.0, 3.0]}},
+    },
+    "census-income": {
+        # Sex and race private; everything else and the label public. MLP 1×64.
+        "load": {"n_train": 50_000, "n_test": 20_000},
+        "quick_load": {"n_train": 5_000, "n_test": 2_000},
+        "model": "mlp", "hidden": [64], "loss_split": "padding", "delta": 1e-6,
+        "methods": {
+            "nonprivate": {"epochs": 3, "batch_size": 512, "lr": 0.1, "momentum": 0.9},
+            "public": {"epochs": 3, "batch_size": 512, "lr": 0.1, "momentum": 0.9},
+            "dpsgd": {"epochs": 3, "batch_size": 1000, "lr": 0.5, "max_grad_norm": 1.0, **_COMMON_PRIVATE},
+            "fdp_dpsgd": {"epochs": 2, "batch_size": 1000, "lr": 0.2, "max_grad_norm": 1.0, "pretrain_epochs": 3,
+                          "pretrain_lr": 0.1, **_COMMON_PRIVATE},
+            "fdp": {"epochs": 2, "batch_size": 1000, "public_batch_size": 512, "lr": 0.1, "max_grad_norm": 0.3,
+                    "alpha": 1.0, "pretrain_epochs": 3, "pretrain_lr": 0.1, **_COMMON_PRIVATE},
+        },
+        "tune": {"dpsgd": {"lr": [0.2, 0.5, 1.0]}, "fdp_dpsgd": {"lr": [0.1, 0.2, 0.5]},
+                 "fdp": {"alpha": [0.3, 1.0, 3.0]}},
+    },
 }  # fmt: skip
 
-#: changes to the fdp / fdp_dpsgd defaults when the label is private (LabelDPSplit): ℓ_pub = logsumexp(logits)
-#: has no minimiser, so no public pre-training; g_pub + α·g_priv is the cross-entropy gradient only for α = 1
-#: and when clipping leaves ∇ℓ_priv mostly intact (C = 5; C = 1 collapsed to the majority class on Adult).
+#: Trainer keyword arguments per method of the default preset (Adult); read-only view, copy before changing
+METHOD_DEFAULTS: dict[str, dict[str, Any]] = PRESETS[DEFAULT_PRESET]["methods"]
+
+#: changes to the defaults of the methods that read Ψ when the label is private (LabelDPSplit):
+#: ℓ_pub = logsumexp(logits) has no minimiser, so no public pre-training; g_pub + α·g_priv is the cross-entropy
+#: gradient only for α = 1 and when clipping leaves ∇ℓ_priv mostly intact (C = 5; C = 1 collapsed to the
+#: majority class on Adult).
 LABEL_DP_DEFAULTS: dict[str, Any] = {"pretrain_epochs": 0, "alpha": 1.0, "max_grad_norm": 5.0}
 
+# The Trainer arguments that only some methods read, and the record field that says whether a method does.
+_PRIVATE_ONLY = ("noise_multiplier", "max_grad_norm", "strategy", "physical_batch_size")  # clipping and noise
+_PUBLIC_BATCH_ONLY = ("alpha",)  # the weight of g_priv in g_pub + α·g_priv
+_PRETRAIN_ONLY = ("pretrain_epochs", "pretrain_lr")
 
-def method_defaults(method: str) -> dict[str, Any]:
-    """A copy of the defaults for ``method``."""
-    if method not in METHOD_DEFAULTS:
-        raise ValueError(f"method must be one of {', '.join(map(repr, METHOD_DEFAULTS))}; got {method!r}")
-    return dict(METHOD_DEFAULTS[method])
+
+def unused_params(method: str | Method) -> frozenset[str]:
+    """The Trainer keyword arguments ``method`` does not read (dropped from presets and overrides).
+
+    Derived from the method's record: clipping and noise settings need a private method, α needs
+    a public batch in every step, pre-training settings need a method that pre-trains, and the
+    public batch size m' is read by the public batch and by public pre-training.
+
+    >>> sorted(unused_params("fdp"))
+    []
+    >>> sorted(unused_params("fdp_dpsgd"))
+    ['alpha']
+    """
+    m = get_method(method)
+    unused: set[str] = set()
+    if not m.private:
+        unused.update(_PRIVATE_ONLY)
+    if not m.public_batch:
+        unused.update(_PUBLIC_BATCH_ONLY)
+    if not m.pretrains:
+        unused.update(_PRETRAIN_ONLY)
+    if not (m.public_batch or m.pretrains):
+        unused.add("public_batch_size")
+    return frozenset(unused)
+
+
+def _likeness(a: Method, b: Method) -> int:
+    """How many of the fields that decide a method's hyperparameters ``a`` and ``b`` share."""
+    fields = ("private", "needs_feature_map", "public_batch", "clipped_loss", "public_steps", "pretrains")
+    return sum(getattr(a, f) == getattr(b, f) for f in fields)
+
+
+def method_params(methods: dict[str, dict[str, Any]], method: str | Method) -> dict[str, Any]:
+    """A copy of ``method``'s entry in a preset's ``methods``, without the keys it does not read.
+
+    A method without an entry borrows the entry of the method most like it (the most shared
+    record fields; the first registered on a tie), so a newly registered method trains with
+    sensible values until it gets tuned ones.
+
+    >>> method_params({"dpsgd": {"lr": 1.0, "alpha": 2.0}}, "fdp_dpsgd")
+    {'lr': 1.0}
+    """
+    m = get_method(method)
+    if m.name in methods:
+        entry = methods[m.name]
+    elif methods:
+        order = list(METHODS)
+        like = max(methods, key=lambda name: (_likeness(m, get_method(name)), -order.index(name)))
+        entry = methods[like]
+    else:
+        entry = {}
+    unused = unused_params(m)
+    return {k: copy.deepcopy(v) for k, v in entry.items() if k not in unused}
+
+
+def preset_for(dataset: str) -> dict[str, Any]:
+    """A deep copy of the preset of ``dataset``, with an entry for every registered method.
+
+    Datasets without a preset get the default preset's methods and model.
+
+    >>> preset_for("my-table")["loss_split"] is None  # the default split for the dataset's Ψ
+    True
+    """
+    preset = copy.deepcopy(PRESETS.get(dataset, PRESETS[DEFAULT_PRESET]))
+    if dataset not in PRESETS:
+        # Another dataset: the loader's own sizes and the default split for its Ψ; the model and the
+        # method parameters are the defaults.
+        preset.update(load={}, quick_load={}, model=DEFAULT_MODEL["kind"], hidden=list(DEFAULT_MODEL["hidden"]),
+                      loss_split=None, delta=1e-5)  # fmt: skip
+    methods = preset["methods"]
+    for name in METHODS:  # every registered method has an entry (a new one borrows, see method_params)
+        if name not in methods:
+            methods[name] = method_params(methods, name)
+    return preset
+
+
+def method_defaults(method: str, dataset: str | None = None) -> dict[str, Any]:
+    """A copy of the default Trainer arguments of ``method`` (from ``dataset``'s preset, else the default one).
+
+    Keys the method does not read are left out.
+    """
+    get_method(method)  # a ValueError naming the choices for an unknown method
+    preset = PRESETS.get(dataset or DEFAULT_PRESET, PRESETS[DEFAULT_PRESET])
+    return method_params(preset["methods"], method)

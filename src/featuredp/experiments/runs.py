@@ -25,6 +25,9 @@ import torch
 from torch import nn
 
 from featuredp._io import atomic_path, atomic_save_torch, atomic_write_json, load_torch_safely
+from featuredp.data import load_dataset
+from featuredp.models import build_model
+from featuredp.plan import PrivacyPlan
 
 __all__ = ["Run", "load_checkpoint", "load_run", "save_checkpoint", "save_run"]
 
@@ -51,7 +54,7 @@ class Run:
     path: Path
     model: nn.Module
     info: dict[str, Any]
-    plan: Any = None  # featuredp.engine.PrivacyPlan
+    plan: PrivacyPlan | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -72,8 +75,6 @@ class Run:
 
     def load_data(self) -> tuple[Any, Any]:
         """Reload (train, test) with the loader and options recorded in run.json."""
-        from featuredp.data import load_dataset
-
         ds = self.dataset
         if not ds.get("name"):
             raise ValueError(f"run {self.path} records no dataset name; load the data yourself")
@@ -116,9 +117,6 @@ def save_run(
 
 def load_run(path: str | Path) -> Run:
     """Load a run directory: rebuild the model from its spec and load ``model.pt`` safely."""
-    from featuredp.engine import PrivacyPlan
-    from featuredp.models import build_model
-
     p = Path(path)
     if p.is_file():
         p = p.parent

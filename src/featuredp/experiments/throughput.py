@@ -24,8 +24,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from featuredp._validate import check_int, check_positive
+from featuredp.data.tabular import TabularDataset
+from featuredp.engine import Trainer, init_seed
+from featuredp.features import Columns
+from featuredp.losses import default_split
+from featuredp.methods import get_method
+from featuredp.models import build_model, spec_for
 
 __all__ = [
     "BenchmarkResult",
@@ -40,8 +47,6 @@ def synthetic_purchase(
     n: int, *, d: int = 600, n_classes: int = 100, n_public: int = 100, seed: int = 0
 ) -> tuple[Any, list[str]]:
     """A Purchase100-shaped TabularDataset (binary features) and the names of its public columns."""
-    from featuredp.data.tabular import TabularDataset
-
     n = check_int("n", n, minimum=1)
     d = check_int("d", d, minimum=2)
     n_public = check_int("n_public", n_public, minimum=1)
@@ -91,30 +96,29 @@ def engine_runner(
     name: str | None = None,
     loss_split: str = "padding",
     secure_rng: bool = False,
+    device: str | None = None,
 ) -> StepRunner:
-    """A runner for the engine's training step of ``method`` (nonprivate, dpsgd or fdp) on ``data``.
+    """A runner for the engine's training step of ``method`` (any of :mod:`featuredp.methods`) on ``data``.
 
     ``loss_split`` is FDP's split (:func:`featuredp.losses.default_split`): ``"padding"`` (the paper's
     Gaussian padding of the private columns) or ``"zero"`` (zero masking, featuredp's Purchase preset).
     ``seed`` fixes the model initialisation and the public streams only; the private streams come from OS
     entropy, as in a real run. ``secure_rng`` times the ChaCha20 noise and sampling of the secure mode.
+    ``device`` is the Trainer's (None: the CPU, where the model is built).
     """
-    from featuredp import engine
-    from featuredp.features import Columns
-    from featuredp.losses import default_split
-    from featuredp.models import build_model, spec_for
-
+    record = get_method(method)
     spec = spec_for(data, "mlp", hidden=list(hidden))
-    model = build_model(spec, seed=engine.init_seed(seed))
-    # Non-private SGD and DP-SGD train on the plain loss; only FDP needs Ψ (and pays for its padding draws).
-    fmap = Columns(public=list(public_columns)) if method == "fdp" else None
-    trainer = engine.Trainer(
+    model = build_model(spec, seed=init_seed(seed))
+    # Non-private SGD and DP-SGD train on the plain loss; only the methods that read Ψ get it (and FDP pays
+    # for its padding draws).
+    fmap = Columns(public=list(public_columns)) if record.needs_feature_map else None
+    trainer = Trainer(
         model,
-        method,
+        record.name,
         steps=10**9,
         batch_size=batch_size,
         public_batch_size=batch_size,
-        noise_multiplier=noise_multiplier if method != "nonprivate" else None,
+        noise_multiplier=noise_multiplier if record.private else None,
         max_grad_norm=max_grad_norm,
         delta=1e-6,
         lr=0.1,
@@ -126,15 +130,25 @@ def engine_runner(
         physical_batch_size=None if strategy == "ghost" else 256,
         public_seed=seed,
         secure_rng=secure_rng,
+        device=device,
         progress=False,
     )
     # The engine's own step, without the progress bar and the accountant calls at log points (those are not
     # part of a training step's cost).
-    step = trainer._timing_step(data)
+    timed = trainer._timing_step(data)
+    where = trainer.device
+    if where.type == "cuda":  # CUDA runs asynchronously: a step has ended when the device has finished it
 
-    strategy_name = getattr(trainer.strategy, "name", str(strategy)) if method != "nonprivate" else "-"
+        def step() -> None:
+            timed()
+            torch.cuda.synchronize(where)
+
+    else:
+        step = timed
+
+    strategy_name = getattr(trainer.strategy, "name", str(strategy)) if record.private else "-"
     return StepRunner(
-        name or (method if method == "nonprivate" else f"{method}-{strategy_name}"),
+        name or (f"{method}-{strategy_name}" if record.private else method),
         step,
         float(batch_size),
         {"method": method, "strategy": strategy_name, "trainer": trainer, "loss_split": loss_split,
@@ -202,8 +216,6 @@ def interleaved(
     reference = reference or names[0]
     if reference not in names:
         raise ValueError(f"reference must be one of {names}, got {reference!r}")
-    from tqdm.auto import tqdm
-
     bar = tqdm(total=rounds * len(runners), disable=not progress, desc="benchmark", leave=False)
     for r in runners:
         for _ in range(warmup):

@@ -1,113 +1,195 @@
-"""One call from "dataset + private columns + method + ε" to a trained, evaluated model.
+"""One call from "data + private columns + method + ε" to a trained, evaluated model.
 
-Shared by ``featuredp train``, ``featuredp demo`` and ``benchmarks/adult_methods.py``:
-loads the data, builds Ψ (:class:`~featuredp.features.Columns`), the model and a
-:class:`~featuredp.engine.Trainer` with the per-method defaults of
-:mod:`featuredp.experiments.presets`, trains, evaluates on the test set and optionally saves
-a run directory.
+:func:`train_one` is the only place the application layer trains a tabular model: ``featuredp
+train`` and ``featuredp demo``, every grid cell (:mod:`featuredp.experiments.grid`), the audit
+models of ``featuredp audit`` (through :func:`retrain_like`) and the benchmarks call it. It loads
+the data, builds Ψ (:class:`~featuredp.features.Columns`) and the loss split, the model and a
+:class:`~featuredp.engine.Trainer` whose arguments are the method's preset
+(:mod:`featuredp.experiments.presets`) updated by the caller's, minus those the method does not
+read; trains, evaluates on the test set and optionally saves a run directory.
+
+:func:`train_tabular` (``featuredp train``'s JSON summary) and :func:`train_cell` (a grid
+cell's) are the same call with a summary dict as the result.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from featuredp._validate import check_choice
-from featuredp.engine import METHODS, PRIVATE_METHODS, Trainer, evaluate, init_seed
-from featuredp.experiments.presets import DEFAULT_MODEL, LABEL_DP_DEFAULTS, method_defaults
+from torch import nn
+
+from featuredp._validate import check_positive
+from featuredp.batches import evaluate, resolve_device
+from featuredp.data import load_dataset
+from featuredp.engine import Trainer, init_seed
+from featuredp.experiments.presets import (
+    DEFAULT_MODEL,
+    DEFAULT_PRESET,
+    LABEL_DP_DEFAULTS,
+    PRESETS,
+    method_params,
+    unused_params,
+)
+from featuredp.experiments.runs import save_run
 from featuredp.features import Columns
-from featuredp.losses import LabelDPSplit, default_split
+from featuredp.losses import GaussianPadding, LabelDPSplit, LossSplit, default_split
+from featuredp.methods import get_method
 from featuredp.models import build_model, spec_for
+from featuredp.plan import TrainResult
 
-__all__ = ["train_tabular"]
+__all__ = ["TrainedModel", "retrain_like", "train_cell", "train_one", "train_tabular"]
 
 
-def train_tabular(
+# Trainer arguments of which one is given: the run's length, and its batch size or sampling rate.
+_ALTERNATIVES = (("epochs", "steps"), ("batch_size", "sampling_rate"))
+
+
+@dataclass
+class TrainedModel:
+    """What :func:`train_one` returns.
+
+    Attributes:
+        summary: JSON-able facts of the run (the keys ``featuredp train --json`` prints).
+        model: the trained model (in eval mode).
+        result: the engine's :class:`~featuredp.plan.TrainResult`.
+        trainer: the :class:`~featuredp.engine.Trainer` (its ``config()`` is what run.json records).
+        metrics: accuracy and loss on the evaluation set, None without one.
+    """
+
+    summary: dict[str, Any]
+    model: nn.Module
+    result: TrainResult
+    trainer: Trainer
+    metrics: dict[str, float] | None
+
+
+def train_one(
     *,
-    dataset: str = "adult",
-    private: list[str] | None = None,
     method: str = "fdp",
+    dataset: str = "adult",
+    data: tuple[Any, Any] | None = None,
+    private: Sequence[str] | None = None,
+    label_private: bool | None = None,
     epsilon: float | None = None,
-    delta: float = 1e-5,
+    delta: float | None = 1e-5,
     seed: int | None = None,
     public_seed: int | None = None,
     secure_rng: bool = False,
     ledger: Any = None,
-    model: str | None = None,
-    hidden: list[int] | None = None,
+    model: str | Mapping[str, Any] | None = None,
+    hidden: Sequence[int] | None = None,
     loss_split: str | None = None,
-    data: tuple[Any, Any] | None = None,
-    dataset_options: dict[str, Any] | None = None,
+    padding_scale: float | None = None,
+    preset: str | None = DEFAULT_PRESET,
+    dataset_options: Mapping[str, Any] | None = None,
+    device: str | None = None,
     out: str | Path | None = None,
     resume: bool = False,
     progress: bool = True,
-    **overrides: Any,
-) -> dict[str, Any]:
-    """Train ``method`` on ``dataset`` with ``private`` columns; returns a JSON-able summary.
+    **params: Any,
+) -> TrainedModel:
+    """Train ``method`` on ``dataset`` (or ``data``) with ``private`` columns and evaluate it.
 
-    ``overrides`` are Trainer keyword arguments (epochs, batch_size, noise_multiplier,
-    max_grad_norm, alpha, lr, pretrain_epochs, public_batch_size, ...) replacing the
-    presets; ``None`` values are ignored. ``data=(train, test)`` skips loading.
-    ``seed`` (secret; reproducible research only), ``public_seed``, ``secure_rng`` and
-    ``ledger`` are the Trainer's (see :class:`~featuredp.engine.Trainer`); the model is
-    initialised from ``public_seed`` (or ``seed``, or OS entropy).
+    Args:
+        method: a name of :mod:`featuredp.methods`.
+        dataset, dataset_options: what :func:`featuredp.data.load_dataset` loads when ``data`` is None
+            (``model="sparse_logreg"`` asks for categorical codes).
+        data: ``(train, test)``; ``test`` may be None (no evaluation: accuracy and loss are None).
+        private: the private raw columns (default: the dataset's ``default_private``); naming the
+            label makes it private. ``label_private`` sets that explicitly.
+        epsilon, delta: the target (ε, δ) of a private method; a private method needs ``epsilon``
+            or a ``noise_multiplier`` in ``params``. Non-private methods ignore both.
+        seed, public_seed, secure_rng, ledger: the Trainer's (see :class:`~featuredp.engine.Trainer`):
+            ``seed`` is secret (reproducible research only), ``public_seed`` seeds only the public
+            streams. The model is initialised from ``public_seed`` (or ``seed``, or OS entropy).
+        model: a model kind (``mlp``, ``logreg``, ``sparse_logreg``; default mlp) or a full model spec;
+            ``hidden``: the MLP's widths (default ``[64]``).
+        loss_split: ``padding`` (Gaussian padding, scale ``padding_scale``), ``zero``, ``mean``,
+            ``labeldp``; default: the split for Ψ.
+        preset: the preset whose method parameters are the defaults (:data:`~featuredp.experiments.
+            presets.PRESETS`; the default preset for every dataset, as ``featuredp train`` does);
+            None: no defaults, ``params`` only.
+        device: ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``auto``; checked before any work.
+        out, resume: a run directory to write (run.json, model.pt, the private checkpoint.pt) and
+            whether to continue the run in it from its checkpoint.
+        params: Trainer keyword arguments (epochs, batch_size, noise_multiplier, max_grad_norm,
+            alpha, lr, pretrain_epochs, public_batch_size, ...) replacing the preset's; None values
+            are ignored and keys the method does not read are dropped
+            (:func:`~featuredp.experiments.presets.unused_params`).
     """
-    method = check_choice("method", method, METHODS)
-    kind = model or DEFAULT_MODEL["kind"]
+    record = get_method(method)
+    if device is not None:
+        resolve_device(device)  # an absent device is a one-line error before the data is loaded
+    kind = str(model.get("kind")) if isinstance(model, Mapping) else model or DEFAULT_MODEL["kind"]
     options = dict(dataset_options or {})
     if kind == "sparse_logreg":
         options.setdefault("categorical", "codes")
     if data is None:
-        from featuredp.data import load_dataset
-
         train, test = load_dataset(dataset, **options)
     else:
         train, test = data
     if private is None:
         private = list(getattr(train, "default_private", None) or [])
-    fmap = Columns(private=list(private)).bind(train)
-    split = default_split(fmap, loss_split)
-    spec_opts: dict[str, Any] = {}
-    if kind == "mlp":
-        spec_opts["hidden"] = hidden if hidden is not None else DEFAULT_MODEL.get("hidden", [64])
-    spec = spec_for(train, kind, **spec_opts)
+
+    # Ψ and the loss split. A method that reads no Ψ gets them only when something is declared
+    # private (the guarantee then names it); e.g. retrained non-private audit models have none.
+    fmap: Columns | None = None
+    split: LossSplit | None = None
+    if private or label_private or record.needs_feature_map:
+        fmap = Columns(private=list(private), label_private=bool(label_private)).bind(train)
+        if loss_split == "padding" and padding_scale is not None:
+            split = GaussianPadding(fmap, scale=check_positive("padding_scale", padding_scale))
+        else:
+            split = default_split(fmap, loss_split)
+
+    if isinstance(model, Mapping):
+        spec = dict(model)
+    else:
+        spec_opts: dict[str, Any] = {}
+        if kind == "mlp":
+            spec_opts["hidden"] = list(hidden) if hidden is not None else list(DEFAULT_MODEL["hidden"])
+        spec = spec_for(train, kind, **spec_opts)
     net = build_model(spec, seed=init_seed(public_seed if public_seed is not None else seed))
 
-    kwargs = method_defaults(method)
-    kwargs.setdefault("strategy", _fast_strategy())
-    if isinstance(split, LabelDPSplit) and method in ("fdp", "fdp_dpsgd"):
-        kwargs.update(LABEL_DP_DEFAULTS)  # defaults only: the user's overrides below still win
-    kwargs.update({k: v for k, v in overrides.items() if v is not None})
-    if method in PRIVATE_METHODS:
+    kwargs = {} if preset is None else method_params(PRESETS[preset]["methods"], record)
+    if preset is not None and isinstance(split, LabelDPSplit) and record.needs_feature_map:
+        kwargs.update(LABEL_DP_DEFAULTS)  # defaults only: the caller's params below still win
+    given = {k: v for k, v in params.items() if v is not None}
+    for pair in _ALTERNATIVES:  # the caller's steps replace the preset's epochs (and sampling_rate its batch_size)
+        if any(k in given for k in pair):
+            for k in pair:
+                kwargs.pop(k, None)
+    kwargs.update(given)
+    for key in unused_params(record):
+        kwargs.pop(key, None)
+    if record.private:
         if epsilon is None and kwargs.get("noise_multiplier") is None:
-            raise ValueError(f"method {method!r} needs --epsilon (a target) or --noise-multiplier")
+            raise ValueError(f"method {record.name!r} needs --epsilon (a target) or --noise-multiplier")
         kwargs["target_epsilon"] = epsilon
         kwargs["delta"] = delta
-    else:
-        for k in ("noise_multiplier", "max_grad_norm", "alpha", "public_batch_size"):
-            kwargs.pop(k, None)
-        kwargs.pop("pretrain_epochs", None)
-        kwargs.pop("pretrain_lr", None)
-    if method == "dpsgd":
-        for k in ("alpha", "public_batch_size", "pretrain_epochs", "pretrain_lr"):
-            kwargs.pop(k, None)
-    if method == "fdp_dpsgd":
-        kwargs.pop("alpha", None)
-    trainer = Trainer(net, method, loss_split=split, seed=seed, public_seed=public_seed, secure_rng=secure_rng,
-                      ledger=ledger, progress=progress, **kwargs)
+    if device is not None:
+        kwargs["device"] = device
+    trainer = Trainer(net, record.name, loss_split=split, seed=seed, public_seed=public_seed, secure_rng=secure_rng,
+                      ledger=ledger, progress=progress, **kwargs)  # fmt: skip
     checkpoint = None if out is None else Path(out) / "checkpoint.pt"
     # Periodic checkpoints (between steps, so a resumed run equals an uninterrupted one).
     result = trainer.fit(train, checkpoint=checkpoint, checkpoint_every=200 if checkpoint else None, resume=resume)
-    metrics = evaluate(trainer.model, test)
+    trained = trainer.model
+    metrics = None if test is None else evaluate(trained, test)
+    trained.eval()
     plan = result.plan
-    summary = {
-        "method": method,
+    private_columns = list(fmap.private_columns or []) if fmap is not None else []
+    summary: dict[str, Any] = {
+        "method": record.name,
         "dataset": dataset if data is None else getattr(train, "name", dataset),
-        "private_columns": list(fmap.private_columns or []),
-        "label_private": fmap.label_private,
-        "accuracy": metrics["accuracy"],
-        "test_loss": metrics["loss"],
+        "private_columns": private_columns,
+        "label_private": bool(fmap is not None and fmap.label_private),
+        "accuracy": None if metrics is None else metrics["accuracy"],
+        "test_loss": None if metrics is None else metrics["loss"],
         "epsilon": None if math.isinf(result.epsilon) else result.epsilon,
         "delta": result.delta,
         "noise_multiplier": plan.noise_multiplier,
@@ -115,7 +197,7 @@ def train_tabular(
         "sampling_rate": plan.sampling_rate,
         "batch_size": plan.expected_batch_size,
         "public_batch_size": plan.public_batch_size,
-        "alpha": plan.alpha if method == "fdp" else None,
+        "alpha": plan.alpha if record.public_batch else None,
         "steps": result.steps,
         "pretrain_steps": result.pretrain_steps,
         "stopped_early": result.stopped_early,
@@ -128,20 +210,101 @@ def train_tabular(
         "guarantee": result.guarantee,
     }
     if out is not None:
-        from featuredp.experiments.runs import save_run
-
         save_run(out, trainer, result, model_spec=spec,
-                 dataset={"name": dataset, "options": options, "private_columns": summary["private_columns"],
-                          "label_private": fmap.label_private, "split": "the loader's fixed train/test split"},
+                 dataset={"name": dataset, "options": options, "private_columns": private_columns,
+                          "label_private": summary["label_private"], "split": "the loader's fixed train/test split"},
                  metrics=metrics)  # fmt: skip
         summary["out"] = str(out)
-    return summary
+    return TrainedModel(summary=summary, model=trained, result=result, trainer=trainer, metrics=metrics)
 
 
-def _fast_strategy() -> str:
-    """"ghost" (ghost norms; same result as "vmap", several times faster) when it imports, else "vmap"."""
-    try:
-        import featuredp.clipping.ghost  # noqa: F401
-    except ImportError:  # pragma: no cover - the ghost module is part of the package
-        return "vmap"
-    return "ghost"
+def train_tabular(**kwargs: Any) -> dict[str, Any]:
+    """:func:`train_one`'s summary dict (what ``featuredp train --json`` prints); same arguments."""
+    return train_one(**kwargs).summary
+
+
+def train_cell(
+    *,
+    data: tuple[Any, Any],
+    method: str,
+    epsilon: float | None,
+    delta: float,
+    seed: int,
+    private: Sequence[str] | None = None,
+    model: str | None = None,
+    hidden: Sequence[int] | None = None,
+    loss_split: str | None = None,
+    padding_scale: float | None = None,
+    **params: Any,
+) -> dict[str, Any]:
+    """One grid cell: :func:`train_one` on ``data = (train, eval)`` with exactly ``params``, a summary dict.
+
+    ``seed`` is the cell's *public* seed (initialisation, public batches); the private randomness
+    is OS entropy. ``params`` are the cell's complete Trainer arguments (no preset is added); the
+    summary has :func:`train_one`'s keys plus ``loss`` (the evaluation loss).
+    """
+    run = train_one(data=data, method=method, epsilon=epsilon, delta=delta, public_seed=seed,
+                    private=list(private) if private else None, model=model, hidden=hidden, loss_split=loss_split,
+                    padding_scale=padding_scale, preset=None, progress=False, **params)  # fmt: skip
+    return {**run.summary, "loss": run.summary["test_loss"]}
+
+
+# The names of the loss splits in run.json (``describe()``) as ``loss_split=`` takes them.
+_SPLIT_NAMES = {"gaussian_padding": "padding", "label_dp": "labeldp", "masking": "zero"}
+# The Trainer settings of a run's config that an audit model keeps; its length (steps / epochs), batch
+# size and, for private methods, σ and p are set from the run's plan below.
+_KEEP = ("public_batch_size", "pretrain_epochs", "delta", "max_grad_norm", "alpha", "optimizer", "lr",
+         "pretrain_lr", "momentum", "weight_decay", "projection_radius", "averaging", "average_fraction",
+         "ema_decay", "relation", "accountant")  # fmt: skip
+
+
+def retrain_like(
+    run: Any,
+    data: Any,
+    *,
+    steps: int | None = None,
+    epochs: float | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> tuple[nn.Module, TrainResult]:
+    """Train a fresh model on ``data`` with ``run``'s method, model and hyperparameters: an audit model.
+
+    ``run`` is a loaded run directory (:func:`featuredp.experiments.runs.load_run`). Private methods
+    keep the run's noise multiplier and sampling rate (not its ε target), so that the audit models'
+    claimed ε is the run's when the length is the same; ``steps`` or ``epochs`` shorten them.
+    ``seed`` is public (initialisation, public batches). Returns ``(model, TrainResult)``; the audits
+    of :mod:`featuredp.attacks.tabular` take it as their ``train_fn``.
+    """
+    info = run.info
+    cfg = dict(info.get("config") or {})
+    record = get_method(info["method"])
+    kwargs: dict[str, Any] = {k: cfg[k] for k in _KEEP if k in cfg and cfg[k] is not None}
+    if kwargs.get("max_grad_norm") == "inf":
+        kwargs["max_grad_norm"] = math.inf
+    if kwargs.get("public_batch_size"):  # a shrunken audit set (--train-size) may be smaller than m'
+        kwargs["public_batch_size"] = min(int(kwargs["public_batch_size"]), int(data.n))
+    plan = run.plan
+    if record.private:
+        kwargs["noise_multiplier"] = plan.noise_multiplier
+        kwargs["sampling_rate"] = plan.sampling_rate
+        if epochs is not None:
+            kwargs["epochs"] = epochs
+        else:
+            kwargs["steps"] = int(steps if steps is not None else (info.get("result") or {}).get("steps")
+                                  or plan.steps)  # fmt: skip
+    else:
+        kwargs["batch_size"] = cfg.get("batch_size") or 256
+        if steps is not None:
+            kwargs["steps"] = steps
+        else:
+            kwargs["epochs"] = epochs if epochs is not None else (cfg.get("epochs") or 1.0)
+    split_name = ((info.get("result") or {}).get("privacy_report") or {}).get("loss_split", {}).get("split")
+    # The seed fixes only the public randomness (initialisation, public batches): the audit models'
+    # private noise is fresh, as it would be in a real run, so audit outcomes vary from run to run.
+    trained = train_one(
+        data=(data, None), method=record.name, private=run.private_columns,
+        label_private=bool(run.dataset.get("label_private")), model=info["model_spec"],
+        loss_split=_SPLIT_NAMES.get(split_name), delta=kwargs.pop("delta", None), public_seed=seed, preset=None,
+        progress=progress, **kwargs,
+    )  # fmt: skip
+    return trained.model, trained.result

@@ -4,6 +4,23 @@ A :class:`PublicFeatureMap` is *declared* by the user (never inferred from the
 data). Given a batch (a dict of batch-first tensors, see :mod:`featuredp.batches`)
 it returns the *public view* Ψ(batch): the only thing the public loss ℓ_pub may
 read. Its ``describe()`` returns a :class:`~featuredp.plan.Disclosure`.
+
+Adding a public feature map takes two files:
+
+1. The class, in a module of this package (``tabular.py``, ``image.py`` or a new
+   one): subclass :class:`PublicFeatureMap` (or
+   :class:`~featuredp.features.image.ImageFeatureMap` for an image transform).
+   ``__call__`` returns a new dict, per example, deterministic, reading only the
+   public part of each record, with every tensor it makes on the input's device;
+   ``describe()`` returns a :class:`~featuredp.plan.Disclosure` whose ``hides``
+   completes the guarantee's "protecting ..."; override :meth:`~PublicFeatureMap.private_entries`
+   if it hides entries by position and :meth:`~PublicFeatureMap.bind` if it needs
+   the dataset. Re-export it from :mod:`featuredp.features` if it is public API.
+2. Its zoo entry in ``tests/features/test_feature_map_contract.py``: how to build the map
+   with a small batch and, unless its ``private_entries()`` masks and dropped keys
+   already say what is private, how to change only what it hides. The contract
+   suite finds every concrete map class of this package by itself and fails for
+   one without a zoo entry.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ Images are batch-first float tensors ``(B, C, H, W)`` under ``batch["x"]``.
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from typing import Any
 
 import torch
@@ -36,9 +37,8 @@ __all__ = ["BoxMask", "GaussianBlur", "ImageFeatureMap", "Pixelate", "gaussian_k
 
 def _image_shape_of(dataset: Any) -> tuple[int, ...] | None:
     """(C, H, W) of a dataset-like object (ImageDataset, tensor, array), or None if unknown."""
-    for attr in ("image_shape",):
-        if hasattr(dataset, attr):
-            return tuple(getattr(dataset, attr))
+    if hasattr(dataset, "image_shape"):
+        return tuple(dataset.image_shape)
     shape = getattr(dataset, "shape", None)
     if shape is not None and len(shape) == 4:
         return tuple(shape[1:])
@@ -46,7 +46,11 @@ def _image_shape_of(dataset: Any) -> tuple[int, ...] | None:
 
 
 class ImageFeatureMap(PublicFeatureMap):
-    """Common part of the image maps: validation, the label policy, the batch plumbing."""
+    """Common part of the image maps: validation, the label policy, the batch plumbing.
+
+    A subclass implements :meth:`transform` (the public image), :meth:`params`,
+    :meth:`reveals` and :meth:`hides` (the phrases of its :class:`~featuredp.plan.Disclosure`).
+    """
 
     name = "image"
 
@@ -56,12 +60,21 @@ class ImageFeatureMap(PublicFeatureMap):
         self.label_public = label_public
 
     # -- to be provided by subclasses ------------------------------------------------
-    def transform(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:  # pragma: no cover - abstract
-        """The public image of ``x`` (B, C, H, W); must not read labels."""
-        raise NotImplementedError
+    @abstractmethod
+    def transform(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """The public image of ``x`` (B, C, H, W), on ``x``'s device; must not read labels."""
 
-    def _params(self) -> dict:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def params(self) -> dict[str, Any]:
+        """The map's parameters (JSON-able), for :meth:`describe`."""
+
+    @abstractmethod
+    def reveals(self) -> str:
+        """What the public image shows (a phrase), label aside."""
+
+    @abstractmethod
+    def hides(self) -> str:
+        """What of the image it hides (a phrase the guarantee reads as "protecting ..."), label aside."""
 
     # -- PublicFeatureMap ---------------------------------------------------------------
     def bind(self, dataset: Any) -> ImageFeatureMap:
@@ -80,7 +93,10 @@ class ImageFeatureMap(PublicFeatureMap):
         """Subclasses refuse image sizes they cannot handle."""
 
     def __call__(self, batch: Batch) -> Batch:
-        """The public view: ``x`` replaced by its public image; ``y`` kept only if ``label_public``."""
+        """The public view: ``x`` replaced by its public image; ``y`` kept only if ``label_public``.
+
+        Every other key is dropped: the view holds only what :meth:`describe` says it reveals.
+        """
         if "x" not in batch:
             raise DataValidationError(f"batch must contain 'x', got keys {sorted(batch)}")
         x = batch["x"]
@@ -89,23 +105,16 @@ class ImageFeatureMap(PublicFeatureMap):
         out: Batch = {"x": self.transform(x, batch)}
         if self.label_public and "y" in batch:
             out["y"] = batch["y"]
-        if "box" in batch:  # region boxes are declared public (BoxMask); harmless for other maps
-            out["box"] = batch["box"]
         return out
 
     def describe(self) -> Disclosure:
         """What the public view reveals and hides (the guarantee protects what it hides)."""
         return Disclosure(
             self.name,
-            reveals=f"the image after {self.name}({_format(self._params())})"
-            + (" and the class label" if self.label_public else ""),
-            hides=f"the image detail {self.name} removes" + ("" if self.label_public else " and the class label"),
-            details={**self._params(), "label_public": self.label_public},
+            reveals=self.reveals() + (" and the class label" if self.label_public else ""),
+            hides=self.hides() + ("" if self.label_public else " and the class label"),
+            details={**self.params(), "label_public": self.label_public},
         )
-
-
-def _format(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in params.items())
 
 
 def gaussian_kernel1d(sigma: float, truncate: float = 3.0) -> torch.Tensor:
@@ -123,6 +132,21 @@ class GaussianBlur(ImageFeatureMap):
 
     ``sigma = 0`` is the identity (everything public). Reflect padding keeps
     the image mean at the borders (zero padding would darken them).
+
+    What it hides is *attenuated*, not erased: detail at the finest scale (a
+    checkerboard) reaches the view scaled by about ``4·exp(-π²σ²)`` (2·10⁻⁴ at
+    σ = 1), and the blur is a linear map that is invertible in exact arithmetic.
+    The guarantee protects the detail as far as the published view does not
+    already determine it; :class:`Pixelate` and :class:`BoxMask` discard
+    information exactly.
+
+    >>> x = torch.zeros(1, 1, 9, 9)
+    >>> x[0, 0, 4, 4] = 1.0
+    >>> view = GaussianBlur(1.0)({"x": x})["x"]
+    >>> round(float(view.sum()), 4), bool(view[0, 0, 4, 4] < 0.2)
+    (1.0, True)
+    >>> GaussianBlur(1.0).describe().hides
+    'the image detail the Gaussian blur (σ=1 px) removes'
     """
 
     name = "gaussian_blur"
@@ -133,8 +157,19 @@ class GaussianBlur(ImageFeatureMap):
         self.truncate = check_positive("truncate", truncate)
         self._kernel = gaussian_kernel1d(self.sigma, self.truncate) if self.sigma > 0 else None
 
-    def _params(self) -> dict:
+    def params(self) -> dict[str, Any]:
+        """σ and the truncation (in σ) of the kernel."""
         return {"sigma": self.sigma, "truncate": self.truncate}
+
+    def reveals(self) -> str:
+        """The blurred image."""
+        return f"the image blurred by a Gaussian of σ={self.sigma:g} px" if self.sigma > 0 else "the whole image"
+
+    def hides(self) -> str:
+        """The detail the blur removes (nothing of the image for σ = 0)."""
+        if self.sigma == 0:
+            return "nothing of the image (σ=0: the whole image is public)"
+        return f"the image detail the Gaussian blur (σ={self.sigma:g} px) removes"
 
     def _check_shape(self, shape: tuple[int, ...]) -> None:
         if self._kernel is not None:
@@ -146,6 +181,7 @@ class GaussianBlur(ImageFeatureMap):
                 )
 
     def transform(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """The blurred image (two depthwise 1-D passes, reflect padding)."""
         if self._kernel is None:
             return x
         k = self._kernel.to(dtype=x.dtype, device=x.device)
@@ -162,6 +198,12 @@ class Pixelate(ImageFeatureMap):
     """Ψ(x) = the mean of each ``factor × factor`` block, repeated over the block (downsample-upsample).
 
     Partial blocks at the right/bottom edge average the pixels they contain.
+    Any change that keeps every block's mean leaves the view unchanged.
+
+    >>> x = torch.arange(16.0).view(1, 1, 4, 4)
+    >>> Pixelate(2)({"x": x})["x"][0, 0, :2, :2]
+    tensor([[2.5000, 2.5000],
+            [2.5000, 2.5000]])
     """
 
     name = "pixelate"
@@ -170,14 +212,28 @@ class Pixelate(ImageFeatureMap):
         super().__init__(label_public=label_public)
         self.factor = check_int("factor", factor, minimum=1)
 
-    def _params(self) -> dict:
+    def params(self) -> dict[str, Any]:
+        """The block size."""
         return {"factor": self.factor}
+
+    def reveals(self) -> str:
+        """The block means."""
+        f = self.factor
+        return f"the mean of every {f}×{f} pixel block of the image" if f > 1 else "the whole image"
+
+    def hides(self) -> str:
+        """The detail within each block (nothing of the image for factor 1)."""
+        f = self.factor
+        if f == 1:
+            return "nothing of the image (factor=1: the whole image is public)"
+        return f"the image detail within each {f}×{f} pixel block (all but the block means)"
 
     def _check_shape(self, shape: tuple[int, ...]) -> None:
         if self.factor > min(shape[1:]):
             raise DataValidationError(f"factor={self.factor} is larger than the image size {shape[1:]}")
 
     def transform(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Block means, repeated over each block."""
         f = self.factor
         if f == 1:
             return x
@@ -193,6 +249,10 @@ class BoxMask(ImageFeatureMap):
     The boxes come with the data as ``batch["box"]``: int64 ``(B, 4)`` rows of
     ``(top, left, height, width)`` in pixels (e.g. the detected face or plate).
     A box of height or width 0 masks nothing.
+
+    >>> b = {"x": torch.ones(1, 1, 4, 4), "box": torch.tensor([[1, 1, 2, 2]])}
+    >>> int(BoxMask()(b)["x"].sum())  # the 2×2 box is blanked
+    12
     """
 
     name = "box_mask"
@@ -204,10 +264,20 @@ class BoxMask(ImageFeatureMap):
             raise ValueError(f"key must be a non-empty string, got {key!r}")
         self.key = key
 
-    def _params(self) -> dict:
+    def params(self) -> dict[str, Any]:
+        """The fill value and the batch key of the boxes."""
         return {"fill": self.fill, "box_key": self.key}
 
+    def reveals(self) -> str:
+        """The image outside the boxes, and the boxes."""
+        return f"the image outside each box batch[{self.key!r}] (the box itself is public)"
+
+    def hides(self) -> str:
+        """The image inside the boxes."""
+        return f"the image inside each box batch[{self.key!r}]"
+
     def transform(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """``x`` with every pixel inside its image's box set to ``fill``."""
         if self.key not in batch:
             raise DataValidationError(f"BoxMask needs batch[{self.key!r}] with (top, left, height, width) per image")
         box = batch[self.key]
@@ -221,6 +291,7 @@ class BoxMask(ImageFeatureMap):
         return torch.where(inside.unsqueeze(1), torch.as_tensor(self.fill, dtype=x.dtype, device=x.device), x)
 
     def __call__(self, batch: Batch) -> Batch:
+        """The masked image, the label if public, and the boxes (declared public)."""
         out = super().__call__(batch)
         out[self.key] = batch[self.key]
         return out

@@ -203,6 +203,7 @@ class Columns(PublicFeatureMap):
 
     # -- the view ------------------------------------------------------------------------------------
     def __call__(self, batch: Batch) -> Batch:
+        """The view: private ``x`` columns 0, private ``x_cat`` codes -1, ``y`` dropped if private."""
         self._require_bound()
         assert self._x_mask is not None
         view: Batch = {}
@@ -215,13 +216,16 @@ class Columns(PublicFeatureMap):
                         f"batch['x'] has {value.shape[-1]} columns, Columns was bound to {self._x_mask.numel()}"
                     )
                 # torch.where, not multiplication: a private NaN/inf must not survive as NaN.
-                value = torch.where(self._x_mask.to(value.device), torch.zeros((), dtype=value.dtype), value)
+                zero = torch.zeros((), dtype=value.dtype, device=value.device)
+                value = torch.where(self._x_mask.to(value.device), zero, value)
             elif key == "x_cat" and self._cat_mask is not None:
-                value = torch.where(self._cat_mask.to(value.device), torch.full((), -1, dtype=value.dtype), value)
+                masked = torch.full((), -1, dtype=value.dtype, device=value.device)
+                value = torch.where(self._cat_mask.to(value.device), masked, value)
             view[key] = value
         return view
 
     def private_entries(self) -> dict[str, torch.Tensor]:
+        """The private encoded columns of ``x`` and, with codes, of ``x_cat`` (CPU masks)."""
         self._require_bound()
         assert self._x_mask is not None
         out = {"x": self._x_mask}
@@ -266,7 +270,13 @@ class Columns(PublicFeatureMap):
 
 
 class LabelPrivate(PublicFeatureMap):
-    """Ψ(x, y) = x: the features are public, the label is private (label DP)."""
+    """Ψ(x, y) = x: the features are public, the label is private (label DP).
+
+    >>> sorted(LabelPrivate()({"x": torch.ones(2, 3), "y": torch.tensor([0, 1])}))
+    ['x']
+    >>> LabelPrivate().describe().hides
+    "the label ('y')"
+    """
 
     def __init__(self, label_key: str = "y") -> None:
         self.label_key = label_key
@@ -278,6 +288,7 @@ class LabelPrivate(PublicFeatureMap):
         return self
 
     def __call__(self, batch: Batch) -> Batch:
+        """The batch without the label."""
         return {k: v for k, v in batch.items() if k != self.label_key}
 
     def describe(self) -> Disclosure:
@@ -294,6 +305,11 @@ class FunctionMap(PublicFeatureMap):
     ``hides`` what it removes (the guarantee names it; default "what the function
     removes"). ``private`` optionally lists masks as in
     :meth:`PublicFeatureMap.private_entries`.
+
+    >>> first = FunctionMap(lambda b: {"x": b["x"][:, :1], "y": b["y"]}, "the first column and the label",
+    ...                     hides="every column but the first")
+    >>> first({"x": torch.ones(2, 3), "y": torch.tensor([0, 1])})["x"].shape
+    torch.Size([2, 1])
     """
 
     def __init__(
@@ -316,12 +332,14 @@ class FunctionMap(PublicFeatureMap):
         self._private = {k: torch.as_tensor(v, dtype=torch.bool) for k, v in (private or {}).items()}
 
     def __call__(self, batch: Batch) -> Batch:
+        """``fn`` applied to a shallow copy of the batch."""
         view = self.fn(dict(batch))
         if not isinstance(view, dict):
             raise TypeError(f"the feature map function must return a dict of tensors, got {type(view).__name__}")
         return view
 
     def private_entries(self) -> dict[str, torch.Tensor]:
+        """The masks given as ``private`` (CPU; callers move them to the batch's device)."""
         return dict(self._private)
 
     def describe(self) -> Disclosure:

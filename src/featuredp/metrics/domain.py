@@ -2,7 +2,7 @@
 
 Inception features are slow on CPU (2–5 images/s) and blind to much of what matters at 28×28. A small
 CNN classifier trained on the real training set gives a fast feature space that is sensitive to blur
-(NOTES: real-vs-holdout ≈ 2.4, blur σ=1 ≈ 456 at N = 10k). Its features are the PRE-ReLU outputs of
+(measured on MNIST: real-vs-holdout ≈ 2.4, blur σ=1 ≈ 456 at N = 10k). Its features are the PRE-ReLU outputs of
 the penultimate layer (post-ReLU features had dead dimensions). The same classifier measures how often
 a class-conditional sample is recognised as the class it was asked for.
 
@@ -45,12 +45,14 @@ class DomainClassifier(nn.Module):
         self.fc2 = nn.Linear(feature_dim, num_classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The ``feature_dim`` pre-ReLU penultimate features of images ``x`` (float in [-1, 1])."""
         h = F.max_pool2d(F.relu(self.conv1(x)), 2)
         h = F.max_pool2d(F.relu(self.conv2(h)), 2)
         h = F.adaptive_avg_pool2d(h, 4).flatten(1)
         return self.fc1(h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class logits of images ``x``."""
         return self.fc2(F.relu(self.features(x)))
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -61,6 +63,7 @@ class DomainClassifier(nn.Module):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> DomainClassifier:
+        """A classifier saved by :meth:`save`, in eval mode (tensors only: ``weights_only=True``)."""
         ck = torch.load(path, weights_only=True)
         model = cls(*ck["config"])
         model.load_state_dict(ck["state"])
@@ -103,6 +106,7 @@ class DomainMetrics:
 
     @classmethod
     def from_reference(cls, classifier: DomainClassifier, reference: np.ndarray) -> DomainMetrics:
+        """Metrics against the ``reference`` images (their features are computed once, here)."""
         return cls(classifier, _features(classifier, reference))
 
     def fid(self, images: torch.Tensor | np.ndarray) -> float:

@@ -30,7 +30,14 @@ def _psd_sqrt(m: np.ndarray) -> np.ndarray:
 
 
 def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray) -> float:
-    """Fréchet distance between N(mu1, sigma1) and N(mu2, sigma2)."""
+    """Fréchet distance between N(mu1, sigma1) and N(mu2, sigma2).
+
+    >>> import numpy as np
+    >>> frechet_distance(np.zeros(2), np.eye(2), np.ones(2), np.eye(2))  # ‖μ₁ − μ₂‖² = 2, equal covariances
+    2.0
+    >>> round(frechet_distance(np.zeros(1), np.eye(1), np.zeros(1), 4 * np.eye(1)), 6)  # (σ₁ − σ₂)² = 1
+    1.0
+    """
     mu1, mu2 = np.atleast_1d(mu1).astype(np.float64), np.atleast_1d(mu2).astype(np.float64)
     s1, s2 = np.atleast_2d(sigma1).astype(np.float64), np.atleast_2d(sigma2).astype(np.float64)
     if mu1.shape != mu2.shape or s1.shape != s2.shape or s1.shape != (len(mu1), len(mu1)):

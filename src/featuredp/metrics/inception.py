@@ -92,7 +92,8 @@ class InceptionFeatures:
         self.path = locate_inception_weights(source)
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         net = torch.jit.load(str(self.path), map_location="cpu").eval()
-        if optimize:  # freezing + inference passes: ~2x faster on CPU, identical outputs (DATA.md)
+        # freezing + inference passes: ~2x faster on CPU (measured 2–2.7 → 4.5 images/s on 2 cores), identical outputs
+        if optimize:
             net = torch.jit.optimize_for_inference(torch.jit.freeze(net))
         self.net = net
 
@@ -110,6 +111,7 @@ class InceptionFeatures:
 
     @torch.inference_mode()
     def __call__(self, images: torch.Tensor | np.ndarray, *, progress: bool = True) -> np.ndarray:
+        """The (N, 2048) float64 pool3 features of ``images``, computed in batches of ``batch_size``."""
         out = []
         n = len(images)
         for s in tqdm(range(0, n, self.batch_size), desc="inception", disable=not progress, leave=False):

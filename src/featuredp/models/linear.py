@@ -46,6 +46,9 @@ class SparseLogisticRegression(nn.Module):
     """
 
     takes_batch = True
+    # Buffers (registered in __init__), declared so that type checkers see tensors, not Module attributes.
+    dense_index: torch.Tensor
+    offsets: torch.Tensor
 
     def __init__(
         self,

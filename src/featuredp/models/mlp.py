@@ -44,7 +44,8 @@ class MLP(nn.Module):
         """Logits, shape (B, n_classes); with ``columns``, ``x`` holds only those input columns."""
         if columns is None:
             return self.net(x)
-        h = self.net[0](x, columns=columns)
-        for layer in self.net[1:]:
+        first, *rest = self.net  # (slicing a Sequential is typed as returning a plain Module)
+        h = first(x, columns=columns)
+        for layer in rest:
             h = layer(h)
         return h

@@ -1,6 +1,11 @@
-"""Image Ψ maps: deterministic, label-free, per example, and what they reveal."""
+"""Image Ψ maps (GaussianBlur, Pixelate, BoxMask): what they compute, reveal and hide.
+
+The properties every map keeps (Disclosure, per example, no private read) are in test_feature_map_contract.py.
+"""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -9,7 +14,7 @@ from scipy import ndimage
 
 from featuredp.errors import DataValidationError
 from featuredp.features import PublicFeatureMap
-from featuredp.features.image import BoxMask, GaussianBlur, Pixelate
+from featuredp.features.image import BoxMask, GaussianBlur, Pixelate, gaussian_kernel1d
 
 
 def _batch(b: int = 6, c: int = 1, h: int = 28, w: int = 28, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -36,7 +41,39 @@ def test_label_policy() -> None:
     assert torch.equal(GaussianBlur(1.0)(b)["y"], b["y"])
     assert "y" not in GaussianBlur(1.0, label_public=False)(b)
     d = GaussianBlur(1.0, label_public=False).describe()
-    assert d["label_public"] is False and "label" in d.hides and "label" not in d.reveals
+    assert d.details["label_public"] is False and "label" in d.hides and "label" not in d.reveals
+
+
+def test_disclosures_name_what_each_map_hides() -> None:
+    assert GaussianBlur(1.0).describe().hides == "the image detail the Gaussian blur (σ=1 px) removes"
+    assert GaussianBlur(1.0, label_public=False).describe().hides.endswith("removes and the class label")
+    assert Pixelate(4).describe().hides.startswith("the image detail within each 4×4 pixel block")
+    assert BoxMask().describe().hides == "the image inside each box batch['box']"
+    assert "nothing" in GaussianBlur(0.0).describe().hides and "nothing" in Pixelate(1).describe().hides
+    d = GaussianBlur(2.0).describe()
+    assert d.map == "gaussian_blur" and d.details == {"sigma": 2.0, "truncate": 3.0, "label_public": True}
+
+
+def test_only_the_box_map_passes_the_boxes_on() -> None:
+    # The boxes are declared public by BoxMask only: another map's view must not carry them to ℓ_pub.
+    b = _batch(2)
+    b["box"] = torch.tensor([[1, 1, 3, 3]] * 2)
+    assert set(GaussianBlur(1.0)(b)) == {"x", "y"} and set(Pixelate(2)(b)) == {"x", "y"}
+    assert set(BoxMask()(b)) == {"x", "y", "box"}
+    other = BoxMask(key="face")(dict(b, face=b.pop("box")))
+    assert set(other) == {"x", "y", "face"}
+
+
+def test_blur_attenuates_the_finest_detail_as_documented() -> None:
+    # A checkerboard survives reflect padding as a checkerboard; two separable passes scale it by ĝ(π)².
+    sigma = 1.0
+    k = gaussian_kernel1d(sigma).double()
+    r = (len(k) - 1) // 2
+    g_pi = float(sum(k[i] * (-1) ** (i - r) for i in range(len(k))))
+    board = (-1.0) ** (torch.arange(12).view(-1, 1) + torch.arange(12).view(1, -1)).view(1, 1, 12, 12)
+    out = GaussianBlur(sigma)({"x": board.double()})["x"]
+    torch.testing.assert_close(out, g_pi**2 * board.double(), atol=1e-9, rtol=0)
+    assert g_pi**2 < 4 * math.exp(-math.pi**2 * sigma**2) * 1.05  # the docstring's "about 4·exp(-π²σ²)"
 
 
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 2.0])  # radii agree with scipy for these

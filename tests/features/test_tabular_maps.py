@@ -1,4 +1,7 @@
-"""Public feature maps Ψ: binding, views that hide private entries, errors."""
+"""Tabular public feature maps Ψ (Columns, LabelPrivate, FunctionMap): binding, views, errors.
+
+The properties every map keeps (Disclosure, per example, no private read) are in test_feature_map_contract.py.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +19,10 @@ def test_columns_bind_maps_raw_names_to_encoded_columns():
     fmap = Columns(["sex", "race"]).bind(data)
     assert fmap.private_entries()["x"].tolist() == [False, False, True, True, True, True, True]
     desc = fmap.describe()
-    assert desc["private_columns"] == ["sex", "race"] and desc["public_columns"] == ["age", "hours"]
-    assert desc["private_encoded_columns"] == ["sex=F", "sex=M", "race=a", "race=b", "race=c"]
-    assert "label" in desc["reveals"] and not desc["label_private"]
+    assert desc.details["private_columns"] == ["sex", "race"] and desc.details["public_columns"] == ["age", "hours"]
+    assert desc.details["private_encoded_columns"] == ["sex=F", "sex=M", "race=a", "race=b", "race=c"]
+    assert "label" in desc.reveals and not desc.details["label_private"]
+    assert desc.hides == "the private columns ['sex', 'race']"
 
 
 def test_view_zeroes_private_columns_and_keeps_the_input_intact():
@@ -75,9 +79,9 @@ def test_unbound_columns_refuse_to_run():
 def test_label_private_and_function_map():
     batch = {"x": torch.ones(3, 2), "y": torch.zeros(3, dtype=torch.long)}
     assert set(LabelPrivate()(batch)) == {"x"}
-    assert LabelPrivate().describe()["label_private"]
+    assert LabelPrivate().describe().details["label_private"]
     fm = FunctionMap(lambda b: {"x": b["x"][:, :1]}, "the first column only")
-    assert fm(batch)["x"].shape == (3, 1) and fm.describe()["reveals"] == "the first column only"
+    assert fm(batch)["x"].shape == (3, 1) and fm.describe().reveals == "the first column only"
     with pytest.raises(ValueError, match="description"):
         FunctionMap(lambda b: b, " ")
     with pytest.raises(TypeError, match="dict of tensors"):

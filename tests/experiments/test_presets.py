@@ -1,0 +1,68 @@
+"""The preset store: one entry per dataset, per-method parameters derived from the method records."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import featuredp.experiments.presets as presets
+from featuredp.experiments.presets import (
+    DEFAULT_PRESET,
+    METHOD_DEFAULTS,
+    PRESETS,
+    method_defaults,
+    method_params,
+    preset_for,
+    unused_params,
+)
+from featuredp.methods import METHOD_NAMES, get_method
+
+_PRIVATE_ONLY = {"noise_multiplier", "max_grad_norm", "alpha", "public_batch_size", "pretrain_epochs", "pretrain_lr",
+                 "strategy", "physical_batch_size"}  # fmt: skip
+
+
+def test_every_preset_covers_every_method_with_only_keys_it_reads():
+    for name, preset in PRESETS.items():
+        assert {"load", "quick_load", "model", "loss_split", "delta", "methods", "tune"} <= set(preset), name
+        assert set(preset["methods"]) == set(METHOD_NAMES), name
+        for method, params in preset["methods"].items():
+            assert not set(params) & unused_params(method), (name, method)
+            assert set(preset["tune"].get(method, {})) <= set(params), (name, method)
+
+
+def test_unused_params_follow_the_records():
+    # The table the grid and `featuredp train` each kept before the records existed.
+    assert unused_params("nonprivate") == unused_params("public") == _PRIVATE_ONLY
+    assert unused_params("dpsgd") == {"alpha", "public_batch_size", "pretrain_epochs", "pretrain_lr"}
+    assert unused_params("fdp_dpsgd") == {"alpha"}  # m' is the size of its public pre-training batches
+    assert unused_params("fdp") == set()
+
+
+def test_a_method_without_an_entry_borrows_the_most_similar_one():
+    fdp2 = dataclasses.replace(get_method("fdp"), name="fdp2", label="FDP 2")
+    assert method_params(PRESETS["purchase-style"]["methods"], fdp2) == PRESETS["purchase-style"]["methods"]["fdp"]
+    ref = dataclasses.replace(get_method("nonprivate"), name="nonprivate2")
+    assert method_params(PRESETS["adult"]["methods"], ref) == PRESETS["adult"]["methods"]["nonprivate"]
+
+
+def test_defaults_and_fallback_preset():
+    assert METHOD_DEFAULTS is PRESETS[DEFAULT_PRESET]["methods"]
+    d = method_defaults("fdp")
+    d["lr"] = 123.0
+    assert METHOD_DEFAULTS["fdp"]["lr"] != 123.0  # a copy
+    assert method_defaults("dpsgd", "census-income")["lr"] == 0.5
+    other = preset_for("my-csv")
+    assert other["methods"] == PRESETS[DEFAULT_PRESET]["methods"] and other["load"] == {}
+    assert other["loss_split"] is None and other["hidden"] == [64]
+    other["methods"]["fdp"]["lr"] = 9.0
+    assert PRESETS[DEFAULT_PRESET]["methods"]["fdp"]["lr"] != 9.0  # a deep copy
+    with pytest.raises(ValueError, match="method must be one of"):
+        method_defaults("sgd")
+
+
+def test_preset_for_gives_every_registered_method_an_entry(monkeypatch):
+    fdp2 = dataclasses.replace(get_method("fdp"), name="fdp2", label="FDP 2")
+    monkeypatch.setattr(presets, "METHODS", {**presets.METHODS, "fdp2": fdp2})
+    monkeypatch.setattr("featuredp.methods.METHODS", {**presets.METHODS, "fdp2": fdp2})
+    assert presets.preset_for("census-income")["methods"]["fdp2"] == PRESETS["census-income"]["methods"]["fdp"]
