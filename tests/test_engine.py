@@ -136,26 +136,21 @@ def test_added_noise_has_std_sigma_c_over_m(method, alpha, secure_rng):
 # ---------------------------------------------------------------------------------------------------------
 # Poisson batch sizes inside the engine ~ Binomial(n, p)
 # ---------------------------------------------------------------------------------------------------------
-class _RecordingStrategy:
-    name = "recording"
-
-    def __init__(self):
-        self.inner = VmapGradients()
-        self.sizes: list[int] = []
-
-    def clipped_sum(self, model, loss_fn, batch, draws, max_grad_norm):
-        self.sizes.append(int(batch["y"].shape[0]))
-        return self.inner.clipped_sum(model, loss_fn, batch, draws, max_grad_norm)
-
-
 @pytest.mark.statistical
-def test_realised_private_batch_sizes_are_binomial():
+def test_realised_private_batch_sizes_are_binomial(monkeypatch):
     data = make_tabular(400, seed=3)
-    rec = _RecordingStrategy()
+    seen: list[int] = []
+    real = VmapGradients.clipped_sum
+
+    def recording(self, model, loss_fn, batch, draws, max_grad_norm):
+        seen.append(int(batch["y"].shape[0]))
+        return real(self, model, loss_fn, batch, draws, max_grad_norm)
+
+    monkeypatch.setattr(VmapGradients, "clipped_sum", recording)
     T, m = 300, 20
     Trainer(LogisticRegression(7, 2), "fdp", feature_map=Columns(["sex"]), steps=T, batch_size=m,
-            noise_multiplier=1.0, strategy=rec, seed=5, progress=False).fit(data)  # fmt: skip
-    sizes = np.asarray(rec.sizes, dtype=float)
+            noise_multiplier=1.0, strategy="vmap", seed=5, progress=False).fit(data)  # fmt: skip
+    sizes = np.asarray(seen, dtype=float)
     assert sizes.size == T
     n, p = 400, m / 400
     mean, var = n * p, n * p * (1 - p)

@@ -163,15 +163,24 @@ def test_secure_mode_resume_equals_uninterrupted(tmp_path):
 # 2. One Trainer, one run, one accountant
 # ---------------------------------------------------------------------------------------------------------
 class _CountingStrategy:
-    name = "counting"
+    """Counts the private clipped sums of every VmapGradients (the strategy is chosen by name: only
+    registered strategies are accepted), and can make the n-th one crash."""
 
-    def __init__(self):
-        self.inner = VmapGradients()
+    def __init__(self, monkeypatch, crash_at: int | None = None):
         self.calls = 0
+        real = VmapGradients.clipped_sum
 
-    def clipped_sum(self, model, loss_fn, batch, draws, max_grad_norm):
-        self.calls += 1
-        return self.inner.clipped_sum(model, loss_fn, batch, draws, max_grad_norm)
+        def counting(strategy, model, loss_fn, batch, draws, max_grad_norm):
+            if crash_at is not None and self.calls == crash_at:
+                raise _CrashError("power cut")
+            self.calls += 1
+            return real(strategy, model, loss_fn, batch, draws, max_grad_norm)
+
+        monkeypatch.setattr(VmapGradients, "clipped_sum", counting)
+
+
+class _CrashError(RuntimeError):
+    pass
 
 
 def test_second_fit_continues_the_run_and_counts_every_private_step(monkeypatch):
@@ -185,8 +194,8 @@ def test_second_fit_continues_the_run_and_counts_every_private_step(monkeypatch)
 
     monkeypatch.setattr(PoissonSampler, "sample", spy)
     data = make_tabular(200, seed=3)
-    strategy = _CountingStrategy()
-    t = _fdp(_model(), steps=20, strategy=strategy)
+    strategy = _CountingStrategy(monkeypatch)
+    t = _fdp(_model(), steps=20, strategy="vmap")
     r1 = t.fit(data, max_steps=10)
     assert r1.steps == 10 and r1.stopped_early
     r2 = t.fit(data)
@@ -256,15 +265,15 @@ def test_the_data_fingerprint_stays_out_of_run_json(tmp_path):
 # ---------------------------------------------------------------------------------------------------------
 # 4. The ledger is reserved before the first private step and settled with what ran
 # ---------------------------------------------------------------------------------------------------------
-def test_ledger_refuses_an_overspend_before_any_private_step(tmp_path):
+def test_ledger_refuses_an_overspend_before_any_private_step(tmp_path, monkeypatch):
     path = tmp_path / "budget.json"
     BudgetLedger(path, total_epsilon=0.5, delta=1e-4)
     before = path.read_bytes()
-    strategy = _CountingStrategy()
+    strategy = _CountingStrategy(monkeypatch)
     model = _model()
     init = _state(model)
     with pytest.raises(BudgetExceededError):
-        _fdp(model, steps=50, strategy=strategy, ledger=path).fit(make_tabular(200, seed=3))
+        _fdp(model, steps=50, strategy="vmap", ledger=path).fit(make_tabular(200, seed=3))
     assert strategy.calls == 0 and _same(init, model.state_dict())
     assert path.read_bytes() == before
 
@@ -282,22 +291,12 @@ def test_ledger_settles_the_steps_that_ran_after_budget_stop_and_max_steps(tmp_p
     assert not ledger.pending()
 
 
-class _CrashError(RuntimeError):
-    pass
-
-
-class _CrashingStrategy(_CountingStrategy):
-    def clipped_sum(self, model, loss_fn, batch, draws, max_grad_norm):
-        if self.calls == 6:
-            raise _CrashError("power cut")
-        return super().clipped_sum(model, loss_fn, batch, draws, max_grad_norm)
-
-
-def test_ledger_settles_on_a_crash(tmp_path):
+def test_ledger_settles_on_a_crash(tmp_path, monkeypatch):
     path = tmp_path / "budget.json"
     ledger = BudgetLedger(path, total_epsilon=10.0, delta=1e-4)
     with pytest.raises(_CrashError):
-        _fdp(_model(), steps=30, strategy=_CrashingStrategy(), ledger=path).fit(make_tabular(200, seed=3))
+        _CountingStrategy(monkeypatch, crash_at=6)
+        _fdp(_model(), steps=30, strategy="vmap", ledger=path).fit(make_tabular(200, seed=3))
     assert not ledger.pending()
     assert ledger.spent() == pytest.approx(accounting.epsilon_for(1.0, 0.1, 6, 1e-4), rel=1e-9)
 

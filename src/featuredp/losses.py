@@ -1,4 +1,4 @@
-"""Loss splits ℓ = ℓ_priv + ℓ_pub (SPEC §3).
+"""Loss splits ℓ = ℓ_priv + ℓ_pub (paper §3–4 and Algorithm 1; docs/engine.md).
 
 ℓ_pub predicts ℓ from the public view Ψ(x) only; ℓ_priv = ℓ − ℓ_pub is what
 is clipped and noised. Both are evaluated with the *same* model and the *same*
@@ -274,7 +274,7 @@ class LabelDPSplit(LossSplit):
     """Label privacy: ℓ = cross-entropy, ℓ_pub = logsumexp(logits of the public view).
 
     With Ψ(x, y) = x, ℓ_priv = ℓ − ℓ_pub = −logit_y, whose gradient for a linear
-    model W is −x·yᵀ (norm ‖x‖): 1-Lipschitz where ℓ is √2-Lipschitz (SPEC §4.1).
+    model W is −x·yᵀ (norm ‖x‖): 1-Lipschitz where ℓ is √2-Lipschitz (the label-DP case; docs/convex.md).
     If the feature map also hides feature columns, they are zero in the view.
     """
 

@@ -29,7 +29,7 @@ ClippedLoss = Literal["loss", "private_loss"]
 
 @dataclass(frozen=True)
 class Method:
-    """One training method (SPEC §3).
+    """One training method (paper §3–4 and Algorithm 1; docs/engine.md).
 
     Attributes:
         name: the identifier users type (``--method``).

@@ -2,7 +2,7 @@
 
 * :class:`PrivacyPlan`: everything that determines a run's guarantee — public and
   loggable. Private runtime inputs (data, indices, RNG state, realised batch sizes)
-  are passed at call time and never stored here (ARCHITECTURE "main abstractions").
+  are passed at call time and never stored here (docs/engine.md).
 * :class:`Disclosure`: what a public feature map Ψ reveals and hides; every feature
   map's ``describe()`` returns one, and the guarantee names what it ``hides``.
 * :class:`TrainResult`: what ``Trainer.fit`` returns.

@@ -315,8 +315,8 @@ def settle(reservation: Reservation | None, plan: PrivacyPlan, private_steps: in
 
 
 class ModelRuns:
-    """Which private runs were applied to which model object (ARCHITECTURE rule 7: every private step
-    any call applies to a model is counted). Weak keys: the record dies with the model."""
+    """Which private runs were applied to which model object: every private step any call applies to a
+    model is counted (docs/engine.md, "One Trainer is one run"). Weak keys: the record dies with the model."""
 
     def __init__(self) -> None:
         self._runs: weakref.WeakKeyDictionary[nn.Module, dict[int, dict[str, Any]]] = weakref.WeakKeyDictionary()

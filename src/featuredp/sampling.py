@@ -3,11 +3,11 @@
 Algorithm 1 needs two batches per step: a Poisson-sampled private batch and a
 uniformly sampled public batch whose coins are *independent* of the private
 batch's (otherwise Ψ of the public batch would reveal which records were
-sampled privately, and subsampling would no longer amplify privacy; SPEC §2,
+sampled privately, and subsampling would no longer amplify privacy; paper §3–4,
 Prop. 3). Each sampler owns its own ``numpy.random.Generator``;
 :func:`make_streams` derives them with ``SeedSequence.spawn``, which gives
 statistically independent streams. The private streams come from OS entropy
-unless the user seeds the run (ARCHITECTURE rule 6); in secure mode the Poisson
+unless the user seeds the run (docs/engine.md, "Randomness, runs and budgets"); in secure mode the Poisson
 sampler draws its coins from a ChaCha20 keystream
 (:class:`featuredp.noise.ChaCha20Generator`).
 

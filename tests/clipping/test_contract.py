@@ -344,7 +344,23 @@ def test_get_strategy_errors_name_the_choices():
     for name in NAMES:
         assert name in str(info.value)
     assert "'fast'" in str(info.value)
-    with pytest.raises(TypeError, match="clipped_sum"):
+    with pytest.raises(TypeError, match="registered strategy class"):
         get_strategy(object())
+
+
+def test_only_instances_of_registered_strategy_classes_are_accepted():
+    """An object that merely has a clipped_sum (which could skip clipping) is refused; a registered class's
+    instance, or a name, is accepted."""
+
+    class NoClip:
+        name = "noclip"
+
+        def clipped_sum(self, model, loss_fn, batch, draws, max_grad_norm):  # would return unclipped sums
+            raise AssertionError("never called")
+
+    with pytest.raises(TypeError, match="register_strategy"):
+        get_strategy(NoClip())
+    vmap = get_strategy("vmap")
+    assert get_strategy(vmap) is vmap
     with pytest.raises(ValueError, match="physical_batch_size"):
         get_strategy(NAMES[0], physical_batch_size="many")

@@ -17,7 +17,7 @@ is public) and sees the model; it guesses the record's private categorical attri
   likelihood of the label, argmax_c log p(c | Ψ(x), y) + log p_θ(y | x_c) (Fredrikson et al.
   2014's estimator with the population prior).
 
-Theorem 4 (SPEC §2): if the training is f-DP in the feature sense, any adversary's success
+Theorem 4 (paper §4): if the training is f-DP in the feature sense, any adversary's success
 probability is at most ``1 − f(Ball)``, Ball the best success without the model. For
 (ε, δ): ``min(1, e^ε·Ball + δ, 1 − e^{−ε}(1 − δ − Ball))`` (both branches of f_{ε,δ}).
 By concavity of ``1 − f`` the bound also holds for the success averaged over targets with

@@ -1,4 +1,4 @@
-"""Model extraction of a logistic regression from d + 1 queries (the slides' example).
+"""Model extraction of a logistic regression from d + 1 queries (the equation-solving attack of Tramèr et al. 2016).
 
 For binary logistic regression f(x) = 1/(1 + e^{−(w·x + b)}), the log-odds
 log(f/(1 − f)) = w·x + b is linear in x: d + 1 queries at points in general position give

@@ -2,7 +2,7 @@
 
 * :func:`loss_threshold_scores` — Yeom et al. 2018: low loss ⇒ member.
 * :func:`yeom_attack` — the same with Yeom's fixed threshold (the mean training loss).
-* :class:`ShadowModelAttack` — Shokri et al. 2017 (the slides): an attack classifier trained
+* :class:`ShadowModelAttack` — Shokri et al. 2017: an attack classifier trained
   on the outputs of shadow models on their own members and non-members, one per class.
 * :func:`lira_scores` — Carlini et al. 2022 (LiRA): a likelihood-ratio test on logit-scaled
   confidences, with shadow models trained with ("in") and without ("out") each example;

@@ -8,7 +8,7 @@ This is the only module of :mod:`featuredp.attacks` that imports torch (with
   logits so that it stays exact when p_y rounds to 1).
 * :func:`candidate_scores` — for attribute inference: the loss and top-class confidence of
   each target with every candidate value of the private one-hot block(s) plugged in.
-* :func:`model_inversion` — Fredrikson et al. 2015 (MI-FACE, the slides' Algorithm 1):
+* :func:`model_inversion` — Fredrikson et al. 2015 (MI-FACE, their Algorithm 1):
   gradient descent on the input to maximise the confidence of a target class.
 """
 
@@ -125,7 +125,7 @@ def model_inversion(
 
     Starts at ``x0`` (default zeros), applies ``process`` after each step (e.g. clip to the
     feature box), stops after ``steps``, when c has not improved on the last ``patience``
-    values (the slides' β), or when c <= ``tol`` (γ). Returns the best x and its cost.
+    values (β in MI-FACE), or when c <= ``tol`` (γ). Returns the best x and its cost.
     """
     k = check_int("target_class", target_class, minimum=0)
     d = check_int("d", d, minimum=1)

@@ -63,10 +63,16 @@ STRATEGIES: dict[str, tuple[StrategyFactory, int | None]] = {}
 DEFAULT_STRATEGY = "ghost"
 
 
+# The classes whose instances may be passed as strategy objects: a registered strategy has passed the
+# contract suite (tests/clipping/test_contract.py), an arbitrary object with a clipped_sum has not.
+_REGISTERED_TYPES: set[type] = set()
+
+
 def register_strategy(name: str, factory: StrategyFactory, *, auto_physical_batch_size: int | None = None) -> None:
     """Make ``factory(physical_batch_size) -> GradientStrategy`` available as ``strategy=name``.
 
     ``auto_physical_batch_size`` is what ``physical_batch_size="auto"`` means for it (None: unchunked).
+    When ``factory`` is a class, its instances may also be passed as strategy objects.
     A registered strategy must pass the contract suite in ``tests/clipping/test_contract.py``.
     """
     if not isinstance(name, str) or not name:
@@ -76,18 +82,23 @@ def register_strategy(name: str, factory: StrategyFactory, *, auto_physical_batc
     if not callable(factory):
         raise TypeError(f"factory must be callable (physical_batch_size -> strategy), got {type(factory).__name__}")
     STRATEGIES[name] = (factory, auto_physical_batch_size)
+    if isinstance(factory, type):
+        _REGISTERED_TYPES.add(factory)
 
 
 # vmap materialises per-example gradients, so memory grows with the chunk: 256 by default. Ghost never does;
 # chunking it only costs time (about 23% at batch 1024).
-register_strategy("vmap", lambda pbs: VmapGradients(pbs), auto_physical_batch_size=256)
-register_strategy("ghost", lambda pbs: GhostGradients(pbs), auto_physical_batch_size=None)
+register_strategy("vmap", VmapGradients, auto_physical_batch_size=256)
+register_strategy("ghost", GhostGradients, auto_physical_batch_size=None)
 
 
 def get_strategy(
     strategy: str | GradientStrategy = DEFAULT_STRATEGY, *, physical_batch_size: int | str | None = "auto"
 ) -> GradientStrategy:
-    """A strategy object from a registered name, or a strategy object passed through.
+    """A strategy object from a registered name, or an instance of a registered strategy class passed through.
+
+    Any other object is refused: per-example clipping is what bounds one record's influence, so only
+    strategies that passed the contract suite (registered ones) may compute it.
 
     ``physical_batch_size="auto"`` uses the strategy's registered default.
 
@@ -95,8 +106,12 @@ def get_strategy(
     GhostGradients(physical_batch_size=64, reweight='matmul')
     """
     if not isinstance(strategy, str):
-        if not callable(getattr(strategy, "clipped_sum", None)):
-            raise TypeError(f"strategy must be a name or have a clipped_sum method, got {type(strategy).__name__}")
+        if type(strategy) not in _REGISTERED_TYPES:
+            raise TypeError(
+                f"strategy must be a registered name ({', '.join(sorted(STRATEGIES))}) or an instance of a "
+                f"registered strategy class, got {type(strategy).__name__}; register yours with "
+                "featuredp.clipping.register_strategy(name, cls) after it passes the contract suite"
+            )
         return strategy
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(sorted(STRATEGIES))} (or a strategy object), "

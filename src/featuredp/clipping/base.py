@@ -3,7 +3,7 @@
 A :class:`GradientStrategy` returns Σ_i clip_C(∇_θ loss_i) and the per-example
 norms before clipping. Clipping is applied to the gradient of the loss it is
 given *as a whole* — for FDP that is ℓ_priv = ℓ − ℓ_pub, never ℓ and ℓ_pub
-separately (ARCHITECTURE rule 3). Strategies are registered by name in
+separately (Algorithm 1; docs/engine.md). Strategies are registered by name in
 :mod:`featuredp.clipping`; :func:`per_example_grads` is the one torch.func
 per-example gradient helper (used by the vmap strategy and by ghost's fallback).
 """

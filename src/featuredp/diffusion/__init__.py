@@ -1,4 +1,4 @@
-"""Feature-DP diffusion models: the blurred image is public, the detail is private (SPEC §4.4).
+"""Feature-DP diffusion models: the blurred image is public, the detail is private (paper §6.3).
 
 Modules: :mod:`~featuredp.diffusion.unet` (class-conditional GroupNorm U-Net),
 :mod:`~featuredp.diffusion.schedule` (DDPM schedules), :mod:`~featuredp.diffusion.sampler` (DDIM, DDPM),

@@ -1,4 +1,4 @@
-"""The diffusion loss split (SPEC §4.4): ℓ on the sharp image, ℓ_pub on its public view.
+"""The diffusion loss split (paper §6.3): ℓ on the sharp image, ℓ_pub on its public view.
 
 ℓ(x)     = ‖ε − ε_θ(x_t, t, y)‖²       with x_t = √ᾱ_t·x + √(1 − ᾱ_t)·ε
 ℓ_pub(x) = ‖ε − ε_θ(Ψ(x)_t, t, y)‖²    with Ψ(x)_t from the SAME t and the SAME ε

@@ -1,4 +1,4 @@
-"""Rejection sampling of blurry samples (post-processing, SPEC §4.4).
+"""Rejection sampling of blurry samples (post-processing, paper §6.3).
 
 FDP (Alg. 1) in the paper adds a step that filters out blurry generated images. It costs no
 privacy as long as it reads no private data: the score is computed on the *generated* samples and

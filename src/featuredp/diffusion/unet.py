@@ -1,5 +1,5 @@
 """A class-conditional DDPM U-Net with GroupNorm only (no BatchNorm: it mixes examples and breaks
-per-example gradients, ARCHITECTURE rule 5).
+per-example gradients, docs/engine.md).
 
 The layout follows the usual DDPM U-Net (residual blocks with a time/class embedding added after the
 first convolution, optional self-attention at low resolution), sized by a preset:

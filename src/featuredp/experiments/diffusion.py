@@ -1,4 +1,4 @@
-"""The paper's diffusion comparison (SPEC §4.4): five methods, one engine, FID tables and sample grids.
+"""The paper's diffusion comparison (paper §6.3): five methods, one engine, FID tables and sample grids.
 
 ``featuredp compare --task diffusion ...`` delegates here (:func:`run_compare`); the same runs are
 available as ``python -m featuredp.experiments.diffusion ...``. Every method trains THROUGH

@@ -9,7 +9,7 @@ round) and each method's ratio to non-private SGD is computed within a round, so
 that slow phases of a shared machine hit all methods alike; medians over rounds
 are reported.
 
-The data are synthetic and shaped like Purchase100 (SPEC §4.2): binary features,
+The data are synthetic and shaped like Purchase100 (paper §6.2): binary features,
 100 classes, 100 public feature columns and the label public, the rest private,
 an MLP 600→300→100 with ReLU, C = 0.01, σ = 1, SGD with momentum 0.9.
 """

@@ -1,6 +1,6 @@
 """Public feature maps Ψ for images: what of a picture is public.
 
-The paper's image use case (SPEC §4.4): the blurred photo is public, the fine
+The paper's image use case (paper §6.3): the blurred photo is public, the fine
 detail (a face, a licence plate) is private. Three maps are provided:
 
 * :class:`GaussianBlur` — a fixed separable Gaussian convolution (σ in pixels);
