@@ -218,8 +218,9 @@ def test_public_batch_uses_its_own_stream_and_draws(monkeypatch):
     # Re-seeding only the private stream changes the private batches and leaves the public ones unchanged.
     real = run_state.make_streams
 
-    def reseeded(seed, public_seed=None):
-        return dataclasses.replace(real(seed, public_seed=public_seed), private_sampling=np.random.default_rng(12345))
+    def reseeded(seed, public_seed=None, rank=None):
+        streams = real(seed, public_seed=public_seed, rank=rank)
+        return dataclasses.replace(streams, private_sampling=np.random.default_rng(12345))
 
     monkeypatch.setattr(run_state, "make_streams", reseeded)
     rec["private"].clear()

@@ -131,12 +131,15 @@ class PerformanceConfig:
 
     ``strategy``: a registered clipping strategy name (``featuredp.clipping.STRATEGIES``;
     default ``"ghost"``) or a strategy object. ``device``: ``"cpu"``, ``"cuda"``,
-    ``"cuda:N"``, ``"mps"``, ``"auto"`` or None (the model's device).
+    ``"cuda:N"``, ``"mps"``, ``"auto"`` or None (the model's device). ``distributed``: ``"auto"``
+    joins a data-parallel run when ``torch.distributed`` is initialised or ``torchrun`` launched
+    several processes (:mod:`featuredp.distributed`); ``"off"`` never does.
     """
 
     strategy: Any = "ghost"
     physical_batch_size: int | str | None = "auto"
     device: Any = None
+    distributed: str = "auto"
     progress: bool = True
     log_points: int = 5
 
@@ -144,6 +147,7 @@ class PerformanceConfig:
         pbs = self.physical_batch_size
         if pbs is not None and pbs != "auto":
             _set(self, "physical_batch_size", check_int("physical_batch_size", pbs, minimum=1))
+        _set(self, "distributed", check_choice("distributed", self.distributed, ("auto", "off")))
         _set(self, "progress", bool(self.progress))
         _set(self, "log_points", check_int("log_points", self.log_points, minimum=1))
 

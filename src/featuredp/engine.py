@@ -62,6 +62,7 @@ from featuredp.accounting import BudgetLedger, calibrate_noise_multiplier, calib
 from featuredp.batches import as_batch, evaluate, forward, gather, resolve_device, to_device
 from featuredp.clipping import GradientStrategy, check_no_batch_mixing, get_strategy, trainable_parameters
 from featuredp.config import PerformanceConfig, PrivacyConfig, ScheduleConfig, split_settings
+from featuredp.distributed import DistContext, all_reduce_sum, broadcast_parameters, context
 from featuredp.errors import DataValidationError, PrivacyLeakWarning
 from featuredp.features import Batch, PublicFeatureMap
 from featuredp.losses import LabelDPSplit, LossSplit, default_split
@@ -174,6 +175,10 @@ class Trainer:
         self.device = _model_device(model) if self.performance.device is None else resolve_device(
             self.performance.device)
         self.model = model.to(self.device)
+        # torchrun (or the user's own process group): a data-parallel run of the same mechanism.
+        self.dist: DistContext | None = context(self.device, mode=self.performance.distributed)
+        if self.dist is not None:
+            broadcast_parameters(self.model)
         self.feature_map = loss_split.feature_map if loss_split is not None else feature_map
         self.loss_split = loss_split
         self.strategy: GradientStrategy = get_strategy(
@@ -226,6 +231,7 @@ class Trainer:
             "public_seed": p.public_seed,
             "secure_rng": p.secure_rng,
             "device": str(self.device),
+            "world_size": 1 if self.dist is None else self.dist.world_size,
         }
 
     def make_plan(self, n: int) -> PrivacyPlan:
@@ -332,9 +338,10 @@ class Trainer:
         steps_this_call = 0
         private_before = state.private_steps
         display: dict[str, float] = {}  # what the bar shows: public quantities and the ε at the last log point
-        reservation = reserve(self.ledger, state)  # before any private step: an overspend is refused up front
-        pbar = tqdm(total=total, initial=state.step, disable=not self.performance.progress, file=sys.stderr,
-                    desc=self.method, leave=False, dynamic_ncols=True)  # fmt: skip
+        reservation = self._reserve(state)  # before any private step: an overspend is refused up front
+        main = self.dist is None or self.dist.is_main
+        pbar = tqdm(total=total, initial=state.step, disable=not (self.performance.progress and main),
+                    file=sys.stderr, desc=self.method, leave=False, dynamic_ncols=True)  # fmt: skip
         try:
             while state.step < total:
                 if max_steps is not None and steps_this_call >= max_steps:
@@ -352,21 +359,21 @@ class Trainer:
                 if state.step in log_at:
                     shown["epsilon"] = plan.epsilon(state.private_steps) if plan.is_private else plan.epsilon(0)
                     state.history.append({"step": state.step, **shown})
-                    if callback is not None:
+                    if callback is not None and main:
                         callback(state.step, shown)
                 pbar.update(1)
                 display.update(shown)
                 if display:
                     pbar.set_postfix({k: f"{v:.4g}" for k, v in display.items()}, refresh=False)
                 if checkpoint is not None and checkpoint_every and state.step % checkpoint_every == 0:
-                    atomic_save_torch(checkpoint, state.state_dict(self.model))
+                    self._save_checkpoint(checkpoint, state)
         finally:
             pbar.close()
             _MODEL_RUNS.record(self.model, state)
             settle(reservation, plan, state.private_steps - private_before)
         finished = state.step >= total
         if checkpoint is not None:
-            atomic_save_torch(checkpoint, state.state_dict(self.model))
+            self._save_checkpoint(checkpoint, state)
         if finished or state.stop_reason == "budget":
             state.averager.finalize(params)
             state.complete = True
@@ -409,16 +416,60 @@ class Trainer:
         record = get_method(plan.method)
         if record.private and not record.needs_feature_map:  # record-level DP (dpsgd)
             _warn_record_level_statistics(data)
+        rank, world = (0, 1) if self.dist is None else (self.dist.rank, self.dist.world_size)
         state = RunState.start(
             plan, {"data": data_print, "psi": self._psi_fingerprint(split)},
             params=list(trainable_parameters(self.model).values()), privacy=self.privacy, schedule=self.schedule,
-            device=self.device,
+            device=self.device, rank=rank, world_size=world,
         )  # fmt: skip
         if resume_from is not None and Path(resume_from).exists():
-            state.load_state_dict(load_torch_safely(resume_from, what="checkpoint"), self.model)
+            state.load_state_dict(self._rank_checkpoint(load_torch_safely(resume_from, what="checkpoint")),
+                                  self.model)  # fmt: skip
         self._state = state
         _MODEL_RUNS.warn_if_trained_before(self.model, state)
         return state, split
+
+    # -- data-parallel bookkeeping (featuredp.distributed) ----------------------------------------------------
+    def _reserve(self, state: RunState) -> Any:
+        """The ledger reservation, made by rank 0 alone; every rank learns whether it was refused."""
+        if self.dist is None:
+            return reserve(self.ledger, state)
+        reservation, refusal = None, None
+        if self.dist.is_main:
+            try:
+                reservation = reserve(self.ledger, state)
+            except Exception as exc:  # told to the other ranks, so that none waits in a collective
+                refusal = exc
+        told: list[Any] = [None if refusal is None else f"{type(refusal).__name__}: {refusal}"]
+        torch.distributed.broadcast_object_list(told, src=0)
+        if refusal is not None:
+            raise refusal
+        if told[0] is not None:
+            raise ValueError(f"rank 0 refused the run: {told[0]}")
+        return reservation
+
+    def _save_checkpoint(self, path: str | Path, state: RunState) -> None:
+        """Write the checkpoint: one process's state, or every rank's (gathered on rank 0, which writes)."""
+        if self.dist is None:
+            atomic_save_torch(path, state.state_dict(self.model))
+            return
+        states: list[Any] = [None] * self.dist.world_size
+        torch.distributed.all_gather_object(states, state.state_dict(self.model))
+        if self.dist.is_main:
+            atomic_save_torch(path, {"world_size": self.dist.world_size, "ranks": states})
+        torch.distributed.barrier()  # nobody reads a half-written checkpoint
+
+    def _rank_checkpoint(self, ck: dict[str, Any]) -> dict[str, Any]:
+        """This process's part of a checkpoint; a checkpoint of another number of processes is refused."""
+        world = 1 if self.dist is None else self.dist.world_size
+        saved = int(ck.get("world_size", 1)) if "ranks" in ck else 1
+        if saved != world:
+            raise ValueError(
+                f"the checkpoint was written by a run of {saved} process(es) and this run has {world}: every rank's "
+                "private streams continue only on the same number of processes; resume with the same "
+                "--nproc-per-node (and nodes) or start a new run"
+            )
+        return ck["ranks"][0 if self.dist is None else self.dist.rank] if "ranks" in ck else ck
 
     def _result(self, state: RunState, split: LossSplit | None, finished: bool) -> TrainResult:
         plan = state.plan
@@ -508,18 +559,17 @@ class Trainer:
             if split is None:
                 raise ValueError(f"method {plan.method!r} needs a public feature map")
             b = gather(data, state.public_shuffler.sample())
-            loss = split.public_loss(self.model, b, split.draws(b, state.public_draws)).mean()
-            grads = dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
-            shown["public_loss"] = float(loss.detach())
+            losses = split.public_loss(self.model, b, split.draws(b, state.public_draws))
+            grads, shown["public_loss"] = self._mean_gradient(losses, self._public_total(plan), params)
             opt = state.pretrain_optimizer if pre else state.optimizer
         elif not record.private:
             b = gather(data, state.shuffler.sample())
             if split is not None:
-                loss = split.loss(self.model, b, split.draws(b, state.private_draws)).mean()
+                losses = split.loss(self.model, b, split.draws(b, state.private_draws))
             else:
-                loss = nn.functional.cross_entropy(forward(self.model, b), b["y"])
-            grads = dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
-            shown["loss"] = float(loss.detach())
+                losses = _plain_cross_entropy(self.model, b, {})
+            total = min(plan.dataset_size, max(1, round(plan.expected_batch_size)))
+            grads, shown["loss"] = self._mean_gradient(losses, total, params)
             opt = state.optimizer
         else:
             grads = self._private_gradient(state, split, data, record)
@@ -528,10 +578,9 @@ class Trainer:
                     raise ValueError(f"method {plan.method!r} needs a public feature map")
                 # Independent public batch: its own sampler stream and its own draws generator.
                 bp = gather(data, state.public_sampler.sample())
-                lp = split.public_loss(self.model, bp, split.draws(bp, state.public_draws)).mean()
-                gp = torch.autograd.grad(lp, list(params.values()))
-                grads = {k: g_pub + plan.alpha * grads[k] for k, g_pub in zip(params, gp)}
-                shown["public_loss"] = float(lp.detach())
+                lp = split.public_loss(self.model, bp, split.draws(bp, state.public_draws))
+                gp, shown["public_loss"] = self._mean_gradient(lp, self._public_total(plan), params)
+                grads = {k: gp[k] + plan.alpha * grads[k] for k in params}
             opt = state.optimizer
         for k, p in params.items():
             p.grad = grads[k].detach().to(p.dtype)
@@ -560,9 +609,31 @@ class Trainer:
             raise ValueError(f"method {plan.method!r} has no noise multiplier in its plan")
         sums, _norms = self.strategy.clipped_sum(self.model, loss_fn, b, d, plan.max_grad_norm)
         std = 0.0 if plan.noise_multiplier == 0 else plan.noise_multiplier * plan.max_grad_norm
-        noisy = state.noise.add(sums, std)  # new tensors: safe to scale in place
-        # Divide by the EXPECTED batch size m = p·n; the realised batch size is private.
+        if self.dist is None:
+            noisy = state.noise.add(sums, std)  # new tensors: safe to scale in place
+        else:
+            # Noise of total std σC exactly once: rank 0 adds it to its own clipped sum before the
+            # all-reduce, so every rank ends with the same noisy total (and no rank adds its own).
+            noisy = all_reduce_sum(state.noise.add(sums, std) if self.dist.is_main else sums)
+        # Divide by the EXPECTED batch size m = p·n (global); the realised batch size is private.
         return {k: v.div_(plan.expected_batch_size) for k, v in noisy.items()}
+
+    def _public_total(self, plan: PrivacyPlan) -> int:
+        return plan.public_batch_size or max(1, round(plan.expected_batch_size))
+
+    def _mean_gradient(
+        self, losses: torch.Tensor, total: int, params: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], float]:
+        """∇ of the mean loss over the batch, and that mean. In a data-parallel run each rank holds a share
+        of the batch (``total`` records in all): the shares' sums are added up over the ranks."""
+        if self.dist is None:
+            loss = losses.mean()
+            return dict(zip(params, torch.autograd.grad(loss, list(params.values())))), float(loss.detach())
+        loss = losses.sum() / total
+        grads = dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
+        reduced = all_reduce_sum({**grads, "\0loss": loss.detach().reshape(1)})  # one collective for both
+        shown = float(reduced.pop("\0loss"))
+        return reduced, shown
 
 
 def _config(cls: Any, kind: str, given: Any, flat: dict[str, dict[str, Any]]) -> Any:

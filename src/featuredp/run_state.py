@@ -28,6 +28,7 @@ from torch import nn
 
 from featuredp.accounting import BudgetLedger, Reservation, compose_events, compute_epsilon, dpsgd_event
 from featuredp.config import PrivacyConfig, ScheduleConfig
+from featuredp.distributed import shard_bounds
 from featuredp.errors import BudgetExceededError, PrivacyRiskWarning
 from featuredp.noise import ChaCha20Generator, NoiseSource, SecureNoise, TorchNoise
 from featuredp.plan import PrivacyPlan
@@ -152,21 +153,30 @@ class RunState:
         privacy: PrivacyConfig,
         schedule: ScheduleConfig,
         device: torch.device,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> RunState:
-        """A fresh state: streams from OS entropy (or the user's seeds), samplers, generators, optimisers."""
-        streams = make_streams(privacy.seed, public_seed=privacy.public_seed)
+        """A fresh state: streams from OS entropy (or the user's seeds), samplers, generators, optimisers.
+
+        In a data-parallel run (``world_size`` > 1) rank ``rank`` Poisson-samples only its shard of
+        the indices, at the global rate, from streams of its own, and draws its share of the public
+        and shuffled batches (:mod:`featuredp.distributed`).
+        """
+        streams = make_streams(privacy.seed, public_seed=privacy.public_seed,
+                               rank=rank if world_size > 1 else None)  # fmt: skip
         n = plan.dataset_size
-        m_int = max(1, round(plan.expected_batch_size))
+        start, stop = shard_bounds(n, rank, world_size)
+        m_int = share(max(1, round(plan.expected_batch_size)), rank, world_size)
         noise: NoiseSource
         if privacy.secure_rng:
             # Keys from os.urandom, or from the user's seed for a reproducible (and secret) run.
             keys = [streams.noise.bytes(32), streams.private_sampling.bytes(32)] if streams.seeded else [None, None]
             noise = SecureNoise(ChaCha20Generator(keys[0]))
-            private_sampler = PoissonSampler(n, plan.sampling_rate, ChaCha20Generator(keys[1]))
+            private_sampler = PoissonSampler(stop - start, plan.sampling_rate, ChaCha20Generator(keys[1]), offset=start)
         else:
             noise = TorchNoise(torch_generator(random_seed_from(streams.noise), device))
-            private_sampler = PoissonSampler(n, plan.sampling_rate, streams.private_sampling)
-        m_pub = plan.public_batch_size or m_int
+            private_sampler = PoissonSampler(stop - start, plan.sampling_rate, streams.private_sampling, offset=start)
+        m_pub = share(plan.public_batch_size or max(1, round(plan.expected_batch_size)), rank, world_size)
         return cls(
             plan=plan,
             fingerprint=fingerprint,
@@ -250,6 +260,12 @@ class RunState:
         self.public_draws.set_state(ck["draws"]["public"])
         self.noise.load_state_dict(ck["noise"])
         self.averager.load_state_dict(ck["averager"])
+
+
+def share(total: int, rank: int, world_size: int) -> int:
+    """Rank ``rank``'s part of ``total`` records when ``world_size`` ranks split it (at least one)."""
+    lo, hi = shard_bounds(total, rank, world_size)
+    return max(1, hi - lo)
 
 
 def _make_optimizer(schedule: ScheduleConfig, params: list[torch.Tensor], lr: float) -> torch.optim.Optimizer:

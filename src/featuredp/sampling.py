@@ -65,7 +65,7 @@ class Streams:
             getattr(self, name).bit_generator.state = _unstringify(state[name])
 
 
-def make_streams(seed: int | None = None, *, public_seed: int | None = None) -> Streams:
+def make_streams(seed: int | None = None, *, public_seed: int | None = None, rank: int | None = None) -> Streams:
     """One independent generator per role.
 
     ``seed=None`` (the default): the private streams come from 128 bits of OS entropy
@@ -74,15 +74,18 @@ def make_streams(seed: int | None = None, *, public_seed: int | None = None) -> 
     (research only: the seed must then stay as secret as the data). ``public_seed``
     seeds only the public streams (model initialisation, public batches and their loss
     draws), which is safe to publish; without it they follow ``seed`` (or OS entropy).
+    ``rank`` (data-parallel runs): every rank gets its own independent streams, also when
+    seeded (the seeds are spawned per rank, never shared).
     """
     if seed is not None:
         seed = check_int("seed", seed, minimum=0)
     if public_seed is not None:
         public_seed = check_int("public_seed", public_seed, minimum=0)
-    private_root = np.random.SeedSequence(seed)  # None: fresh OS entropy
+    key = () if rank is None else (check_int("rank", rank, minimum=0),)
+    private_root = np.random.SeedSequence(seed, spawn_key=key)  # None: fresh OS entropy
     private = private_root.spawn(len(PRIVATE_STREAMS))
     if public_seed is not None:
-        public_root = np.random.SeedSequence(public_seed)
+        public_root = np.random.SeedSequence(public_seed, spawn_key=key)
     elif seed is not None:
         public_root = private_root.spawn(1)[0]
     else:
@@ -115,13 +118,20 @@ class PoissonSampler:
 
     Drawn in O(batch) expected work: the batch size is Binomial(n, p) and, given
     the size, the members are a uniform subset, which is exactly the law of
-    independent inclusions.
+    independent inclusions. ``offset`` shifts the indices: a rank of a data-parallel
+    run samples its shard ``offset .. offset + dataset_size − 1`` at the global rate.
     """
 
     def __init__(
-        self, dataset_size: int, sampling_rate: float, generator: np.random.Generator | ChaCha20Generator
+        self,
+        dataset_size: int,
+        sampling_rate: float,
+        generator: np.random.Generator | ChaCha20Generator,
+        *,
+        offset: int = 0,
     ) -> None:
-        self.dataset_size = check_int("dataset_size", dataset_size, minimum=1)
+        self.offset = check_int("offset", offset, minimum=0)
+        self.dataset_size = check_int("dataset_size", dataset_size, minimum=0)
         self.sampling_rate = check_sampling_rate("sampling_rate", sampling_rate)
         if not isinstance(generator, np.random.Generator | ChaCha20Generator):
             raise TypeError(
@@ -149,17 +159,17 @@ class PoissonSampler:
     def sample(self) -> np.ndarray:
         """Indices of one Poisson batch, sorted, int64 (may be empty)."""
         n, p = self.dataset_size, self.sampling_rate
-        if p == 1.0:
-            return np.arange(n, dtype=np.int64)
+        if p == 1.0 or n == 0:
+            return np.arange(self.offset, self.offset + n, dtype=np.int64)
         if isinstance(self.generator, ChaCha20Generator):
             # Secure mode: one 53-bit uniform per record, kept when below p — the inclusion
             # probability is p rounded up to a multiple of 2⁻⁵³, and every record's coin is
             # drawn, so the work does not depend on which records join.
-            return np.flatnonzero(self.generator.random(n) < p).astype(np.int64)
+            return np.flatnonzero(self.generator.random(n) < p).astype(np.int64) + self.offset
         k = int(self.generator.binomial(n, p))
         idx = self.generator.choice(n, size=k, replace=False)
         idx.sort()
-        return idx.astype(np.int64, copy=False)
+        return idx.astype(np.int64, copy=False) + self.offset
 
 
 class UniformSampler:

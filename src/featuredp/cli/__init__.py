@@ -53,6 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     warnings.formatwarning = _format_warning
+    if os.environ.get("RANK", "0") != "0":
+        # Under torchrun every rank runs the command; rank 0 alone prints (the engine lets only it write
+        # files and show progress), so the output is that of one process.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
+        warnings.simplefilter("ignore")
     try:
         return int(args.func(args) or 0)
     except (FeatureDPError, ValueError, TypeError, FileNotFoundError) as exc:

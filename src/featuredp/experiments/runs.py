@@ -95,8 +95,11 @@ def save_run(
 
     ``dataset``: ``{"name": ..., "options": {...}, "private_columns": [...], "split_seed": ...}``.
     The checkpoint is written by ``Trainer.fit(checkpoint=out_dir / "checkpoint.pt")``.
+    In a data-parallel run only rank 0 writes (every rank holds the same model).
     """
     out = Path(out_dir)
+    if getattr(trainer, "dist", None) is not None and not trainer.dist.is_main:
+        return out
     out.mkdir(parents=True, exist_ok=True)
     info = {
         "format": FORMAT,

@@ -1,0 +1,111 @@
+"""Data-parallel training on ``torch.distributed``: which rank owns which records, and the collectives.
+
+The rules that keep one multi-process run the *same* mechanism as one process (docs/distributed.md):
+
+* the index space 0..N−1 is partitioned into W contiguous shards; rank r Poisson-samples only its
+  shard, at the global rate p, from its own secret stream (independent across ranks, never a shared
+  seed), so the union of the ranks' batches is exactly a Poisson batch of the whole dataset;
+* the per-rank clipped sums are all-reduced, and Gaussian noise of total std σC is added exactly
+  once, by rank 0, before the all-reduce; every rank then holds the same noisy sum and divides by
+  the global expected batch size p·N;
+* every rank joins every collective, even with an empty local batch (no skipped steps, no deadlock);
+* accounting is that of one process with the same (σ, p, T, N); only rank 0 prints and writes.
+
+The ranks are trusted: each sees its own unnoised clipped sum (secure aggregation is out of scope).
+
+>>> shard_bounds(10, 0, 3), shard_bounds(10, 2, 3)
+((0, 3), (6, 10))
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistContext", "all_reduce_mean", "all_reduce_sum", "context", "shard_bounds"]
+
+# A rank that died must not leave the others waiting forever.
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This process's place in a data-parallel run."""
+
+    rank: int
+    world_size: int
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that adds the noise, prints, and writes files."""
+        return self.rank == 0
+
+
+def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
+    """The contiguous index range ``[start, stop)`` of rank ``rank``'s shard of ``n`` records."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    return rank * n // world_size, (rank + 1) * n // world_size
+
+
+def context(device: torch.device, *, mode: str = "auto") -> DistContext | None:
+    """The distributed context of this process, initialising the process group if the launcher asked for one.
+
+    ``mode="auto"``: distributed when the user already initialised ``torch.distributed`` or when a
+    launcher (``torchrun``) set ``WORLD_SIZE`` > 1; ``"off"``: never. The backend is NCCL on CUDA
+    and gloo otherwise.
+    """
+    if mode == "off" or not dist.is_available():
+        return None
+    if mode != "auto":
+        raise ValueError(f"distributed must be 'auto' or 'off', got {mode!r}")
+    if not dist.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return None
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device.index if device.index is not None else int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend=backend, timeout=DEFAULT_TIMEOUT)
+    world = dist.get_world_size()
+    if world <= 1:
+        return None
+    return DistContext(rank=dist.get_rank(), world_size=world, backend=str(dist.get_backend()))
+
+
+def _flat(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    # One collective for all parameters: per-tensor all-reduces cost a round trip each.
+    return torch.cat([t.reshape(-1) for t in tensors.values()]) if tensors else torch.zeros(0)
+
+
+def _unflat(flat: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out, start = {}, 0
+    for k, t in like.items():
+        out[k] = flat[start : start + t.numel()].view(t.shape)
+        start += t.numel()
+    return out
+
+
+def all_reduce_sum(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The element-wise sum of ``tensors`` over all ranks (new tensors; every rank gets the same)."""
+    flat = _flat(tensors)
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    return _unflat(flat, tensors)
+
+
+def all_reduce_mean(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of ``tensors`` over all ranks."""
+    total = all_reduce_sum(tensors)
+    world = dist.get_world_size()
+    return {k: v.div_(world) for k, v in total.items()}
+
+
+def broadcast_parameters(module: torch.nn.Module) -> None:
+    """Rank 0's parameters and buffers on every rank (the ranks must start from the same model)."""
+    with torch.no_grad():
+        for t in (*module.parameters(), *module.buffers()):
+            dist.broadcast(t.data, src=0)

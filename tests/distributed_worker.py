@@ -1,0 +1,135 @@
+"""One rank of a data-parallel test run, launched by ``torchrun`` from tests/test_distributed.py.
+
+``python -m torch.distributed.run --nproc-per-node 2 ... tests/distributed_worker.py SCENARIO OUT_DIR``
+writes what the test checks into OUT_DIR (rank 0, or one file per rank). Not a test module itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _fdp_synth
+
+import featuredp.distributed as fdist
+from _fdp_synth import make_tabular
+from featuredp.batches import forward
+from featuredp.engine import Trainer
+from featuredp.features import Columns, LabelPrivate
+from featuredp.losses import LossSplit
+from featuredp.models import LogisticRegression
+from featuredp.sampling import PoissonSampler
+
+torch.set_num_threads(1)
+
+
+class ZeroSplit(LossSplit):
+    """ℓ = ℓ_pub = 0·logits: every gradient is zero, so an update is pure noise."""
+
+    name = "zero"
+
+    def loss(self, model, batch, draws):
+        return 0.0 * forward(model, batch).sum(-1)
+
+    def _public_loss(self, model, view, draws):
+        return 0.0 * forward(model, view).sum(-1)
+
+
+def _model(seed: int = 0) -> LogisticRegression:
+    torch.manual_seed(seed)
+    return LogisticRegression(7, 2)
+
+
+def _flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+
+
+def _record_batches() -> list[np.ndarray]:
+    seen: list[np.ndarray] = []
+    real = PoissonSampler.sample
+
+    def spy(self: PoissonSampler) -> np.ndarray:
+        idx = real(self)
+        seen.append(idx.copy())
+        return idx
+
+    PoissonSampler.sample = spy  # type: ignore[method-assign]
+    return seen
+
+
+def main(scenario: str, out: Path) -> None:
+    rank = int(os.environ["RANK"])
+    data = make_tabular(200, seed=3)
+    if scenario == "sum":
+        # σ = 0, lr = 1, no momentum: the update is −(Σ over the union of the ranks' batches of clip_C ∇ℓ)/m.
+        seen = _record_batches()
+        model = _model()
+        before = _flat(model)
+        Trainer(model, "dpsgd", steps=1, batch_size=40, noise_multiplier=0.0, max_grad_norm=0.5, lr=1.0,
+                momentum=0.0, strategy="vmap", progress=False).fit(data)  # fmt: skip
+        union: list[np.ndarray | None] = [None, None]
+        torch.distributed.all_gather_object(union, seen[0])
+        if rank == 0:
+            torch.save({"before": before, "after": _flat(model), "indices": np.concatenate(union).tolist()},
+                       out / "sum.pt")  # fmt: skip
+    elif scenario.startswith("noise"):
+        if scenario == "noise-every-rank":  # a broken variant: every rank adds σC itself
+            fdist.DistContext.is_main = property(lambda self: True)  # type: ignore[assignment]
+        gen = torch.Generator().manual_seed(0)
+        batch = {"x": torch.randn(100, 300, generator=gen), "y": torch.randint(0, 2, (100,), generator=gen)}
+        torch.manual_seed(0)
+        model = LogisticRegression(300, 5)
+        before = _flat(model)
+        Trainer(model, "dpsgd", loss_split=ZeroSplit(LabelPrivate()), steps=1, batch_size=10, noise_multiplier=2.0,
+                max_grad_norm=0.5, lr=1.0, momentum=0.0, strategy="vmap", progress=False).fit(batch)  # fmt: skip
+        if rank == 0:
+            torch.save({"noise": (before - _flat(model)).double()}, out / f"{scenario}.pt")
+    elif scenario == "inclusion":
+        seen = _record_batches()
+        Trainer(_model(), "dpsgd", steps=300, batch_size=50, noise_multiplier=1.0, strategy="vmap",
+                progress=False).fit(data)  # fmt: skip
+        torch.save([s.tolist() for s in seen], out / f"inclusion{rank}.pt")
+    elif scenario == "empty":
+        seen = _record_batches()
+        res = Trainer(_model(), "fdp", feature_map=Columns(["sex"]), steps=30, batch_size=1, noise_multiplier=1.0,
+                      delta=1e-4, progress=False).fit(data)  # fmt: skip
+        empties = sum(len(s) == 0 for s in seen)
+        totals: list[int | None] = [None, None]
+        torch.distributed.all_gather_object(totals, empties)
+        if rank == 0:
+            (out / "empty.json").write_text(json.dumps({"steps": res.steps, "empty": totals}))
+    elif scenario == "epsilon":
+        res = Trainer(_model(), "fdp", feature_map=Columns(["sex", "race"]), steps=17, batch_size=20,
+                      noise_multiplier=1.3, delta=1e-4, progress=False).fit(data)  # fmt: skip
+        if rank == 0:
+            (out / "epsilon.json").write_text(json.dumps({"epsilon": res.epsilon, "steps": res.steps}))
+    elif scenario in ("whole", "crash", "resume"):
+        trainer = Trainer(_model(), "fdp", feature_map=Columns(["sex", "race"]), steps=12, batch_size=20,
+                          noise_multiplier=1.0, delta=1e-4, seed=11, public_seed=2, progress=False)  # fmt: skip
+        ck = out / "ck.pt"
+        if scenario == "crash":  # killed right after the checkpoint of step 5
+            real = Trainer._save_checkpoint
+
+            def save_then_die(self: Trainer, path: Path, state: object) -> None:
+                real(self, path, state)  # type: ignore[arg-type]
+                os._exit(17)
+
+            Trainer._save_checkpoint = save_then_die  # type: ignore[method-assign]
+            trainer.fit(data, checkpoint=ck, checkpoint_every=5)
+        else:
+            trainer.fit(data, checkpoint=ck if scenario == "resume" else None, resume=scenario == "resume")
+            if rank == 0:
+                torch.save(_flat(trainer.model), out / f"{scenario}.pt")
+    else:
+        raise SystemExit(f"unknown scenario {scenario!r}")
+    torch.distributed.barrier()  # every rank leaves together
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))

@@ -1,0 +1,157 @@
+"""Data-parallel FDP-SGD on torch.distributed (gloo, 2 processes on 127.0.0.1), launched with torchrun.
+
+What must hold for a multi-process run to be the *same* mechanism as one process:
+the all-reduced clipped sum equals one process's sum over the union of the ranks' batches;
+the noise added per step has total std σC (a run that adds it on every rank fails the test);
+every record's inclusion frequency is p and the ranks' selections are independent; a step with
+an empty local batch completes; the reported ε equals one process's, bit for bit; a killed run
+resumes to the same model; two "nodes" on one host train together.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from _fdp_synth import make_tabular
+from featuredp import accounting
+from featuredp.batches import as_batch, gather
+from featuredp.clipping import VmapGradients
+from featuredp.engine import Trainer
+from featuredp.features import Columns
+from featuredp.models import LogisticRegression
+
+WORKER = Path(__file__).resolve().parent / "distributed_worker.py"
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _torchrun(scenario: str, out: Path, *, nproc: int = 2, nodes: int = 1, expect_ok: bool = True) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    port = _free_port()
+    common = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={nproc}",
+              "--master-addr=127.0.0.1", f"--master-port={port}"]  # fmt: skip
+    procs = [
+        subprocess.Popen([*common, f"--node-rank={r}", str(WORKER), scenario, str(out)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(nodes)
+    ]
+    outputs = []
+    for p in procs:
+        try:
+            outputs.append(p.communicate(timeout=240)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    ok = all(p.returncode == 0 for p in procs)
+    assert ok == expect_ok, "\n".join(o[-3000:] for o in outputs)
+
+
+def test_all_reduced_clipped_sum_equals_one_process_on_the_union(tmp_path):
+    _torchrun("sum", tmp_path)
+    res = torch.load(tmp_path / "sum.pt", weights_only=False)
+    idx = np.asarray(res["indices"], dtype=np.int64)
+    assert len(set(idx.tolist())) == len(idx)  # disjoint shards
+    torch.manual_seed(0)
+    model = LogisticRegression(7, 2)
+    batch = gather(as_batch(make_tabular(200, seed=3)), idx)
+
+    def loss(m, b, d):
+        return torch.nn.functional.cross_entropy(m(b["x"]), b["y"], reduction="none")
+
+    sums, _ = VmapGradients().clipped_sum(model, loss, batch, {}, 0.5)
+    expected = torch.cat([(p.detach() - sums[n] / 40.0).flatten() for n, p in model.named_parameters()])
+    torch.testing.assert_close(res["after"], expected, rtol=1e-5, atol=1e-6)
+
+
+def _variance_pvalue(z: np.ndarray) -> float:
+    chi2, k = float(np.sum(z**2)), z.size
+    return 2 * min(stats.chi2.cdf(chi2, k), stats.chi2.sf(chi2, k))
+
+
+@pytest.mark.statistical
+def test_noise_has_total_std_sigma_c_added_once(tmp_path):
+    std = 2.0 * 0.5 / 10  # σ·C / m
+    _torchrun("noise", tmp_path)
+    noise = torch.load(tmp_path / "noise.pt")["noise"].numpy()
+    assert noise.size == 1505
+    assert _variance_pvalue(noise / std) > 1e-3
+    assert stats.kstest(noise / std, "norm").pvalue > 1e-3
+    # Power: a run that adds only 1/W of the variance (std σC/√W) is rejected,
+    assert _variance_pvalue(noise / (std / math.sqrt(2))) < 1e-6
+    # and so is the real broken variant that adds σC on every rank.
+    _torchrun("noise-every-rank", tmp_path)
+    broken = torch.load(tmp_path / "noise-every-rank.pt")["noise"].numpy()
+    assert _variance_pvalue(broken / std) < 1e-6
+
+
+@pytest.mark.statistical
+def test_every_record_is_included_at_rate_p_and_ranks_are_independent(tmp_path):
+    _torchrun("inclusion", tmp_path)
+    ranks = [torch.load(tmp_path / f"inclusion{r}.pt") for r in (0, 1)]
+    T, n, p = 300, 200, 50 / 200
+    counts = np.zeros(n)
+    for r, batches in enumerate(ranks):
+        assert len(batches) == T
+        lo, hi = r * n // 2, (r + 1) * n // 2
+        for b in batches:
+            assert all(lo <= i < hi for i in b)  # each rank samples its own shard only
+            counts[b] += 1
+    # Per-record inclusion ~ Binomial(T, p): a chi-square test over all records.
+    z = (counts - T * p) / math.sqrt(T * p * (1 - p))
+    assert _variance_pvalue(z) > 1e-3 and abs(z.mean()) < 4 / math.sqrt(n)
+    sizes = [np.array([len(b) for b in batches], dtype=float) for batches in ranks]
+    assert abs(np.corrcoef(sizes[0], sizes[1])[0, 1]) < 4 / math.sqrt(T)  # independent streams
+    assert not all(np.array_equal(np.array(a) - 100, np.array(b)) for a, b in zip(ranks[1], ranks[0]))
+
+
+def test_steps_with_empty_local_batches_complete(tmp_path):
+    _torchrun("empty", tmp_path)
+    res = json.loads((tmp_path / "empty.json").read_text())
+    assert res["steps"] == 30 and min(res["empty"]) > 0  # both ranks met empty batches and kept going
+
+
+def test_reported_epsilon_equals_one_process_bit_for_bit(tmp_path):
+    _torchrun("epsilon", tmp_path)
+    res = json.loads((tmp_path / "epsilon.json").read_text())
+    assert res["steps"] == 17
+    assert res["epsilon"] == accounting.epsilon_for(1.3, 0.1, 17, 1e-4)
+    one = Trainer(LogisticRegression(7, 2), "fdp", feature_map=Columns(["sex", "race"]), steps=17, batch_size=20,
+                  noise_multiplier=1.3, delta=1e-4, progress=False).fit(make_tabular(200, seed=3))  # fmt: skip
+    assert res["epsilon"] == one.epsilon
+
+
+def test_killed_run_resumes_to_the_same_model_and_other_world_sizes_are_refused(tmp_path):
+    _torchrun("whole", tmp_path)
+    _torchrun("crash", tmp_path, expect_ok=False)
+    assert (tmp_path / "ck.pt").exists() and not (tmp_path / "resume.pt").exists()
+    ck = torch.load(tmp_path / "ck.pt", weights_only=True)
+    assert ck["world_size"] == 2 and [r["step"] for r in ck["ranks"]] == [5, 5]
+    _torchrun("resume", tmp_path)
+    assert torch.equal(torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "resume.pt"))
+    t = Trainer(LogisticRegression(7, 2), "fdp", feature_map=Columns(["sex", "race"]), steps=12, batch_size=20,
+                noise_multiplier=1.0, delta=1e-4, seed=11, public_seed=2, progress=False)  # fmt: skip
+    with pytest.raises(ValueError, match="2 process"):
+        t.fit(make_tabular(200, seed=3), checkpoint=tmp_path / "ck.pt", resume=True)
+
+
+def test_two_nodes_on_one_host(tmp_path):
+    _torchrun("epsilon", tmp_path, nproc=1, nodes=2)
+    assert json.loads((tmp_path / "epsilon.json").read_text())["epsilon"] == accounting.epsilon_for(
+        1.3, 0.1, 17, 1e-4)
