@@ -666,7 +666,8 @@ def _warn_record_level_statistics(data: Any) -> None:
         listed = ", ".join(f"{col} ({what})" for col, what in sorted(from_data.items()))
         warnings.warn(
             f"dpsgd protects whole records, but these encoding statistics were computed from the training data "
-            f"and are outside its guarantee: {listed}; pass public bounds=/categories=/classes= to the loader",
+            f"and are outside its guarantee: {listed}; declare them in a schema (featuredp data schema, "
+            "docs/own-data.md) or pass public bounds=/categories=/classes= to the loader",
             PrivacyLeakWarning,
             stacklevel=4,
         )

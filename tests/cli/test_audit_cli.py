@@ -80,3 +80,36 @@ def test_canary_multi_run_design(runs, capsys):
                          "--train-size", "200", "--steps", "2", "--json", "--quiet"])  # fmt: skip
     assert out["runs"] == 6 and "multi_run" in out
     assert out["multi_run"]["ceiling"] < 2.0  # 6 trials cannot certify much: the ceiling says so
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 17: more targets than the data holds is refused (not clamped); broken runs are one line
+# ---------------------------------------------------------------------------------------------------------
+def test_more_targets_than_the_data_holds_is_refused(runs, capsys):
+    assert main(["audit", str(runs / "fdp"), "--attribute", "sex", "--targets", "1e7"]) == 2
+    err = capsys.readouterr().err
+    assert "--targets must be <= 8,141" in err and "half of the 16,281-row test split" in err
+    assert main(["audit", str(runs / "np"), "--attack", "membership", "--targets", "20000"]) == 2
+    assert "--targets must be <= 16,281" in capsys.readouterr().err
+
+
+def test_broken_run_files_are_one_line_naming_the_file(runs, tmp_path, capsys):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(runs / "np", broken)
+    data = (broken / "model.pt").read_bytes()
+    (broken / "model.pt").write_bytes(data[: len(data) // 2])
+    assert main(["audit", str(broken), "--attack", "membership"]) == 2
+    err = capsys.readouterr().err
+    assert "model.pt" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    (broken / "run.json").write_text('{"method": "nonprivate", ')
+    assert main(["audit", str(broken), "--attack", "membership"]) == 2
+    err = capsys.readouterr().err
+    assert "run.json" in err and "not valid JSON" in err and len(err.strip().splitlines()) == 1
+
+
+def test_audit_out_naming_a_file_is_refused(runs, tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert main(["audit", str(runs / "np"), "--attack", "membership", "--out", str(tmp_path / "f")]) == 2
+    assert "--out must be a folder" in capsys.readouterr().err

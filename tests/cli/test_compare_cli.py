@@ -87,3 +87,52 @@ def test_csv_dataset_from_the_command_line(tmp_path, monkeypatch) -> None:
     assert main(["compare", "--dataset", "csv", "--dataset-path", str(path), "--label", "y", "--private", "s",
                  "--out", str(tmp_path / "o"), "--json"]) == 0
     assert seen["cfg"].dataset_options == {"path": str(path), "label": "y", "private": ["s"]}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 17: --out checks, a different grid refused unless --overwrite, one progress line per cell
+# ---------------------------------------------------------------------------------------------------------
+def _fake_cell(*, method, epsilon, seed, **kw):
+    return {"accuracy": 0.5 + 0.01 * seed + (0.001 * epsilon if epsilon else 0.0), "epsilon": epsilon,
+            "delta": kw.get("delta"), "noise_multiplier": 1.0 if epsilon else None, "max_grad_norm": 1.0,
+            "sampling_rate": 0.1, "batch_size": 10, "steps": 7, "pretrain_steps": 0, "stopped_early": False,
+            "guarantee": "g"}
+
+
+def test_compare_out_naming_a_file_exits_2_before_any_work(tmp_path, capsys) -> None:
+    (tmp_path / "f").write_text("x")
+    assert main(["compare", "--quick", "--out", str(tmp_path / "f")]) == 2
+    err = capsys.readouterr().err
+    assert "--out must be a folder" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_compare_progress_and_a_different_grid_refused(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr("featuredp.experiments.grid.train_cell", _fake_cell)
+    out = tmp_path / "grid"
+    base = ["compare", "--methods", "dpsgd,fdp", "--out", str(out)]
+    assert main([*base, "--quick"]) == 0
+    err = capsys.readouterr().err
+    assert "compare adult: cell 1 of 4: dpsgd, ε = 2, seed 0 (ETA after the first cell)" in err
+    assert "cell 4 of 4: fdp, ε = 8, seed 0 (ETA" in err
+    before = (out / "results.csv").read_bytes()
+    assert main(base) == 2  # the full grid into the quick grid's folder
+    err = capsys.readouterr().err
+    assert "different grid" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
+    assert (out / "results.csv").read_bytes() == before
+    assert main([*base, "--overwrite", "--seeds", "1", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert cap.err == "" and json.loads(cap.out)["meta"]["cells_run"] == 8  # --json: no progress lines
+    assert len(list((out / "cells").iterdir())) == 4 + 8
+    assert main([*base, "--quick", "--quiet"]) == 2  # and back: refused again
+    assert main([*base, "--quick", "--quiet", "--overwrite"]) == 0
+    assert "cell " not in capsys.readouterr().err and (out / "results.csv").read_bytes() == before
+
+
+def test_compare_values_name_their_flags(tmp_path, capsys) -> None:
+    for argv, needle in ((["--epsilons", "1,1e6"], "--epsilons must be <= 1000"),
+                         (["--epsilon", "0"], "--epsilon must be > 0"),
+                         (["--seeds", "0"], "--seeds must be >= 1"),
+                         (["--threads", "0"], "--threads must be >= 1")):  # fmt: skip
+        assert main(["compare", "--quick", "--out", str(tmp_path / "o"), *argv]) == 2
+        assert needle in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -87,3 +87,12 @@ def test_convex_cli_declares_the_dataset_class_list(dataset, method, n_classes, 
         rc = main(["convex", "--dataset", dataset, "--method", method, "--epsilon", "2", "--json"])
     assert rc == 0 and seen == [list(range(n_classes))]
     json.loads(capsys.readouterr().out)
+
+
+def test_convex_refuses_label_private_where_it_would_be_ignored(capsys):
+    for method in ("objective", "output"):
+        assert main(["convex", "--dataset", "digits", "--method", method, "--label-private", "--epsilon", "1"]) == 2
+        err = capsys.readouterr().err
+        assert "--label-private does not apply to --method " + method in err
+    assert main(["convex", "--dataset", "digits", "--method", "objective", "--epsilon", "1e6"]) == 2
+    assert "--epsilon must be <= 1000" in capsys.readouterr().err

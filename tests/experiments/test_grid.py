@@ -42,8 +42,8 @@ def tiny_csv(tmp_path):
 
 
 def _cfg(tmp_path, opts, **kw) -> GridConfig:
-    kw = {"epsilons": [1, 4], "seeds": [0, 1], **kw}
-    return GridConfig(dataset="csv", out=tmp_path / "out", dataset_options=opts, progress=False, **kw)
+    kw = {"epsilons": [1, 4], "seeds": [0, 1], "progress": False, **kw}
+    return GridConfig(dataset="csv", out=tmp_path / "out", dataset_options=opts, **kw)
 
 
 def test_grid_cells_references_once_per_seed(tmp_path, tiny_csv) -> None:
@@ -74,9 +74,10 @@ def test_results_files_and_resume(tmp_path, tiny_csv) -> None:
     run_grid(_cfg(tmp_path, tiny_csv), trainer_fn=again)
     assert again.calls == []  # every cell reused
 
-    (cfg.out / "cells" / "dpsgd__eps1__seed1.json").unlink()
+    (cell,) = (cfg.out / "cells").glob("dpsgd__eps1__seed1__*.json")
+    cell.unlink()
     changed = FakeTrainer()
-    run_grid(_cfg(tmp_path, tiny_csv, method_params={"public": {"lr": 0.3}}), trainer_fn=changed)
+    run_grid(_cfg(tmp_path, tiny_csv, method_params={"public": {"lr": 0.3}}, overwrite=True), trainer_fn=changed)
     redone = sorted((c["method"], c["epsilon"], c["seed"]) for c in changed.calls)
     assert redone == [("dpsgd", 1.0, 1), ("public", None, 0), ("public", None, 1)]
 
@@ -110,7 +111,8 @@ def test_tuning_uses_a_validation_split_of_train_never_test(tmp_path, tiny_csv) 
     assert all(c["lr"] == 5.0 for c in final)  # the best validation accuracy wins
     md = (cfg.out / "summary.md").read_text()
     assert "Tuning is not accounted for" in md
-    stored = json.loads((cfg.out / "tuning" / "dpsgd__eps2.json").read_text())
+    (path,) = (cfg.out / "tuning").glob("dpsgd__eps2__*.json")
+    stored = json.loads(path.read_text())
     assert stored["best"] == {"lr": 5.0} and len(stored["trials"]) == 3
 
 
@@ -146,3 +148,71 @@ def test_report_only_summarises_finished_cells_and_trains_nothing(tmp_path, tiny
     assert idle.calls == [] and out["meta"]["cells_missing"] == 13
     assert len(pd.read_csv(cfg.out / "results.csv")) == 3
     assert "13 cells of the grid are not finished yet" in (cfg.out / "summary.md").read_text()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 17: nothing lost (cells keyed by settings, another grid's results refused), progress on stderr
+# ---------------------------------------------------------------------------------------------------------
+def test_a_quick_grid_never_overwrites_a_full_one(tmp_path, tiny_csv) -> None:
+    full = _cfg(tmp_path, tiny_csv)
+    run_grid(full, trainer_fn=FakeTrainer())
+    outputs = {name: (full.out / name).read_bytes() for name in ("results.csv", "summary.md", "privacy_utility.png")}
+    cells = {p.name: p.read_bytes() for p in (full.out / "cells").iterdir()}
+
+    quick = FakeTrainer()
+    with pytest.raises(ValueError, match=r"different grid \(quick false → true.*--overwrite"):
+        run_grid(_cfg(tmp_path, tiny_csv, quick=True), trainer_fn=quick)
+    assert quick.calls == []  # refused before any work
+    assert {name: (full.out / name).read_bytes() for name in outputs} == outputs
+
+    run_grid(_cfg(tmp_path, tiny_csv, quick=True, overwrite=True), trainer_fn=quick)
+    assert len(quick.calls) == 16  # its own cells: the full grid's were trained with other settings
+    after = {p.name: p.read_bytes() for p in (full.out / "cells").iterdir()}
+    assert len(after) == 32 and all(after[name] == data for name, data in cells.items())  # none overwritten
+    assert (full.out / "results.csv").read_bytes() != outputs["results.csv"]
+
+    again = FakeTrainer()  # the full grid comes back from its cells, training nothing
+    run_grid(_cfg(tmp_path, tiny_csv, overwrite=True), trainer_fn=again)
+    assert again.calls == [] and (full.out / "results.csv").read_bytes() == outputs["results.csv"]
+
+
+def test_the_same_grid_resumes_without_overwrite(tmp_path, tiny_csv) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        run_grid(_cfg(tmp_path, tiny_csv), trainer_fn=FakeTrainer(fail_on=5))
+    rest = FakeTrainer()
+    run_grid(_cfg(tmp_path, tiny_csv), trainer_fn=rest)
+    assert len(rest.calls) == 12
+    assert json.loads((tmp_path / "out" / "grid.json").read_text())["config"]["epsilons"] == [1.0, 4.0]
+
+
+def test_an_earlier_versions_folder_of_another_grid_is_refused(tmp_path, tiny_csv) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    pd.DataFrame({"dataset": ["csv"], "method": ["fdp"], "target_epsilon": [8.0], "seed": [0]}).to_csv(
+        out / "results.csv", index=False)
+    with pytest.raises(ValueError, match="different grid"):
+        run_grid(_cfg(tmp_path, tiny_csv), trainer_fn=FakeTrainer())
+    pd.DataFrame({"dataset": ["csv"], "method": ["fdp"], "target_epsilon": [4.0], "seed": [1]}).to_csv(
+        out / "results.csv", index=False)
+    run_grid(_cfg(tmp_path, tiny_csv), trainer_fn=FakeTrainer())  # its rows are cells of this grid: resumed
+
+
+def test_out_naming_a_file_is_refused(tmp_path) -> None:
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match="out must be a folder"):
+        GridConfig(dataset="csv", out=tmp_path / "f")
+    with pytest.raises(ValueError, match="is a file"):
+        GridConfig(dataset="csv", out=tmp_path / "f" / "sub")
+
+
+def test_progress_says_cell_i_of_n_method_epsilon_seed_and_eta(tmp_path, tiny_csv, capsys) -> None:
+    run_grid(_cfg(tmp_path, tiny_csv, methods=["dpsgd", "fdp"], progress=True), trainer_fn=FakeTrainer())
+    err = capsys.readouterr().err.splitlines()
+    cells = [line for line in err if ": cell " in line]
+    assert len(cells) == 8
+    assert cells[0] == "compare csv: cell 1 of 8: dpsgd, ε = 1, seed 0 (ETA after the first cell)"
+    assert re.fullmatch(r"compare csv: cell 8 of 8: fdp, ε = 4, seed 1 \(ETA \d+ s for 1 cell\)", cells[-1])
+    run_grid(_cfg(tmp_path, tiny_csv, methods=["dpsgd", "fdp"], progress=True), trainer_fn=FakeTrainer())
+    assert "8 finished earlier (reused), 0 to run" in capsys.readouterr().err
+    run_grid(_cfg(tmp_path, tiny_csv, methods=["dpsgd", "fdp"]), trainer_fn=FakeTrainer())
+    assert capsys.readouterr().err == ""

@@ -77,3 +77,52 @@ def test_atomic_checkpoint_write_leaves_no_temp_files(tmp_path):
         load_checkpoint(tmp_path / "missing.pt")
     with pytest.raises(FileNotFoundError, match="not a run directory"):
         load_run(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 17: a broken run directory is one error naming the file; replacing a run loses nothing
+# ---------------------------------------------------------------------------------------------------------
+def test_truncated_or_foreign_model_is_a_value_error_naming_it(tmp_path):
+    _train(tmp_path)
+    data = (tmp_path / "model.pt").read_bytes()
+    for broken in (data[: len(data) // 2], b"", b"not a torch file at all"):
+        (tmp_path / "model.pt").write_bytes(broken)
+        with pytest.raises(ValueError, match=r"model\.pt"):
+            load_run(tmp_path)
+
+
+def test_broken_run_json_is_a_value_error_naming_it(tmp_path):
+    _train(tmp_path)
+    text = (tmp_path / "run.json").read_text()
+    for broken in (text[: len(text) // 2], "[]", '{"model_spec": 3}'):
+        (tmp_path / "run.json").write_text(broken)
+        with pytest.raises(ValueError, match=r"run\.json"):
+            load_run(tmp_path)
+
+
+def test_model_of_another_spec_is_a_value_error_naming_both_files(tmp_path):
+    _train(tmp_path)
+    info = json.loads((tmp_path / "run.json").read_text())
+    info["model_spec"]["hidden"] = [7]
+    (tmp_path / "run.json").write_text(json.dumps(info))
+    with pytest.raises(ValueError, match=r"model\.pt does not fit the model spec in .*run\.json"):
+        load_run(tmp_path)
+
+
+def test_replacing_run_removes_the_old_files_on_success_and_restores_them_on_failure(tmp_path):
+    from featuredp.experiments.runs import replacing_run, run_files
+
+    _train(tmp_path)
+    (tmp_path / "audit").mkdir()
+    (tmp_path / "audit" / "a.md").write_text("old report")
+    (tmp_path / "notes.txt").write_text("mine")  # not a run file: never touched
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    with pytest.raises(RuntimeError), replacing_run(tmp_path) as aside:
+        assert aside == ["run.json", "model.pt", "checkpoint.pt", "audit"] and run_files(tmp_path) == []
+        (tmp_path / "checkpoint.pt").write_bytes(b"half of a new run")
+        raise RuntimeError("training failed")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    assert (tmp_path / "audit" / "a.md").read_text() == "old report"
+    with replacing_run(tmp_path):
+        (tmp_path / "model.pt").write_bytes(b"new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt", "notes.txt"]

@@ -65,3 +65,25 @@ def test_retrain_like_keeps_the_runs_sigma_and_rate(data, tmp_path):
     assert not model.training
     _, shorter = retrain_like(run, data[0], steps=2, seed=1)
     assert shorter.steps == 2
+
+
+def test_own_csv_run_records_how_to_reload_it_and_sparse_models_get_codes(tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    n = 300
+    df = pd.DataFrame({"a": rng.normal(size=n), "job": rng.choice(["x", "y", "z"], n),
+                       "sex": rng.choice(["F", "M"], n)})  # fmt: skip
+    df["label"] = np.where(df["a"] + (df["job"] == "x") > 0.3, "hi", "lo")
+    path = tmp_path / "t.csv"
+    df.to_csv(path, index=False)
+    options = {"path": str(path), "label": "label", "private": ["sex"], "categories": {"sex": ["F", "M"]}}
+    # sparse_logreg asks the CSV loader for codes with encoding= (its categorical= lists columns).
+    run = train_one(dataset="csv", dataset_options=options, method="fdp", epsilon=2.0, model="sparse_logreg",
+                    progress=False, out=tmp_path / "run", public_batch_size=40, **SHORT)  # fmt: skip
+    assert run.summary["private_columns"] == ["sex"]
+    loaded = load_run(tmp_path / "run")
+    assert loaded.dataset["options"] == {**options, "encoding": "codes"}
+    train, _ = loaded.load_data()
+    assert train.X_cat is not None and train.cat_sources == ["job", "sex"]

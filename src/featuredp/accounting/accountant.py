@@ -55,6 +55,17 @@ _MAX_ROUNDS = 8
 # absolute floor on the tolerated excess of ε (ε below ~1e-4 is 'practically zero' anyway)
 _EPS_ATOL = 1e-5
 
+#: the most Poisson-subsampled steps the PLD backend accounts: its cost grows faster than the number of
+#: steps (measured on one core at σ = 1, p = 0.01: 10⁶ steps 4 s, 3·10⁶ 20 s, 10⁷ about 2 min), so more
+#: would take tens of minutes; the RDP backend (``accountant="rdp"``) costs the same for any number of steps.
+MAX_PLD_STEPS = 10**7
+# Large ε (ε ≳ 100: a vacuous guarantee, e.g. σ = 0.01): the PLD's support grows with ε, so at the usual
+# cap of 0.05 on the interval it had millions of points (σ = 0.01, p = 0.0625, T = 320: 23 s and 2.2 GB;
+# σ = 0.003: minutes, > 6 GB). Where the ε estimate exceeds _COARSE_FROM_EPSILON the interval may grow to
+# _MAX_COARSE_INTERVAL: still pessimistic (an upper bound), and the relative rule keeps it within rtol.
+_COARSE_FROM_EPSILON = 100.0
+_MAX_COARSE_INTERVAL = 10.0
+
 
 @dataclass(frozen=True)
 class _Atom:
@@ -151,20 +162,55 @@ def _composed_pld(
 _GUESS_ORDERS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 128, 256, 512)
 
 
-def _rdp_guess(atoms: tuple[_Atom, ...], inv_var: float, delta: float) -> float:
-    """A cheap estimate of ε (RDP, add-remove, integer orders) used only to pick the PLD interval."""
+def _rdp_estimate(atoms: tuple[_Atom, ...], inv_var: float, delta: float) -> float:
+    """A cheap estimate of ε (RDP, add-remove, integer orders); may be ∞."""
     acc = dp_accounting.rdp.RdpAccountant(orders=_GUESS_ORDERS)
     for a in atoms:
         acc.compose(dp_accounting.PoissonSampledDpEvent(a.p, dp_accounting.GaussianDpEvent(a.sigma)), a.count)
     if inv_var > 0:
         acc.compose(dp_accounting.GaussianDpEvent(1.0 / math.sqrt(inv_var)))
-    eps = acc.get_epsilon(delta)
-    return eps if math.isfinite(eps) and eps > 0 else 10.0
+    return float(acc.get_epsilon(delta))
 
 
-def snap_interval(interval: float) -> float:
+def _rdp_guess(atoms: tuple[_Atom, ...], inv_var: float, delta: float) -> float:
+    """:func:`_rdp_estimate`, used only to pick the PLD interval (10 where it is 0, 1e6 where it is ∞)."""
+    eps = _rdp_estimate(atoms, inv_var, delta)
+    if math.isinf(eps):
+        return 1e6  # a vacuous guarantee: start coarse (the refinement finds the answer)
+    return eps if eps > 0 else 10.0
+
+
+def pld_refusal(atoms: tuple[_Atom, ...]) -> str | None:
+    """Why the PLD backend refuses these Poisson-subsampled ``atoms`` (more than :data:`MAX_PLD_STEPS`), or None."""
+    steps = sum(a.count for a in atoms)
+    if steps <= MAX_PLD_STEPS:
+        return None
+    return (f"steps={steps} is above the PLD accountant's limit of {MAX_PLD_STEPS:,} Poisson-subsampled steps "
+            f"(its cost grows with the steps, 10 million take about 2 min: this would take "
+            f"{_duration(4.0 * (steps / 1e6) ** 1.5)}); "
+            "use accountant='rdp' (the same cost for any number of steps; a looser upper bound)")  # fmt: skip
+
+
+def _duration(seconds: float) -> str:
+    """A rough human duration: '40 s', '12 min', '3.5 h', '2.1 days'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.3g} days"
+
+
+def _check_pld(atoms: tuple[_Atom, ...]) -> None:
+    reason = pld_refusal(atoms)
+    if reason is not None:
+        raise ValueError(reason)
+
+
+def snap_interval(interval: float, cap: float = _MAX_INTERVAL) -> float:
     """Round an interval down onto the grid 10^(k/8): nearby queries share cached PLDs, and it stays pessimistic."""
-    interval = min(_MAX_INTERVAL, max(_MIN_INTERVAL, interval))
+    interval = min(cap, max(_MIN_INTERVAL, interval))
     return 10 ** (math.floor(math.log10(interval) * 8 + 1e-9) / 8)
 
 
@@ -179,9 +225,10 @@ def relative_interval(steps: int) -> float:
 
 
 def _interval_schedule(eps_scale: float, sensitivity: float, steps: int) -> list[float]:
+    cap = _MAX_COARSE_INTERVAL if eps_scale > _COARSE_FROM_EPSILON else _MAX_INTERVAL
     first = _REL_INTERVAL_SCALE * relative_interval(steps) * eps_scale * sensitivity
-    first = min(_MAX_INTERVAL, max(_MIN_INTERVAL * _REFINE**_MAX_ROUNDS, first))
-    return [snap_interval(first / _REFINE**k) for k in range(_MAX_ROUNDS)]
+    first = min(cap, max(_MIN_INTERVAL * _REFINE**_MAX_ROUNDS, first))
+    return [snap_interval(first / _REFINE**k, cap) for k in range(_MAX_ROUNDS)]
 
 
 def _pld_adaptive(
@@ -215,6 +262,7 @@ def _pld_adaptive(
 
 
 def _pld_epsilon(atoms: tuple[_Atom, ...], inv_var: float, relation: str, delta: float, rtol: float) -> float:
+    _check_pld(atoms)
     scale = _rdp_guess(atoms, inv_var, delta)
     return _pld_adaptive(
         atoms, inv_var, relation, scale, lambda pld: pld.get_epsilon_for_delta(delta), rtol, _EPS_ATOL
@@ -222,12 +270,17 @@ def _pld_epsilon(atoms: tuple[_Atom, ...], inv_var: float, relation: str, delta:
 
 
 def _pld_epsilon_fixed(atoms: tuple[_Atom, ...], inv_var: float, relation: str, delta: float, interval: float) -> float:
-    """Pessimistic PLD ε at one given interval (snapped to the grid); an upper bound at any interval."""
-    return _composed_pld(atoms, inv_var, relation, snap_interval(interval)).get_epsilon_for_delta(delta)
+    """Pessimistic PLD ε at one given interval (snapped to the grid); an upper bound at any interval.
+
+    Intervals above 1 (targets of ε ≳ 100) may stay coarse, up to _MAX_COARSE_INTERVAL.
+    """
+    cap = _MAX_COARSE_INTERVAL if interval > 1.0 else _MAX_INTERVAL
+    return _composed_pld(atoms, inv_var, relation, snap_interval(interval, cap)).get_epsilon_for_delta(delta)
 
 
 def _pld_delta(atoms: tuple[_Atom, ...], inv_var: float, relation: str, epsilon: float, rtol: float) -> float:
-    scale = max(epsilon, 1e-2)
+    _check_pld(atoms)
+    scale = max(epsilon, 1e-2, min(_rdp_guess(atoms, inv_var, 1e-5), 1e6) if epsilon > _COARSE_FROM_EPSILON else 0.0)
     return _pld_adaptive(atoms, inv_var, relation, scale, lambda pld: pld.get_delta_for_epsilon(epsilon), rtol)[0]
 
 
@@ -414,6 +467,7 @@ def privacy_profile(
         mu = _SENSITIVITY[relation] * math.sqrt(inv_var)
         return np.array([gaussian_delta(float(e), mu) for e in eps])
     sub_t = tuple(sub)
+    _check_pld(sub_t)
     scale = _rdp_guess(sub_t, inv_var, 1e-6)
     _, interval = _pld_adaptive(
         sub_t, inv_var, relation, scale, lambda pld: pld.get_epsilon_for_delta(1e-6), check_positive("rtol", rtol)

@@ -23,7 +23,15 @@ from featuredp._validate import (
     check_sampling_rate,
 )
 from featuredp.accounting._gaussian import gaussian_epsilon
-from featuredp.accounting.accountant import DEFAULT_RTOL, _Atom, _pld_epsilon_fixed, compute_epsilon
+from featuredp.accounting.accountant import (
+    DEFAULT_RTOL,
+    MAX_PLD_STEPS,
+    _Atom,
+    _pld_epsilon_fixed,
+    _rdp_estimate,
+    compute_epsilon,
+    pld_refusal,
+)
 from featuredp.accounting.events import check_accountant, check_relation, dpsgd_event
 from featuredp.errors import UnreachableTargetError
 
@@ -132,7 +140,9 @@ def calibrate_noise_multiplier(
 
     The achieved ε (by ``compute_epsilon`` with the same relation/accountant) is in
     ``[(1 − tolerance)·target, target]``. Raises ``UnreachableTargetError`` when even
-    σ = 10⁴ does not reach the target.
+    σ = 10⁴ does not reach the target, and ``ValueError`` up front for more than
+    :data:`~featuredp.accounting.accountant.MAX_PLD_STEPS` Poisson-subsampled steps with the PLD
+    backend (use ``accountant="rdp"``).
 
     >>> from featuredp.accounting import epsilon_for
     >>> sigma = calibrate_noise_multiplier(1.0, 1e-5, 1.0, 1)  # one full-batch release: closed form
@@ -148,6 +158,8 @@ def calibrate_noise_multiplier(
     relation = check_relation(relation)
     accountant = check_accountant(accountant)
     tolerance = check_open_unit("tolerance", tolerance)
+    if accountant == "pld" and p < 1 and (reason := pld_refusal((_Atom(1.0, p, steps),))) is not None:
+        raise ValueError(reason)  # before the search: each evaluation would take minutes
     aim = target * (1 - tolerance / 3)
     sens = 2.0 if relation == "replace-one" else 1.0
 
@@ -207,6 +219,10 @@ def calibrate_steps(
 ) -> int:
     """The largest number of steps T with ε(T) <= ``target_epsilon`` (capped at ``max_steps``).
 
+    With the PLD backend and ``sampling_rate`` < 1 the cap is at most
+    :data:`~featuredp.accounting.accountant.MAX_PLD_STEPS` (10⁷): more steps would take minutes to
+    account; ``accountant="rdp"`` has no such cap.
+
     Raises ``UnreachableTargetError`` when even one step exceeds the target; the
     message names the noise multiplier that one step would need.
 
@@ -220,6 +236,11 @@ def calibrate_steps(
     relation = check_relation(relation)
     accountant = check_accountant(accountant)
     max_steps = check_int("max_steps", max_steps, minimum=1)
+    if accountant == "pld" and p < 1:
+        max_steps = min(max_steps, MAX_PLD_STEPS)
+        # RDP bounds ε from above: if it allows max_steps, so does PLD, and no PLD of ~10^7 steps (minutes) is needed.
+        if relation == "add-remove" and _rdp_estimate((_Atom(sigma, p, max_steps),), 0.0, delta) <= target:
+            return max_steps
 
     cache: dict[int, float] = {}
 

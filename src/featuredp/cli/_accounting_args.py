@@ -7,21 +7,25 @@ import json
 import math
 from typing import Any
 
+from featuredp.cli._flags import pld_time_note, whole_number
+
 
 def add_rate_arguments(parser: argparse.ArgumentParser) -> None:
     """--sampling-rate, or --dataset-size with --batch-size (p = m/N)."""
     parser.add_argument("--sampling-rate", type=float, metavar="P", help="Poisson sampling rate p in (0, 1]")
     parser.add_argument(
-        "--dataset-size", type=int, metavar="N",
+        "--dataset-size", type=whole_number, metavar="N",
         help="number of records N; with --batch-size gives p = m/N (also checks delta < 1/N)",
     )
-    parser.add_argument("--batch-size", type=int, metavar="M", help="expected batch size m (needs --dataset-size)")
+    parser.add_argument("--batch-size", type=whole_number, metavar="M",
+                        help="expected batch size m (needs --dataset-size)")
 
 
 def add_length_arguments(parser: argparse.ArgumentParser, *, required: bool) -> argparse._MutuallyExclusiveGroup:
     """--steps N or --epochs E (steps = ceil(E / p))."""
     group = parser.add_mutually_exclusive_group(required=required)
-    group.add_argument("--steps", type=int, metavar="T", help="number of training steps")
+    group.add_argument("--steps", type=whole_number, metavar="T",
+                       help="number of training steps (with --accountant pld and sampling rate < 1: at most 1e7)")
     group.add_argument("--epochs", type=float, metavar="E", help="epochs instead of steps: steps = ceil(E / p)")
     return group
 
@@ -72,6 +76,21 @@ def resolve_steps(args: argparse.Namespace, p: float) -> tuple[int, float]:
         return steps, epochs
     steps = check_int("--steps", args.steps, minimum=1)
     return steps, steps * p
+
+
+def check_pld_steps(args: argparse.Namespace, steps: int, p: float, command: str, *, evaluations: int = 1) -> None:
+    """Refuse more steps than the PLD accountant takes (naming --steps or --epochs); say when it will be slow."""
+    from featuredp.accounting.accountant import MAX_PLD_STEPS
+
+    if args.accountant != "pld" or p >= 1:
+        return  # a full batch is accounted in closed form; RDP costs the same for any number of steps
+    if steps > MAX_PLD_STEPS:
+        given = f"--epochs must be <= {MAX_PLD_STEPS * p:.6g} here (= {MAX_PLD_STEPS:,} steps at sampling rate " \
+                f"{p:g})" if args.epochs is not None else f"--steps must be <= {MAX_PLD_STEPS:,}"
+        value = args.epochs if args.epochs is not None else steps
+        raise ValueError(f"{given} with --accountant pld, whose cost grows with the steps (10 million take about "
+                         f"2 min); --accountant rdp has no limit; got {value!r}")
+    pld_time_note(command, steps, evaluations=evaluations)
 
 
 def check_delta_arg(delta: float, n: int | None) -> float:

@@ -9,11 +9,13 @@ from featuredp.cli._accounting_args import (
     add_length_arguments,
     add_rate_arguments,
     check_delta_arg,
+    check_pld_steps,
     emit,
     fmt,
     resolve_rate,
     resolve_steps,
 )
+from featuredp.cli._flags import ACCOUNTING_FLAGS, flag_names
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,10 +49,12 @@ def run(args: argparse.Namespace) -> int:
     delta = check_delta_arg(args.delta, n)
     if args.tradeoff_plot is not None and not str(args.tradeoff_plot).lower().endswith(".png"):
         raise ValueError(f"--tradeoff-plot must be a .png path, got {args.tradeoff_plot!r}")
+    check_pld_steps(args, steps, p, "account", evaluations=2 if args.tradeoff_plot is not None else 1)
 
     from featuredp.accounting import dpsgd_event, epsilon_for
 
-    eps = epsilon_for(sigma, p, steps, delta, relation=args.relation, accountant=args.accountant)
+    with flag_names(ACCOUNTING_FLAGS):
+        eps = epsilon_for(sigma, p, steps, delta, relation=args.relation, accountant=args.accountant)
     result = {
         "epsilon": eps,
         "delta": delta,
@@ -68,9 +72,10 @@ def run(args: argparse.Namespace) -> int:
     if args.tradeoff_plot is not None:
         from featuredp.accounting import plot_tradeoff, tradeoff_curve
 
-        alphas, betas = tradeoff_curve(
-            dpsgd_event(sigma, p, steps), relation=args.relation, accountant=args.accountant
-        )
+        with flag_names(ACCOUNTING_FLAGS):
+            alphas, betas = tradeoff_curve(
+                dpsgd_event(sigma, p, steps), relation=args.relation, accountant=args.accountant
+            )
         plot_tradeoff(
             args.tradeoff_plot, alphas, betas, epsilon=eps, delta=delta,
             title=f"σ={sigma:g}, p={p:.4g}, T={steps} ({args.relation}, {args.accountant})",

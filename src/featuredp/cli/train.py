@@ -7,7 +7,9 @@ import json
 import sys
 from typing import Any
 
+from featuredp.cli._data_args import add_data_arguments, resolve_data
 from featuredp.cli._device import add_device_argument, check_device
+from featuredp.cli._flags import TRAIN_FLAGS, check_run_out, check_training_values, flag_names
 from featuredp.methods import METHOD_NAMES
 
 
@@ -67,24 +69,44 @@ def register(subparsers: Any) -> None:
                    help="budget ledger: reserve the planned spend before training (an overspend is refused before "
                    "any work) and settle what was spent at the end or on a crash")
     p.add_argument("--out", default=None, help="run directory (run.json, model.pt, checkpoint.pt)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its checkpoint.pt (same settings; refused without one)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --out: its model, run.json, checkpoint and audit reports are "
+                   "removed once the new run has finished (and kept if it fails). Without --resume or --overwrite "
+                   "an --out holding a run is refused")
     add_device_argument(p)
+    add_data_arguments(p)  # --data FILE --label COL --schema ... (your own table)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check the flags and --out up front, then train (replacing the run in --out with --overwrite)."""
+    from featuredp.experiments.runs import replacing_run
+
+    _check_flags(args)
+    with flag_names(TRAIN_FLAGS):
+        if args.overwrite and args.out:
+            with replacing_run(args.out):
+                return _train(args)
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     """Train and print the result."""
     import torch
 
     from featuredp.experiments.train_one import train_one
 
     check_device(args.device)  # an absent device: exit 2 with one line, before loading anything
+    args.dataset, dataset_options = resolve_data(args, args.dataset)  # bad --data/--label/...: exit 2, no work
     torch.set_num_threads(1)  # small models: one intra-op thread is faster and steadier on shared CPUs
     if args.resume and not args.out:
         raise ValueError("--resume needs --out DIR (the run to continue)")
     summary = train_one(
+        dataset_options=dataset_options,
         dataset=args.dataset, private=args.private, method=args.method, epsilon=args.epsilon, delta=args.delta,
         seed=args.seed, public_seed=args.public_seed, secure_rng=args.secure_rng, ledger=args.ledger,
         model=args.model, hidden=args.hidden, loss_split=args.loss_split, out=args.out,
@@ -115,3 +137,9 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"saved             {summary['out']}")
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Every value and --out/--resume/--overwrite, before any data is read (one line naming the flag)."""
+    check_training_values(args)
+    check_run_out(args)

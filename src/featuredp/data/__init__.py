@@ -5,7 +5,7 @@
 
 ===================  ===========================================================
 ``adult``            UCI Adult, bundled (no download); sex, race private
-``census-income``    Census-Income (KDD); needs ``featuredp data fetch census-income``
+``census-income``    Census-Income (KDD); fetched into the cache on first use
 ``purchase-style``   Purchase100 stand-in built from Census-Income (525 binary, 100 classes)
 ``criteo-style``     Criteo stand-in built from Census-Income (numeric public, categorical private)
 ``purchase100``      the real Purchase100 file you have (``path=``; CSV or NPZ)
@@ -13,6 +13,9 @@
 ``csv``              your own CSV/Parquet with a column spec (``path=``, ``label=``, ...)
 ===================  ===========================================================
 
+Census-based sets download themselves on first use (sha256-checked, atomic, a progress
+bar; ``FEATUREDP_OFFLINE=1`` forbids it, see :mod:`featuredp.data.cache`). Your own
+table's columns can be declared in a schema file (:mod:`featuredp.data.schema`).
 Image datasets live in :mod:`featuredp.data.images`.
 """
 
@@ -22,6 +25,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from featuredp.data.schema import Schema, read_schema
 from featuredp.data.tabular import TableSpec, TabularDataset, encode_frames
 
 
@@ -33,7 +37,7 @@ class DatasetInfo:
     loader: str  # "module:function", imported lazily
     summary: str
     default_private: tuple[str, ...]
-    needs_fetch: bool = False  # True: run `featuredp data fetch census-income` first
+    needs_fetch: bool = False  # True: downloaded into the cache on first use (not with FEATUREDP_OFFLINE=1)
     needs_path: bool = False  # True: the user supplies the file (path=...)
 
 
@@ -84,10 +88,12 @@ def load_dataset(name: str, **options: Any) -> tuple[TabularDataset, TabularData
 
 __all__ = [
     "DatasetInfo",
+    "Schema",
     "TableSpec",
     "TabularDataset",
     "available_datasets",
     "dataset_info",
     "encode_frames",
     "load_dataset",
+    "read_schema",
 ]

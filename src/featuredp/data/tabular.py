@@ -74,6 +74,9 @@ class TabularDataset:
     ``statistics_warned`` lists the entries of ``statistics_from_data`` that a
     :class:`~featuredp.errors.PrivacyLeakWarning` already reported at load time
     (the columns declared private then), so that binding Ψ does not repeat it.
+    ``column_types`` maps every raw feature column to ``"numeric"`` or ``"categorical"``
+    (None: not recorded) and ``inferred_types`` lists those whose type nobody declared
+    (typed from the file's dtypes by the CSV/Parquet loader, see ``featuredp.data.files``).
     """
 
     name: str
@@ -90,6 +93,8 @@ class TabularDataset:
     default_private: list[str] | None = None
     statistics_from_data: dict[str, str] | None = None
     statistics_warned: list[str] = field(default_factory=list)
+    column_types: dict[str, str] | None = None
+    inferred_types: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.statistics_from_data is not None:
@@ -181,7 +186,10 @@ class TableSpec:
     columns without them get statistics from the training data (a
     ``PrivacyLeakWarning`` if private), recorded in the encoded datasets'
     ``statistics_from_data``. ``private`` lists the raw columns declared private
-    (may include the label).
+    (may include the label). ``given_from_data`` marks given statistics that were
+    nevertheless computed from the data elsewhere (a schema written by ``featuredp data
+    schema``): they are recorded in ``statistics_from_data`` as if computed here.
+    ``inferred_types`` lists the columns whose type was read from dtypes (recorded).
     """
 
     label: str
@@ -192,13 +200,46 @@ class TableSpec:
     categories: Mapping[str, Sequence[str]] = field(default_factory=dict)
     log1p: tuple[str, ...] = ()
     classes: Sequence[str] | None = None
+    given_from_data: Mapping[str, str] = field(default_factory=dict)
+    inferred_types: tuple[str, ...] = ()
 
 
 def fix_hint(kinds: Sequence[str]) -> str:
     """How to make statistics of the given kinds (``"bounds"``, ...) public, for warning messages."""
     options = {"bounds": "bounds=", "categories": "categories=", "classes": "classes="}
     given = " / ".join(options[k] for k in options if k in set(kinds))
-    return f"pass public {given} to the loader (e.g. from a codebook or the data's documentation)"
+    return (
+        "declare them in a schema file (`featuredp data schema FILE`, then --schema FILE; docs/own-data.md) "
+        f"or pass public {given} to the loader, from a codebook or the data's documentation,"
+    )
+
+
+def category_string(value: object) -> str:
+    """A category value as the encoder compares it: ``1``, ``1.0`` and ``" 1"`` are all ``"1"``.
+
+    >>> [category_string(v) for v in (1, 1.0, " 1", "F", 2.5, True)]
+    ['1', '1', '1', 'F', '2.5', 'True']
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return str(int(value))
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    return str(value).strip()
+
+
+def _category_values(series: pd.Series) -> np.ndarray:
+    """The values of a categorical column as strings (numbers written the same way as declared ones)."""
+    if pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series):
+        return np.array([category_string(v) for v in series.to_numpy()], dtype=object)
+    return series.astype(str).str.strip().to_numpy()
+
+
+def _values_listed(series: pd.Series, mask: np.ndarray) -> str:
+    rows = np.flatnonzero(mask)[:_MAX_LISTED]
+    more = ", ..." if mask.sum() > _MAX_LISTED else ""
+    return ", ".join(f"row {int(r)}: {series.iloc[int(r)]!r}" for r in rows) + more
 
 
 def _rows_listed(mask: np.ndarray) -> str:
@@ -226,7 +267,7 @@ def validate_frame(df: pd.DataFrame, spec: TableSpec, *, where: str = "data") ->
         if non_numeric.any():
             raise DataValidationError(
                 f"numeric column {col!r} in {where} has {int(non_numeric.sum())} non-numeric value(s) "
-                f"(rows {_rows_listed(non_numeric)}); declare it categorical or clean it"
+                f"({_values_listed(df[col], non_numeric)}); declare it categorical or clean it"
             )
         bad = ~np.isfinite(values)
         if bad.any():
@@ -306,13 +347,16 @@ def encode_frames(
     # Every statistic computed from the data, public columns included: which columns
     # are private is only final when Ψ is bound for training (Columns.bind re-checks).
     from_data: dict[str, str] = {}
+    used = {spec.label, *spec.numeric, *spec.categorical}
+    # Statistics given to the encoder but computed from the data elsewhere (a generated schema).
+    from_data.update({c: k for c, k in spec.given_from_data.items() if c in used})
 
     # Label: classes fixed by the spec or taken from training data (the label is a
     # training input either way; with a private label its class list must be public knowledge).
-    y_train_raw = train_df[spec.label].astype(str).str.strip().to_numpy()
-    y_test_raw = test_df[spec.label].astype(str).str.strip().to_numpy()
+    y_train_raw = _category_values(train_df[spec.label])
+    y_test_raw = _category_values(test_df[spec.label])
     if spec.classes is not None:
-        classes = [str(c).strip() for c in spec.classes]
+        classes = [category_string(c) for c in spec.classes]
         # Only the declared list is checked for two classes, not the labels present: whether a
         # private label happens to be constant in the data must not decide if loading succeeds.
         if len(set(classes)) != len(classes) or len(classes) < 2:
@@ -364,10 +408,10 @@ def encode_frames(
     cat_codes_te: list[np.ndarray] = []
     cardinalities: list[int] = []
     for col in spec.categorical:
-        tr_raw = train_df[col].astype(str).str.strip().to_numpy()
-        te_raw = test_df[col].astype(str).str.strip().to_numpy()
+        tr_raw = _category_values(train_df[col])
+        te_raw = _category_values(test_df[col])
         if col in spec.categories:
-            cats = [str(c) for c in spec.categories[col]]
+            cats = [category_string(c) for c in spec.categories[col]]
         else:
             cats = sorted(set(tr_raw))
             from_data[col] = "categories"
@@ -409,6 +453,8 @@ def encode_frames(
         default_private=list(spec.private) or None,
         statistics_from_data=from_data,
         statistics_warned=leaked,
+        column_types={**dict.fromkeys(spec.numeric, "numeric"), **dict.fromkeys(spec.categorical, "categorical")},
+        inferred_types=list(spec.inferred_types),
     )
     codes = categorical == "codes" and bool(spec.categorical)
     cat_kw_tr = (

@@ -69,7 +69,9 @@ def add_diffusion_arguments(parser: argparse.ArgumentParser) -> None:
                    help="real test images in the Inception reference set")
     g.add_argument("--rejection-quantile", type=float, default=0.5,
                    help="FDP (Alg. 1) keeps samples sharper than this quantile of the blurred (public) images")
-    g.add_argument("--overwrite", action="store_true", help="retrain methods whose results exist")
+    g.add_argument("--overwrite", action="store_true",
+                   help="diffusion: retrain methods whose results exist; tabular: replace the results of a different "
+                   "grid in --out (its finished cells are kept)")
     g.add_argument("--no-summary", action="store_true", help="train only; write the summary in a later call")
 
 

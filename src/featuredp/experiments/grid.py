@@ -4,14 +4,22 @@
 (which builds Ψ, the loss split, the model and an :class:`~featuredp.engine.Trainer`),
 evaluates on the test set and writes, in ``out``:
 
-* ``cells/<method>__eps<ε>__seed<s>.json`` — one finished cell, written atomically
-  (a rerun skips cells whose file exists with the same configuration; an interrupted
-  cell leaves nothing behind);
+* ``grid.json`` — the grid's configuration (datasets, methods, ε, seeds, presets) and its hash:
+  a run into an ``out`` that holds the results of a *different* grid is refused before any
+  work unless ``overwrite=True`` (``featuredp compare --overwrite``); the same grid resumes;
+* ``cells/<method>__eps<ε>__seed<s>__<hash>.json`` — one finished cell, written atomically and
+  named by the hash of everything that determines its result, so cells of different grids
+  (``--quick`` and a full grid, say) live side by side and are never overwritten; a rerun
+  reuses every cell whose settings match (an interrupted cell leaves nothing behind);
 * ``results.csv`` — one row per method × ε × seed (the ε-independent references
   ``nonprivate`` and ``public`` have one row per seed and an empty ``target_epsilon``);
 * ``summary.md`` — mean ± std tables, the differences the paper claims, wall times;
 * ``privacy_utility.png`` — accuracy vs ε per method, error bars, reference lines;
-* ``tuning/`` — with ``tune=True``: validation accuracy of each candidate.
+* ``tuning/`` — with ``tune=True``: validation accuracy of each candidate (named by the hash of the
+  tuning setup, like the cells).
+
+With ``progress=True`` each cell prints one line on stderr when it starts: cell i of N, method,
+ε, seed and the estimated time left (from the cells run so far).
 
 Hyperparameters come from the per-dataset presets of :mod:`featuredp.experiments.presets`
 (:data:`PRESETS`, re-exported here); ``tune=True`` picks
@@ -25,6 +33,7 @@ import hashlib
 import itertools
 import json
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +42,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from featuredp._io import atomic_path, atomic_write_json, atomic_write_text
 from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
@@ -47,6 +55,7 @@ from featuredp.methods import METHODS as METHOD_RECORDS
 
 __all__ = [
     "CSV_COLUMNS",
+    "GRID_FILE",
     "LABELS",
     "METHODS",
     "PRESETS",
@@ -70,6 +79,10 @@ CSV_COLUMNS = [
     "max_grad_norm", "sampling_rate", "batch_size", "steps", "pretrain_steps", "stopped_early", "wall_s", "cpu_s",
     "tuned", "params",
 ]  # fmt: skip
+#: the file in ``out`` that records which grid wrote results.csv, summary.md and privacy_utility.png
+GRID_FILE = "grid.json"
+#: the grid's outputs derived from its cells (rewritten on every run; cells and tuning files are kept)
+GRID_OUTPUTS = ("results.csv", "summary.md", "privacy_utility.png")
 #: the differences summary.md reports (the paper's claims): (minuend, subtrahend, how the line names it)
 CLAIMED_DIFFERENCES = (("fdp", "dpsgd", "FDP − DP-SGD"), ("fdp", "fdp_dpsgd", "FDP − FDP(DP-SGD)"),
                        ("fdp_dpsgd", "dpsgd", "FDP(DP-SGD) − DP-SGD"))  # fmt: skip
@@ -82,6 +95,8 @@ class GridConfig:
 
     ``device`` (cpu, cuda, cuda:N, mps, auto) changes where cells train, not their results beyond
     float rounding, so it is not part of a cell's configuration: finished cells are reused on any device.
+    ``overwrite``: ``out`` may hold the results of a different grid, which this one replaces (its
+    cells stay; they are keyed by their settings). ``progress``: one line per cell on stderr.
     """
 
     dataset: str
@@ -100,6 +115,7 @@ class GridConfig:
     command: str = ""
     report_only: bool = False  # summarise the finished cells; run nothing (e.g. while a grid is still running)
     device: str | None = None
+    overwrite: bool = False  # replace the results.csv/summary.md/plot of a different grid in ``out``
 
     def __post_init__(self) -> None:
         if not isinstance(self.dataset, str) or not self.dataset:
@@ -122,6 +138,10 @@ class GridConfig:
         unknown = sorted(set(self.method_params) - set(METHODS))
         if unknown:
             raise ValueError(f"method_params has unknown method(s) {unknown}; methods are {list(METHODS)}")
+        for part in (self.out, *self.out.parents):
+            if part.exists() and not part.is_dir():
+                raise ValueError(f"out must be a folder, got {str(self.out)!r}, which is an existing file"
+                                 + ("" if part == self.out else f" ({str(part)!r} is a file)"))
 
 
 @dataclass
@@ -259,84 +279,196 @@ class GridRunner:
             "params": json.dumps(params, sort_keys=True),
         }
         record = {"config_hash": _hash(self.cell_config(cell)), "row": row, "guarantee": summary.get("guarantee")}
-        atomic_write_json(self.cfg.out / "cells" / f"{cell.key}.json", record)
+        atomic_write_json(self.cell_path(cell), record)
         return row
 
+    def cell_path(self, cell: Cell) -> Path:
+        """``cells/<key>__<hash of the cell's configuration>.json``: cells of other settings never collide."""
+        return self.cfg.out / "cells" / f"{cell.key}__{_hash(self.cell_config(cell))}.json"
+
     def stored(self, cell: Cell) -> dict[str, Any] | None:
-        """The stored row of ``cell`` if it was finished with the same configuration."""
-        path = self.cfg.out / "cells" / f"{cell.key}.json"
-        if not path.is_file():
-            return None
+        """The stored row of ``cell`` if it was finished with the same configuration.
+
+        Reads ``cell_path(cell)``, or a cell of an earlier version named ``cells/<key>.json`` whose
+        recorded configuration hash matches.
+        """
+        digest = _hash(self.cell_config(cell))
+        for path in (self.cell_path(cell), self.cfg.out / "cells" / f"{cell.key}.json"):
+            if not path.is_file():
+                continue
+            try:
+                obj = json.loads(path.read_text())
+            except (json.JSONDecodeError, OSError, UnicodeDecodeError):
+                continue  # unreadable: run the cell again
+            if isinstance(obj, dict) and obj.get("config_hash") == digest and isinstance(obj.get("row"), dict):
+                return obj["row"]
+        return None
+
+    # -- the grid's identity -----------------------------------------------------------------------------
+    def grid_config(self) -> dict[str, Any]:
+        """What makes this grid this grid: data, model, methods with their parameters, ε, seeds, tuning."""
+        return {
+            "dataset": self.cfg.dataset, "load": self.load_options, "private": self.cfg.private,
+            "model": self.preset.get("model"), "hidden": self.preset.get("hidden"),
+            "loss_split": self.preset.get("loss_split"), "padding_scale": self.preset.get("padding_scale"),
+            "delta": self.delta, "methods": list(self.cfg.methods), "epsilons": list(self.cfg.epsilons),
+            "seeds": list(self.cfg.seeds), "quick": self.cfg.quick, "tune": self.cfg.tune,
+            "val_fraction": self.cfg.val_fraction if self.cfg.tune else None,
+            "method_params": {m: self.preset["methods"].get(m, {}) for m in self.cfg.methods},
+        }  # fmt: skip
+
+    def check_out(self) -> bool:
+        """Refuse (ValueError, nothing written) an ``out`` holding the results of a different grid.
+
+        Returns True when ``out`` holds another grid's results that ``overwrite=True`` replaces. A
+        folder of an earlier version (results.csv without grid.json) counts as this grid when its
+        rows are cells of this grid.
+        """
+        out, mine = self.cfg.out, self.grid_config()
+        path = out / GRID_FILE
+        if path.is_file():
+            try:
+                theirs = json.loads(path.read_text()).get("config")
+            except (json.JSONDecodeError, OSError, UnicodeDecodeError, AttributeError):
+                theirs = {"unreadable": str(path)}
+            if _hash(theirs) == _hash(mine):
+                return False
+            what = _describe_difference(theirs if isinstance(theirs, dict) else {}, mine)
+        elif (out / "results.csv").is_file():
+            legacy = self._legacy_difference(out / "results.csv")
+            if legacy is None:
+                return False
+            what = legacy
+        else:
+            return False
+        if self.cfg.overwrite:
+            return True
+        raise ValueError(
+            f"{str(out)!r} holds the results of a different grid ({what}); pass --overwrite "
+            "(overwrite=True) to replace its results.csv, summary.md and privacy_utility.png (the finished cells "
+            "stay, keyed by their settings, and are reused), or choose another --out"
+        )
+
+    def _legacy_difference(self, csv: Path) -> str | None:
+        """How an earlier version's results.csv differs from this grid (None: its rows are cells of this grid)."""
         try:
-            obj = json.loads(path.read_text())
-        except (json.JSONDecodeError, OSError):
-            return None  # unreadable: run the cell again
-        return obj["row"] if obj.get("config_hash") == _hash(self.cell_config(cell)) else None
+            df = pd.read_csv(csv)
+            rows = {(str(m), None if pd.isna(e) else float(e), int(s))
+                    for m, e, s in zip(df["method"], df["target_epsilon"], df["seed"])}  # fmt: skip
+            datasets = set(map(str, df["dataset"]))
+        except Exception as exc:  # any unreadable file is "not this grid"
+            return f"an unreadable results.csv ({type(exc).__name__})"
+        if datasets - {self.cfg.dataset}:
+            return f"dataset {', '.join(sorted(datasets))} instead of {self.cfg.dataset}"
+        cells = {(c.method, c.epsilon, c.seed) for c in grid_cells(self.cfg)}
+        extra = rows - cells
+        if extra:
+            return f"{len(extra)} of its results.csv rows are no cells of this grid, e.g. {sorted(extra, key=str)[0]}"
+        return None
+
+    def _claim_out(self, replacing: bool) -> None:
+        """Record this grid in grid.json; when replacing another grid, remove that grid's derived outputs."""
+        out = self.cfg.out
+        out.mkdir(parents=True, exist_ok=True)
+        if replacing:
+            for name in GRID_OUTPUTS:
+                (out / name).unlink(missing_ok=True)
+        atomic_write_json(out / GRID_FILE, {"format": 1, "config": self.grid_config(), "command": self.cfg.command})
 
     # -- tuning ---------------------------------------------------------------------------------------
     def tune(self, cells: Sequence[Cell], bar: Any = None) -> None:
-        """Pick each (method, ε)'s parameters on the validation split; results stored under tuning/."""
-        grid_spec = self.preset.get("tune", {})
+        """Pick each (method, ε)'s parameters on the validation split; results stored under tuning/.
+
+        ``bar``: None or a callable that takes one progress message per candidate.
+        """
         for method, eps in dict.fromkeys((c.method, c.epsilon) for c in cells):
-            space = grid_spec.get(method)
-            if not space:
+            setup = self._tuning_setup(method, eps)
+            if setup is None:
                 continue
+            path, tag, base, candidates = setup
             key = _tune_key(method, eps)
-            path = self.cfg.out / "tuning" / f"{key}.json"
-            base = dict(self.preset["methods"].get(method, {}))
-            candidates = [dict(zip(space, values)) for values in itertools.product(*space.values())]
-            tag = _hash({"base": base, "candidates": candidates, "load": self.load_options, "delta": self.delta,
-                         "val_fraction": self.cfg.val_fraction, "private": self.cfg.private})
-            if path.is_file():
-                obj = json.loads(path.read_text())
-                if obj.get("tag") == tag:
-                    self.tuned[key] = obj["best"]
-                    continue
+            best = self._stored_tuning(method, eps)
+            if best is not None:
+                self.tuned[key] = best
+                continue
             trials = []
-            for cand in candidates:
+            for i, cand in enumerate(candidates, 1):
                 if bar is not None:
-                    bar.set_postfix_str(f"tuning {method} ε={eps} {cand}")
+                    bar(f"tuning {method} ε={eps:g}: candidate {i} of {len(candidates)} {cand}" if eps is not None
+                        else f"tuning {method}: candidate {i} of {len(candidates)} {cand}")
                 s = self._fit(method, eps, 0, {**base, **cand}, self.validation)
                 trials.append({"params": cand, "val_accuracy": s["accuracy"], "epsilon": s.get("epsilon")})
             best = max(trials, key=lambda t: t["val_accuracy"])["params"]
             atomic_write_json(path, {"tag": tag, "method": method, "epsilon": eps, "best": best, "trials": trials})
             self.tuned[key] = best
 
+    def _tuning_setup(self, method: str, eps: float | None) -> tuple[Path, str, dict[str, Any], list[dict[str, Any]]
+                                                                     ] | None:
+        """(file, tag, base parameters, candidates) of tuning ``method`` at ``eps``; None if it has no tuning grid."""
+        space = self.preset.get("tune", {}).get(method)
+        if not space:
+            return None
+        base = dict(self.preset["methods"].get(method, {}))
+        candidates = [dict(zip(space, values)) for values in itertools.product(*space.values())]
+        tag = _hash({"base": base, "candidates": candidates, "load": self.load_options, "delta": self.delta,
+                     "val_fraction": self.cfg.val_fraction, "private": self.cfg.private})
+        return self.cfg.out / "tuning" / f"{_tune_key(method, eps)}__{tag}.json", tag, base, candidates
+
+    def _stored_tuning(self, method: str, eps: float | None) -> dict[str, Any] | None:
+        """The best parameters stored for this tuning setup (also in an earlier version's ``tuning/<key>.json``)."""
+        setup = self._tuning_setup(method, eps)
+        if setup is None:
+            return None
+        path, tag = setup[0], setup[1]
+        for candidate in (path, self.cfg.out / "tuning" / f"{_tune_key(method, eps)}.json"):
+            if candidate.is_file():
+                try:
+                    obj = json.loads(candidate.read_text())
+                except (json.JSONDecodeError, OSError, UnicodeDecodeError):
+                    continue
+                if isinstance(obj, dict) and obj.get("tag") == tag:
+                    return dict(obj["best"])
+        return None
+
     def _load_tuned(self, cells: Sequence[Cell]) -> None:
         for method, eps in dict.fromkeys((c.method, c.epsilon) for c in cells):
-            path = self.cfg.out / "tuning" / f"{_tune_key(method, eps)}.json"
-            if path.is_file():
-                self.tuned[_tune_key(method, eps)] = json.loads(path.read_text())["best"]
+            best = self._stored_tuning(method, eps)
+            if best is not None:
+                self.tuned[_tune_key(method, eps)] = best
 
     # -- the grid -------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Run (or skip) every cell; write results.csv, summary.md and privacy_utility.png; return the summary."""
         cfg = self.cfg
-        cfg.out.mkdir(parents=True, exist_ok=True)
+        replacing = self.check_out()  # a different grid's results in out: refused before any work (or replaced)
+        self._claim_out(replacing)
         cells = grid_cells(cfg)
         started = time.perf_counter()
         ran = skipped = 0
-        with tqdm(total=len(cells), desc=f"compare {cfg.dataset}", unit="cell", disable=not cfg.progress) as bar:
-            if cfg.tune and not cfg.report_only:
-                self.tune(cells, bar)
-            elif cfg.tune:
-                self._load_tuned(cells)
-            rows = []
-            for cell in cells:
-                row = self.stored(cell)
-                if row is None and cfg.report_only:
-                    bar.update(1)
-                    continue
-                if row is None:
-                    bar.set_postfix_str(cell.key)
-                    row = self.run_cell(cell)
-                    ran += 1
-                else:
-                    skipped += 1
-                rows.append(row)
-                bar.update(1)
-                if not cfg.report_only:
-                    self.write_results(rows)  # keep results.csv current while the grid runs
+        say = _Progress(cfg.dataset, enabled=cfg.progress)
+        if cfg.tune and not cfg.report_only:
+            self.tune(cells, say)
+        elif cfg.tune:
+            self._load_tuned(cells)
+        stored = [self.stored(cell) for cell in cells]
+        to_run = 0 if cfg.report_only else sum(row is None for row in stored)
+        say.start(len(cells), len(cells) - sum(row is None for row in stored), to_run)
+        rows = []
+        for i, (cell, row) in enumerate(zip(cells, stored), 1):
+            if row is None and cfg.report_only:
+                continue
+            if row is None:
+                say.cell(i, len(cells), cell, left=to_run - ran)
+                t0 = time.perf_counter()
+                row = self.run_cell(cell)
+                say.done(time.perf_counter() - t0)
+                ran += 1
+            else:
+                skipped += 1
+            rows.append(row)
+            if not cfg.report_only:
+                self.write_results(rows)  # keep results.csv current while the grid runs
+        say.finish(ran)
         if not rows:
             raise FileNotFoundError(f"no finished cells of this grid in {str(cfg.out)!r}")
         if cfg.report_only:
@@ -365,6 +497,56 @@ class GridRunner:
 
 def _tune_key(method: str, epsilon: float | None) -> str:
     return f"{method}__eps{'none' if epsilon is None else f'{epsilon:g}'}"
+
+
+def _describe_difference(theirs: dict[str, Any], mine: dict[str, Any]) -> str:
+    """The settings in which two grid configurations differ, e.g. ``quick True → False; seeds [0] → [0, 1, 2]``."""
+    def short(value: Any) -> str:
+        text = json.dumps(value, sort_keys=True, default=str)
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    parts = [f"{key} {short(theirs.get(key))} → {short(mine.get(key))}"
+             for key in mine if theirs.get(key) != mine.get(key)]  # fmt: skip
+    return "; ".join(parts[:4]) + (f"; {len(parts) - 4} more" if len(parts) > 4 else "") if parts else "settings differ"
+
+
+class _Progress:
+    """One line per cell on stderr: cell i of N, method, ε, seed and the time left (from the cells run so far)."""
+
+    def __init__(self, dataset: str, *, enabled: bool) -> None:
+        self.dataset, self.enabled = dataset, enabled
+        self.seconds: list[float] = []
+        self.t0 = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            print(f"compare {self.dataset}: {message}", file=sys.stderr, flush=True)
+
+    def start(self, total: int, reused: int, to_run: int) -> None:
+        self(f"{total} cells: {reused} finished earlier (reused), {to_run} to run")
+
+    def cell(self, i: int, total: int, cell: Cell, *, left: int) -> None:
+        eps = "—" if cell.epsilon is None else f"{cell.epsilon:g}"
+        eta = (f"ETA {_clock(sum(self.seconds) / len(self.seconds) * left)} for {left} cell{'s' * (left != 1)}"
+               if self.seconds else "ETA after the first cell")
+        self(f"cell {i} of {total}: {cell.method}, ε = {eps}, seed {cell.seed} ({eta})")
+
+    def done(self, seconds: float) -> None:
+        self.seconds.append(seconds)
+
+    def finish(self, ran: int) -> None:
+        if ran:
+            self(f"ran {ran} cell{'s' * (ran != 1)} in {_clock(time.perf_counter() - self.t0)}")
+
+
+def _clock(seconds: float) -> str:
+    """'42 s', '3 min 5 s', '1 h 12 min'."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
 
 
 def _reference_epsilon(record: Method) -> float:

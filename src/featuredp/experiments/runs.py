@@ -16,7 +16,13 @@ Files are written atomically and read with ``torch.load(weights_only=True)``
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pickle
+import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,11 +35,15 @@ from featuredp.data import load_dataset
 from featuredp.models import build_model
 from featuredp.plan import PrivacyPlan
 
-__all__ = ["Run", "load_checkpoint", "load_run", "save_checkpoint", "save_run"]
+__all__ = ["RUN_FILES", "Run", "load_checkpoint", "load_run", "replacing_run", "run_files", "save_checkpoint",
+           "save_run"]
 
 RUN_JSON = "run.json"
 MODEL_FILE = "model.pt"
 CHECKPOINT_FILE = "checkpoint.pt"
+AUDIT_DIR = "audit"
+#: what a run directory holds: written by training (run.json, model.pt, checkpoint.pt) and by ``featuredp audit``
+RUN_FILES = (RUN_JSON, MODEL_FILE, CHECKPOINT_FILE, AUDIT_DIR)
 FORMAT = 1
 
 
@@ -119,17 +129,85 @@ def save_run(
 
 
 def load_run(path: str | Path) -> Run:
-    """Load a run directory: rebuild the model from its spec and load ``model.pt`` safely."""
+    """Load a run directory: rebuild the model from its spec and load ``model.pt`` safely.
+
+    A missing file is ``FileNotFoundError``; a broken ``run.json`` (not JSON, no model spec) or a
+    truncated, foreign or unsafe ``model.pt`` is a ``ValueError`` whose message names the file.
+    """
     p = Path(path)
     if p.is_file():
         p = p.parent
     rj = p / RUN_JSON
     if not rj.exists():
         raise FileNotFoundError(f"not a run directory (no {RUN_JSON}): {p}")
-    info = json.loads(rj.read_text())
-    model = build_model(info["model_spec"])
-    state = torch.load(p / MODEL_FILE, map_location="cpu", weights_only=True)
-    model.load_state_dict(state)
+    try:
+        info = json.loads(rj.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{rj} is not valid JSON ({exc}); it was not written by featuredp or was edited") from None
+    if not isinstance(info, dict) or not isinstance(info.get("model_spec"), dict):
+        raise ValueError(f"{rj} holds no model spec ('model_spec'); it is not a featuredp run.json")
+    try:
+        model = build_model(info["model_spec"])
+        plan = PrivacyPlan.from_dict(info["plan"]) if info.get("plan") else None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{rj} describes no model or plan featuredp can rebuild ({type(exc).__name__}: {exc})"
+                         ) from None
+    state = _load_torch_file(p / MODEL_FILE, "model")
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"model {p / MODEL_FILE} does not fit the model spec in {rj} ({first})") from None
     model.eval()
-    plan = PrivacyPlan.from_dict(info["plan"]) if info.get("plan") else None
     return Run(path=p, model=model, info=info, plan=plan, metrics=dict(info.get("metrics") or {}))
+
+
+def _load_torch_file(path: Path, what: str) -> Any:
+    """:func:`~featuredp._io.load_torch_safely` with every unreadable case as one ValueError naming the file."""
+    try:
+        return load_torch_safely(path, what=what)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{what} {path} is refused by the safe loader ({first})") from None
+    except (KeyError, AttributeError, ImportError, IndexError) as exc:  # a foreign pickle
+        raise ValueError(f"{what} {path} is not a featuredp file ({type(exc).__name__}: {exc})") from None
+
+
+def run_files(path: str | Path) -> list[str]:
+    """The names of :data:`RUN_FILES` that exist in ``path`` (empty for a missing or fresh folder)."""
+    p = Path(path)
+    return [name for name in RUN_FILES if (p / name).exists()] if p.is_dir() else []
+
+
+@contextlib.contextmanager
+def replacing_run(path: str | Path) -> Iterator[list[str]]:
+    """Replace the run in ``path``: its files are set aside while the block writes a new run there.
+
+    When the block succeeds the old run's files (:data:`RUN_FILES`: run.json, model.pt,
+    checkpoint.pt and the audit reports) are deleted, so nothing of the old run stays next to the
+    new one; when it fails (an error, Ctrl-C) they are put back, replacing whatever the block
+    wrote, so nothing is lost. Yields the names set aside.
+    """
+    p = Path(path)
+    names = run_files(p)
+    if not names:
+        yield []
+        return
+    aside = Path(tempfile.mkdtemp(prefix=".replaced-run.", dir=p))
+    moved: list[str] = []
+    try:
+        for name in names:
+            os.replace(p / name, aside / name)
+            moved.append(name)
+        yield names
+    except BaseException:
+        for name in moved:
+            target = p / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+            os.replace(aside / name, target)
+        shutil.rmtree(aside, ignore_errors=True)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)

@@ -97,7 +97,9 @@ def train_one(
     Args:
         method: a name of :mod:`featuredp.methods`.
         dataset, dataset_options: what :func:`featuredp.data.load_dataset` loads when ``data`` is None
-            (``model="sparse_logreg"`` asks for categorical codes).
+            (``model="sparse_logreg"`` asks for categorical codes); with ``out`` both are recorded in
+            run.json, so ``featuredp audit`` reloads the same data (for ``csv``: the file's absolute
+            path, the label, the column lists and the schema file).
         data: ``(train, test)``; ``test`` may be None (no evaluation: accuracy and loss are None).
         private: the private raw columns (default: the dataset's ``default_private``); naming the
             label makes it private. ``label_private`` sets that explicitly.
@@ -127,7 +129,8 @@ def train_one(
     kind = str(model.get("kind")) if isinstance(model, Mapping) else model or DEFAULT_MODEL["kind"]
     options = dict(dataset_options or {})
     if kind == "sparse_logreg":
-        options.setdefault("categorical", "codes")
+        # Codes for the sparse model: the CSV loader's categorical= lists columns, its encoding= picks codes.
+        options.setdefault("encoding" if dataset == "csv" else "categorical", "codes")
     if data is None:
         train, test = load_dataset(dataset, **options)
     else:

@@ -92,7 +92,8 @@ def _warn_statistics_from_data(dataset: Any, leaked: dict[str, str], reported: s
     warnings.warn(
         f"{name}: the feature map makes private column(s) whose encoding statistics were computed from the "
         f"data: {listed}. These statistics depend on private values and are not covered by the privacy "
-        f"guarantee; load the dataset with public {options} (e.g. from a codebook) so they are fixed in advance",
+        f"guarantee; load the dataset with public {options} (a codebook, or a schema: featuredp data schema, "
+        "docs/own-data.md) so they are fixed in advance",
         PrivacyLeakWarning,
         stacklevel=3,
     )

@@ -1,0 +1,244 @@
+"""Flag helpers shared by the subcommands.
+
+Whole numbers in any notation, range limits, ``--out`` checks, and errors that name the flag the
+user typed instead of the Python parameter behind it.
+
+Limits (docs/engine.md, "Command line"): ``--epsilon`` <= :data:`MAX_EPSILON` (a larger ε bounds nothing),
+``--epochs`` <= :data:`MAX_EPOCHS`; the PLD accountant accounts at most 10⁷ Poisson-subsampled steps
+(:data:`featuredp.accounting.accountant.MAX_PLD_STEPS`; ``--accountant rdp`` has no limit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+#: the largest target ε a command accepts: e^1000 bounds no attack, so a larger value is a typo (1e6 for 1e-6?)
+MAX_EPSILON = 1000.0
+#: the most training epochs ``train``/``demo`` accept (Adult's presets use 3-5; 10⁴ epochs is days of CPU)
+MAX_EPOCHS = 10_000.0
+#: PLD accounting of at least this many steps prints how long it will take (:func:`pld_seconds`)
+SLOW_PLD_STEPS = 1_000_000
+
+
+def whole_number(text: str) -> int:
+    """An argparse ``type``: an integer written as ``1000``, ``1_000`` or ``1e3`` (no fractions).
+
+    >>> whole_number("1e3"), whole_number("2_000")
+    (1000, 2000)
+    """
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not math.isfinite(value) or not value.is_integer():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(value)
+
+
+def check_epsilon(flag: str, value: float) -> float:
+    """``value`` in (0, :data:`MAX_EPSILON`]; the message names ``flag``.
+
+    >>> check_epsilon("--epsilon", 2)
+    2.0
+    >>> check_epsilon("--epsilon", 1e6)
+    Traceback (most recent call last):
+    ...
+    ValueError: --epsilon must be <= 1000 (a larger epsilon bounds nothing: e^1000 > 10^434), got 1000000.0
+    """
+    from featuredp._validate import check_positive
+
+    eps = check_positive(flag, value)
+    if eps > MAX_EPSILON:
+        raise ValueError(f"{flag} must be <= {MAX_EPSILON:g} (a larger epsilon bounds nothing: e^1000 > 10^434), "
+                         f"got {value!r}")
+    return eps
+
+
+def check_epochs(flag: str, value: float | None) -> float | None:
+    """``value`` in (0, :data:`MAX_EPOCHS`] (None passes); the message names ``flag``."""
+    from featuredp._validate import check_positive
+
+    if value is None:
+        return None
+    epochs = check_positive(flag, value)
+    if epochs > MAX_EPOCHS:
+        raise ValueError(f"{flag} must be <= {MAX_EPOCHS:g} (days of training on a CPU), got {value!r}")
+    return epochs
+
+
+def check_out_dir(flag: str, path: str | Path | None) -> Path | None:
+    """Refuse an ``--out`` that names an existing file (or sits below one) before any work."""
+    if path is None:
+        return None
+    p = Path(path)
+    for part in (p, *p.parents):
+        if part.exists() and not part.is_dir():
+            where = "" if part == p else f" ({str(part)!r} is a file)"
+            raise ValueError(f"{flag} must be a folder, got {str(path)!r}, which is an existing file{where}")
+    return p
+
+
+def note(command: str, message: str) -> None:
+    """One line on stderr, e.g. ``featuredp account: note: ...`` (a time estimate, a clamped default)."""
+    print(f"featuredp {command}: note: {message}", file=sys.stderr, flush=True)
+
+
+def pld_time_note(command: str, steps: int, *, evaluations: int = 1) -> None:
+    """Say how long PLD accounting of ``steps`` Poisson-subsampled steps will take, when it is noticeable."""
+    if steps < SLOW_PLD_STEPS:
+        return
+    seconds = pld_seconds(steps) * evaluations
+    when = f"about {seconds:.0f} s" if seconds < 90 else f"about {seconds / 60:.0f} min"
+    note(command, f"PLD accounting of {steps:,} steps takes {when} on one core"
+                  + (f" ({evaluations} evaluations)" if evaluations > 1 else "") + "; --accountant rdp answers "
+                  "at once (a looser upper bound)")  # fmt: skip
+
+
+def pld_seconds(steps: int) -> float:
+    """Measured cost of one PLD evaluation of ``steps`` subsampled steps: ≈ 4 s × (T / 10⁶)^1.5 (2-core CPU).
+
+    >>> round(pld_seconds(10**7))
+    126
+    """
+    return 4.0 * (steps / 1e6) ** 1.5
+
+
+def translate(message: str, flags: Mapping[str, str]) -> str:
+    """Rewrite Python parameter names in ``message`` as the command's flags.
+
+    ``name='value'`` becomes ``--flag value``; names with an underscore (``target_epsilon``) are
+    replaced wherever they stand; plain words (``steps``) only as ``steps=...`` or ``steps must ...``.
+
+    >>> translate("target_epsilon=5 is not reachable; use accountant='rdp'",
+    ...           {"target_epsilon": "--epsilon", "accountant": "--accountant"})
+    '--epsilon=5 is not reachable; use --accountant rdp'
+    """
+    for name, flag in flags.items():
+        message = re.sub(rf"(?<![\w-]){re.escape(name)}=['\"]([^'\"]*)['\"]", rf"{flag} \1", message)
+        follows = r"(?![\w-])" if "_" in name else r"(?=\s*(?:=|must\b|>|<))"
+        message = re.sub(rf"(?<![\w-]){re.escape(name)}{follows}", flag, message)
+    return message
+
+
+@contextlib.contextmanager
+def flag_names(flags: Mapping[str, str]) -> Iterator[None]:
+    """Errors (ValueError, TypeError) raised inside the block name ``flags`` instead of parameters."""
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        if len(exc.args) == 1 and isinstance(exc.args[0], str):
+            exc.args = (translate(exc.args[0], flags),)
+        raise
+
+
+#: parameter → flag of the accounting commands (and of ``train``'s accounting settings)
+ACCOUNTING_FLAGS = {
+    "target_epsilon": "--epsilon",
+    "noise_multiplier": "--noise-multiplier",
+    "sampling_rate": "--sampling-rate",
+    "steps": "--steps",
+    "delta": "--delta",
+    "accountant": "--accountant",
+    "relation": "--relation",
+}
+
+
+#: parameter → flag of ``train``/``demo`` (the Trainer's and train_one's names in library messages)
+TRAIN_FLAGS = {
+    **ACCOUNTING_FLAGS,
+    "max_grad_norm": "--max-grad-norm",
+    "batch_size": "--batch-size",
+    "public_batch_size": "--public-batch-size",
+    "pretrain_epochs": "--pretrain-epochs",
+    "loss_split": "--loss-split",
+    "public_seed": "--public-seed",
+    "epochs": "--epochs",
+    "lr": "--lr",
+    "momentum": "--momentum",
+    "alpha": "--alpha",
+}
+del TRAIN_FLAGS["steps"]  # train has no --steps: a step count in a message is the computed one
+
+
+def check_training_values(args: argparse.Namespace) -> None:
+    """The training flags present on ``args`` (``train``, ``demo``), each checked with its flag's name."""
+    from featuredp._validate import check_int, check_nonnegative, check_open_unit, check_positive
+
+    def given(name: str) -> object:
+        return getattr(args, name, None)
+
+    if given("epsilon") is not None:
+        check_epsilon("--epsilon", args.epsilon)
+    if given("delta") is not None:
+        check_open_unit("--delta", args.delta)
+    if given("epochs") is not None:
+        check_epochs("--epochs", args.epochs)
+    if given("pretrain_epochs") is not None:
+        check_nonnegative("--pretrain-epochs", args.pretrain_epochs)
+        check_epochs("--pretrain-epochs", args.pretrain_epochs or None)
+    if given("noise_multiplier") is not None:
+        check_nonnegative("--noise-multiplier", args.noise_multiplier)
+    if given("max_grad_norm") is not None:
+        check_positive("--max-grad-norm", args.max_grad_norm, allow_inf=True)
+    for name in ("batch_size", "public_batch_size"):
+        if given(name) is not None:
+            check_int("--" + name.replace("_", "-"), given(name), minimum=1)
+    for name in ("lr", "alpha"):
+        if given(name) is not None:
+            check_positive("--" + name, given(name))
+    if given("momentum") is not None and not 0 <= args.momentum < 1:
+        raise ValueError(f"--momentum must be in [0, 1), got {args.momentum!r}")
+    for width in getattr(args, "hidden", None) or []:
+        check_int("--hidden", width, minimum=1)
+
+
+def check_run_out(args: argparse.Namespace) -> None:
+    """``--out`` / ``--resume`` / ``--overwrite`` of ``train``: refuse what would lose or mix up a run.
+
+    * ``--out`` naming a file: refused.
+    * ``--resume``: ``--out`` must hold a readable checkpoint.pt (an interrupted or finished run).
+    * ``--out`` already holding a run (run.json, model.pt, checkpoint.pt, audit/): refused unless
+      ``--resume`` (continue it) or ``--overwrite`` (replace it) is given.
+    """
+    from featuredp.experiments.runs import CHECKPOINT_FILE, load_checkpoint, run_files
+
+    out = check_out_dir("--out", args.out)
+    if args.resume and args.overwrite:
+        raise ValueError("give --resume (continue the run in --out) or --overwrite (replace it), not both")
+    if out is None:
+        if args.resume or args.overwrite:
+            flag = "--resume" if args.resume else "--overwrite"
+            raise ValueError(f"{flag} needs --out DIR (the run to {'continue' if args.resume else 'replace'})")
+        return
+    if args.resume:
+        checkpoint = out / CHECKPOINT_FILE
+        if not checkpoint.is_file():
+            what = "does not exist" if not out.exists() else f"holds no {CHECKPOINT_FILE}"
+            raise ValueError(f"--resume: --out {str(out)!r} {what}, so there is no run to continue; "
+                             "drop --resume to start a new run there")
+        import pickle
+
+        try:
+            load_checkpoint(checkpoint)
+        except pickle.UnpicklingError as exc:
+            raise ValueError(f"--resume: checkpoint {checkpoint} is refused by the safe loader ({exc})") from None
+        except (KeyError, AttributeError, ImportError, IndexError) as exc:
+            raise ValueError(f"--resume: checkpoint {checkpoint} is not a featuredp file ({exc!r})") from None
+        return
+    existing = run_files(out)
+    if existing and not args.overwrite:
+        raise ValueError(
+            f"--out {str(out)!r} already holds a run ({', '.join(existing)}); pass --resume to continue it (same "
+            "settings), --overwrite to replace it (its files are removed once the new run has finished), or "
+            "choose another --out"
+        )

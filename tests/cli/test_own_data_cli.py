@@ -1,0 +1,126 @@
+"""Your own CSV end to end on the command line (issue #17 part B, defects 6 and 7).
+
+A CSV written here → ``data schema`` → ``train --data`` → ``audit`` → ``compare --quick``, on a
+fresh cache; and the one-line errors that name the flag and the value.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from featuredp.cli import main
+
+
+@pytest.fixture
+def people(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEATUREDP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("FEATUREDP_OFFLINE", raising=False)
+    rng = np.random.default_rng(0)
+    n = 1500
+    age = rng.integers(18, 80, n)
+    hours = rng.normal(40, 10, n).round(1)
+    job = rng.choice(["clerk", "engineer", "nurse", "sales"], n)
+    sex = rng.integers(0, 2, n)  # a binary sensitive column, 0/1
+    score = 0.05 * (age - 45) + 0.06 * (hours - 40) + 1.2 * (job == "engineer") + 0.8 * sex + rng.normal(0, 1, n)
+    df = pd.DataFrame({"age": age, "hours": hours, "job": job, "sex": sex,
+                       "income": np.where(score > 0.3, ">50K", "<=50K")})  # fmt: skip
+    path = tmp_path / "people.csv"
+    df.to_csv(path, index=False)
+    return path
+
+
+def _json(capsys):
+    return json.loads(capsys.readouterr().out)
+
+
+def test_csv_to_schema_to_train_to_audit_to_compare(people, tmp_path, capsys) -> None:
+    schema = tmp_path / "schema.json"
+    assert main(["data", "schema", str(people), "--label", "income", "--private", "sex", "--out", str(schema),
+                 "--json"]) == 0  # fmt: skip
+    assert _json(capsys)["fill_in"] == ["sex (type, bounds, categories)"]
+    data = ["--data", str(people), "--schema", str(schema)]
+    # The placeholders must be filled in first: a one-line error naming the column, before any work.
+    assert main(["train", *data, "--epsilon", "2", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "placeholders for sex (type)" in err and err.count("\n") == 1
+    spec = json.loads(schema.read_text())
+    spec["columns"]["sex"] = {"type": "categorical", "private": True, "categories": [0, 1]}
+    schema.write_text(json.dumps(spec))
+
+    assert main(["data", "info", *data, "--json"]) == 0
+    info = _json(capsys)
+    assert info["default_private"] == ["sex"] and info["column_types"]["sex"] == "categorical"
+    assert "sex" not in info["statistics_from_data"]
+
+    run = tmp_path / "run"
+    assert main(["train", *data, "--epsilon", "2", "--epochs", "2", "--out", str(run), "--json"]) == 0
+    out = _json(capsys)
+    assert out["private_columns"] == ["sex"] and out["epsilon"] <= 2 and out["accuracy"] > 0.6
+    recorded = json.loads((run / "run.json").read_text())["dataset"]
+    assert recorded["name"] == "csv"
+    assert recorded["options"] == {"path": str(people.resolve()), "schema": str(schema.resolve())}
+
+    # The audit reloads the data from run.json alone.
+    assert main(["audit", str(run), "--attack", "attribute", "--targets", "100", "--json"]) == 0
+    audit = _json(capsys)
+    assert audit["attribute"] == "sex" and "verdict" in audit
+
+    cmp_out = tmp_path / "cmp"
+    assert main(["compare", *data, "--quick", "--methods", "nonprivate,dpsgd,fdp", "--epsilons", "2",
+                 "--out", str(cmp_out), "--json"]) == 0  # fmt: skip
+    capsys.readouterr()
+    results = pd.read_csv(cmp_out / "results.csv")
+    assert sorted(results["method"]) == ["dpsgd", "fdp", "nonprivate"]
+    assert not (tmp_path / "cache").exists()  # your own file needs no cache
+
+
+def test_binary_private_column_with_the_defaults_can_be_audited(people, tmp_path, capsys) -> None:
+    run = tmp_path / "run"
+    with pytest.warns(UserWarning, match=r"sex \(category list\)"):
+        rc = main(["train", "--data", str(people), "--label", "income", "--private", "sex", "--epsilon", "2",
+                   "--epochs", "1", "--out", str(run), "--json"])  # fmt: skip
+    assert rc == 0
+    capsys.readouterr()
+    assert main(["audit", str(run), "--attack", "attribute", "--targets", "100", "--json"]) == 0
+    assert _json(capsys)["attribute"] == "sex"  # before: "encoded in a single numeric column"
+    # The data moved: the audit says so and takes --data.
+    moved = tmp_path / "moved.csv"
+    people.rename(moved)
+    assert main(["audit", str(run), "--attack", "attribute", "--targets", "100", "--json"]) == 2
+    assert "give the data with --data FILE" in capsys.readouterr().err
+    assert main(["audit", str(run), "--attack", "attribute", "--targets", "100", "--json", "--data", str(moved),
+                 "--label", "income"]) == 0  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dataset", "csv"], "--dataset csv reads your own file: give it with --data FILE"),
+        (["--data", "{dir}/nope.csv", "--label", "income", "--private", "sex"], "--data {dir}/nope.csv: no such file"),
+        (["--data", "{csv}", "--private", "sex"], "--data needs --label COL"),
+        (["--data", "{csv}", "--label", "incme", "--private", "sex"], "--label incme: no such column"),
+        (["--data", "{csv}", "--label", "income"], "--data needs --private A,B"),
+        (["--data", "{csv}", "--label", "income", "--private", "sex,gender"], "--private sex,gender: no column"),
+        (["--data", "{csv}", "--label", "income", "--private", "sex", "--numeric", "x"], "--numeric x: no column 'x'"),
+        (["--data", "{csv}", "--label", "income", "--private", "sex", "--schema", "{dir}/s.json"], "--schema"),
+        (["--schema", "{dir}/s.json"], "--schema describes your own table: give it with --data FILE"),
+        (["--dataset", "adult", "--data", "{csv}"], "cannot be combined with --dataset adult"),
+    ],
+)
+def test_bad_data_flags_exit_2_naming_the_flag_and_value(people, tmp_path, capsys, argv, message) -> None:
+    argv = [a.format(dir=tmp_path, csv=people) for a in argv]
+    message = message.format(dir=tmp_path)
+    for command in (["train", "--epsilon", "1"], ["compare", "--quick", "--out", str(tmp_path / "o")],
+                    ["data", "info"]):  # fmt: skip
+        if command[0] == "data" and argv[:2] == ["--dataset", "csv"]:
+            continue  # `data info` takes the dataset as NAME
+        if command[0] == "data" and argv[:1] == ["--dataset"]:
+            argv = [argv[1], *argv[2:]]
+        assert main([*command, *argv]) == 2, command
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, (command, err)
+    assert not (tmp_path / "o").exists()
