@@ -128,6 +128,7 @@ def test_train_bad_flags_exit_2_before_any_data(extra, needle, capsys, tmp_path,
         raise AssertionError("data loaded before the flags were checked")
 
     monkeypatch.setattr("featuredp.data.load_dataset", no_data)
+    monkeypatch.setattr("featuredp.experiments.train_one.load_dataset", no_data)
     (tmp_path / "file").write_text("x")
     extra = [a.replace("{file}", str(tmp_path / "file")).replace("{tmp}", str(tmp_path)) for a in extra]
     assert main([*_TINY, *extra]) == 2

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from featuredp.cli._device import add_device_argument, check_device
+from featuredp.cli._flags import whole_number
 from featuredp.methods import get_method
 
 #: the comparison the demo shows: no privacy, record-level DP, feature DP
@@ -57,7 +58,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--private", default="sex,race", help="comma-separated private columns (default sex,race)")
     p.add_argument("--audit-attribute", default=None,
                    help="the private column the audit tries to infer (default: the first of --private)")
-    p.add_argument("--audit-targets", type=int, default=2000,
+    p.add_argument("--audit-targets", type=whole_number, default=2000,
                    help="members and non-members the audit attacks (default 2000; at most 8141 on Adult)")
     p.add_argument("--no-audit", action="store_true", help="train and compare only")
     p.add_argument("--out", default=DEFAULT_OUT,
@@ -107,7 +108,14 @@ def _check(args: argparse.Namespace) -> tuple[list[float], list[str], str | None
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train the methods at each ε, audit the FDP model, print and write the comparison."""
+    """Train the methods at each ε, audit the FDP model, print and write the comparison (errors name flags)."""
+    from featuredp.cli._flags import TRAIN_FLAGS, flag_names
+
+    with flag_names(TRAIN_FLAGS):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     check_device(args.device)  # an absent device: exit 2 with one line, before loading anything
     epsilons, private, attribute, out = _check(args)
 

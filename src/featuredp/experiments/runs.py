@@ -9,6 +9,7 @@ A run directory holds
 * ``checkpoint.pt`` — everything needed to resume: model, optimizer state, all
   RNG states, step counter, accountant phases. **Keep it private**: RNG states
   reveal which records were sampled.
+* ``audit/`` — the reports of ``featuredp audit`` on this run (optional).
 
 Files are written atomically and read with ``torch.load(weights_only=True)``
 (no arbitrary pickle).
