@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 from featuredp.cli import main
-from featuredp.cli.benchmark import available_memory, memory_estimate
 
 
 def test_a_batch_beyond_the_memory_is_refused_with_the_estimate(capsys, monkeypatch):
@@ -29,6 +28,8 @@ def test_flags_are_named(capsys):
 
 
 def test_the_estimate_grows_with_the_data_and_fits_the_default():
+    from featuredp.cli.benchmark import available_memory, memory_estimate
+
     assert memory_estimate(1024, 16 * 1024, "ghost") < 2**30
     assert memory_estimate(1024, 16 * 1024, "vmap") > memory_estimate(1024, 16 * 1024, "ghost")
     assert memory_estimate(10**8, 16 * 10**8, "ghost") > 10**13

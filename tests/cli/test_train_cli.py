@@ -45,10 +45,11 @@ def test_train_nonprivate_reports_no_epsilon(capsys):
 
 
 @pytest.mark.slow
-def test_demo_full(capsys):
-    assert main(["demo", "--quiet"]) == 0
+def test_demo_full(capsys, tmp_path):
+    assert main(["demo", "--quiet", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "nonprivate" in out and "dpsgd" in out and "fdp" in out
+    assert "nonprivate" in out and "dpsgd" in out and "fdp" in out and "Theorem 4 allows at most" in out
+    assert (tmp_path / "demo.png").is_file()
 
 
 def test_demo_short_json(capsys, tmp_path):
@@ -141,11 +142,12 @@ def test_train_resume_of_a_truncated_checkpoint_is_one_line_naming_it(capsys, tm
     run = tmp_path / "run"
     assert main([*_TINY, "--out", str(run)]) == 0
     data = (run / "checkpoint.pt").read_bytes()
-    (run / "checkpoint.pt").write_bytes(data[: len(data) // 3])
     capsys.readouterr()
-    assert main([*_TINY, "--out", str(run), "--resume"]) == 2
-    err = capsys.readouterr().err
-    assert "checkpoint.pt" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    for broken in (data[: len(data) // 3], b"hello, not a checkpoint"):
+        (run / "checkpoint.pt").write_bytes(broken)
+        assert main([*_TINY, "--out", str(run), "--resume"]) == 2
+        err = capsys.readouterr().err
+        assert "checkpoint.pt" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_train_library_errors_name_flags(capsys):
