@@ -125,6 +125,25 @@ def main(scenario: str, out: Path) -> None:
             trainer.fit(data, checkpoint=ck if scenario == "resume" else None, resume=scenario == "resume")
             if rank == 0:
                 torch.save(_flat(trainer.model), out / f"{scenario}.pt")
+    elif scenario == "shards":
+        # The same seeded DP-SGD run twice: every rank holding the whole data, then only its row range.
+        whole = {"x": torch.as_tensor(data.X), "y": torch.as_tensor(data.y)}
+        start, stop = fdist.shard_bounds(200, rank, 2)
+        shard = {k: v[start:stop] for k, v in whole.items()}
+        models = {}
+        for name, d, sharded in (("whole", whole, False), ("sharded", shard, True)):
+            models[name] = _model()
+            Trainer(models[name], "dpsgd", steps=6, batch_size=40, noise_multiplier=1.0, max_grad_norm=0.5, delta=1e-4,
+                    dataset_size=200, seed=5, progress=False).fit(d, sharded=sharded)  # fmt: skip
+        refused = ""
+        try:
+            Trainer(_model(), "dpsgd", steps=1, batch_size=40, noise_multiplier=1.0, delta=1e-4, dataset_size=199,
+                    progress=False).fit(shard, sharded=True)  # fmt: skip
+        except ValueError as exc:
+            refused = str(exc)
+        if rank == 0:
+            torch.save({"whole": _flat(models["whole"]), "sharded": _flat(models["sharded"]), "refused": refused},
+                       out / "shards.pt")  # fmt: skip
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     torch.distributed.barrier()  # every rank leaves together

@@ -151,6 +151,15 @@ def test_killed_run_resumes_to_the_same_model_and_other_world_sizes_are_refused(
         t.fit(make_tabular(200, seed=3), checkpoint=tmp_path / "ck.pt", resume=True)
 
 
+def test_ranks_loading_only_their_shard_train_the_same_model(tmp_path):
+    # With the same seeds, a rank that holds only its row range samples exactly the records it samples
+    # when it holds the whole data: the models are equal, and a wrong dataset_size is refused on every rank.
+    _torchrun("shards", tmp_path)
+    got = torch.load(tmp_path / "shards.pt", weights_only=False)
+    assert torch.equal(got["whole"], got["sharded"])
+    assert "dataset_size=199" in got["refused"] and "200 records" in got["refused"]
+
+
 def test_two_nodes_on_one_host(tmp_path):
     _torchrun("epsilon", tmp_path, nproc=1, nodes=2)
     assert json.loads((tmp_path / "epsilon.json").read_text())["epsilon"] == accounting.epsilon_for(

@@ -113,7 +113,8 @@ def _variance_pvalue(z: np.ndarray) -> float:
 @pytest.mark.statistical
 @pytest.mark.parametrize("secure_rng", [False, True], ids=["torch", "secure"])
 @pytest.mark.parametrize(("method", "alpha"), [("dpsgd", 1.0), ("fdp", 0.5)])
-def test_added_noise_has_std_sigma_c_over_m(method, alpha, secure_rng):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_added_noise_has_std_sigma_c_over_m(method, alpha, secure_rng, precision):
     gen = torch.Generator().manual_seed(0)
     data = {"x": torch.randn(100, 300, generator=gen), "y": torch.randint(0, 2, (100,), generator=gen)}
     torch.manual_seed(0)
@@ -122,7 +123,7 @@ def test_added_noise_has_std_sigma_c_over_m(method, alpha, secure_rng):
     sigma, C, m = 2.0, 0.5, 10
     Trainer(model, method, loss_split=_ZeroSplit(LabelPrivate()), steps=1, batch_size=m, noise_multiplier=sigma,
             max_grad_norm=C, alpha=alpha, lr=1.0, momentum=0.0, seed=11, secure_rng=secure_rng,
-            progress=False).fit(data)  # fmt: skip
+            precision=precision, progress=False).fit(data)  # fmt: skip
     after = torch.cat([p.detach().flatten() for p in model.parameters()])
     noise = (before - after).double().numpy()  # = α·N(0, σ²C²)/m per coordinate
     std = alpha * sigma * C / m

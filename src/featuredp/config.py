@@ -133,13 +133,16 @@ class PerformanceConfig:
     default ``"ghost"``) or a strategy object. ``device``: ``"cpu"``, ``"cuda"``,
     ``"cuda:N"``, ``"mps"``, ``"auto"`` or None (the model's device). ``distributed``: ``"auto"``
     joins a data-parallel run when ``torch.distributed`` is initialised or ``torchrun`` launched
-    several processes (:mod:`featuredp.distributed`); ``"off"`` never does.
+    several processes (:mod:`featuredp.distributed`); ``"off"`` never does. ``precision``:
+    ``"fp32"`` (default) or ``"bf16"`` — forward and backward under bfloat16 autocast, with the
+    per-example norms, clip factors, clipped sums and noise in float32 or better.
     """
 
     strategy: Any = "ghost"
     physical_batch_size: int | str | None = "auto"
     device: Any = None
     distributed: str = "auto"
+    precision: str = "fp32"
     progress: bool = True
     log_points: int = 5
 
@@ -148,6 +151,7 @@ class PerformanceConfig:
         if pbs is not None and pbs != "auto":
             _set(self, "physical_batch_size", check_int("physical_batch_size", pbs, minimum=1))
         _set(self, "distributed", check_choice("distributed", self.distributed, ("auto", "off")))
+        _set(self, "precision", check_choice("precision", self.precision, ("fp32", "bf16")))
         _set(self, "progress", bool(self.progress))
         _set(self, "log_points", check_int("log_points", self.log_points, minimum=1))
 

@@ -61,6 +61,7 @@ from featuredp._validate import check_choice, check_delta, check_int
 from featuredp.accounting import BudgetLedger, calibrate_noise_multiplier, calibrate_steps
 from featuredp.batches import as_batch, evaluate, forward, gather, resolve_device, to_device
 from featuredp.clipping import GradientStrategy, check_no_batch_mixing, get_strategy, trainable_parameters
+from featuredp.clipping.base import AutocastLoss, LossFn, check_precision
 from featuredp.config import PerformanceConfig, PrivacyConfig, ScheduleConfig, split_settings
 from featuredp.distributed import DistContext, all_reduce_sum, broadcast_parameters, context
 from featuredp.errors import DataValidationError, PrivacyLeakWarning
@@ -175,6 +176,7 @@ class Trainer:
         self.device = _model_device(model) if self.performance.device is None else resolve_device(
             self.performance.device)
         self.model = model.to(self.device)
+        check_precision(self.performance.precision, self.device)
         # torchrun (or the user's own process group): a data-parallel run of the same mechanism.
         self.dist: DistContext | None = context(self.device, mode=self.performance.distributed)
         if self.dist is not None:
@@ -232,6 +234,7 @@ class Trainer:
             "secure_rng": p.secure_rng,
             "device": str(self.device),
             "world_size": 1 if self.dist is None else self.dist.world_size,
+            "precision": self.performance.precision,
         }
 
     def make_plan(self, n: int) -> PrivacyPlan:
@@ -303,6 +306,7 @@ class Trainer:
         resume: bool = False,
         max_steps: int | None = None,
         callback: Callable[[int, dict[str, float]], None] | None = None,
+        sharded: bool = False,
     ) -> TrainResult:
         """Train on ``data`` (a TabularDataset or a dict of batch-first tensors); returns a TrainResult.
 
@@ -316,6 +320,12 @@ class Trainer:
         the streams advance (no noise is replayed) and ε counts every private step
         of the run. Once the run is complete, ``fit`` raises: a new run needs a new
         Trainer (and its spend adds to the earlier one's: use ``ledger=``).
+        ``sharded=True``: in a data-parallel run, ``data`` is only this rank's shard of the
+        dataset (the ranks' shards are disjoint and together the whole dataset, e.g. row ranges
+        from :func:`featuredp.data.files.read_table`); the whole dataset's size must be declared
+        with ``dataset_size=`` and is checked against the sum of the shards. Each rank then
+        Poisson-samples all its records at the global rate and draws its public share from them
+        (docs/distributed.md).
         """
         batch_all = as_batch(data)
         n = int(next(iter(batch_all.values())).shape[0])
@@ -327,7 +337,10 @@ class Trainer:
                 raise ValueError("checkpoint_every needs checkpoint=PATH")
         if max_steps is not None:
             max_steps = check_int("max_steps", max_steps, minimum=1)
-        state, split = self._run_state(data, batch_all, n, checkpoint if resume else None)
+        shard = None
+        if sharded:
+            shard, n = n, self._whole_size(n)
+        state, split = self._run_state(data, batch_all, n, checkpoint if resume else None, shard=shard)
         plan = state.plan
         batch_all = to_device(batch_all, self.device)
 
@@ -379,8 +392,24 @@ class Trainer:
             state.complete = True
         return self._result(state, split, finished)
 
+    def _whole_size(self, local: int) -> int:
+        """The declared size of the whole dataset, checked against the sum of the ranks' shards."""
+        declared = self.schedule.dataset_size
+        if declared is None:
+            raise ValueError("fit(sharded=True) needs dataset_size= (the number of records of the whole dataset)")
+        total = local
+        if self.dist is not None:
+            count = torch.tensor([local], dtype=torch.float64, device=self.device)
+            torch.distributed.all_reduce(count)
+            total = int(count.item())
+        if total != declared:
+            raise DataValidationError(
+                f"dataset_size={declared} was declared but the ranks' shards hold {total} records in all"
+            )
+        return declared
+
     def _run_state(
-        self, data: Any, batch_all: Batch, n: int, resume_from: str | Path | None
+        self, data: Any, batch_all: Batch, n: int, resume_from: str | Path | None, *, shard: int | None = None
     ) -> tuple[RunState, LossSplit | None]:
         """This Trainer's run: the one in progress, or a new one (resumed from a checkpoint if asked)."""
         data_print = data_fingerprint(batch_all)
@@ -420,7 +449,7 @@ class Trainer:
         state = RunState.start(
             plan, {"data": data_print, "psi": self._psi_fingerprint(split)},
             params=list(trainable_parameters(self.model).values()), privacy=self.privacy, schedule=self.schedule,
-            device=self.device, rank=rank, world_size=world,
+            device=self.device, rank=rank, world_size=world, shard_size=shard,
         )  # fmt: skip
         if resume_from is not None and Path(resume_from).exists():
             state.load_state_dict(self._rank_checkpoint(load_torch_safely(resume_from, what="checkpoint")),
@@ -559,15 +588,15 @@ class Trainer:
             if split is None:
                 raise ValueError(f"method {plan.method!r} needs a public feature map")
             b = gather(data, state.public_shuffler.sample())
-            losses = split.public_loss(self.model, b, split.draws(b, state.public_draws))
+            losses = self._amp(split.public_loss)(self.model, b, split.draws(b, state.public_draws))
             grads, shown["public_loss"] = self._mean_gradient(losses, self._public_total(plan), params)
             opt = state.pretrain_optimizer if pre else state.optimizer
         elif not record.private:
             b = gather(data, state.shuffler.sample())
             if split is not None:
-                losses = split.loss(self.model, b, split.draws(b, state.private_draws))
+                losses = self._amp(split.loss)(self.model, b, split.draws(b, state.private_draws))
             else:
-                losses = _plain_cross_entropy(self.model, b, {})
+                losses = self._amp(_plain_cross_entropy)(self.model, b, {})
             total = min(plan.dataset_size, max(1, round(plan.expected_batch_size)))
             grads, shown["loss"] = self._mean_gradient(losses, total, params)
             opt = state.optimizer
@@ -578,7 +607,7 @@ class Trainer:
                     raise ValueError(f"method {plan.method!r} needs a public feature map")
                 # Independent public batch: its own sampler stream and its own draws generator.
                 bp = gather(data, state.public_sampler.sample())
-                lp = split.public_loss(self.model, bp, split.draws(bp, state.public_draws))
+                lp = self._amp(split.public_loss)(self.model, bp, split.draws(bp, state.public_draws))
                 gp, shown["public_loss"] = self._mean_gradient(lp, self._public_total(plan), params)
                 grads = {k: gp[k] + plan.alpha * grads[k] for k in params}
             opt = state.optimizer
@@ -607,7 +636,7 @@ class Trainer:
             loss_fn = _plain_cross_entropy
         if plan.noise_multiplier is None or plan.max_grad_norm is None:
             raise ValueError(f"method {plan.method!r} has no noise multiplier in its plan")
-        sums, _norms = self.strategy.clipped_sum(self.model, loss_fn, b, d, plan.max_grad_norm)
+        sums, _norms = self.strategy.clipped_sum(self.model, self._amp(loss_fn), b, d, plan.max_grad_norm)
         std = 0.0 if plan.noise_multiplier == 0 else plan.noise_multiplier * plan.max_grad_norm
         if self.dist is None:
             noisy = state.noise.add(sums, std)  # new tensors: safe to scale in place
@@ -617,6 +646,12 @@ class Trainer:
             noisy = all_reduce_sum(state.noise.add(sums, std) if self.dist.is_main else sums)
         # Divide by the EXPECTED batch size m = p·n (global); the realised batch size is private.
         return {k: v.div_(plan.expected_batch_size) for k, v in noisy.items()}
+
+    def _amp(self, loss_fn: LossFn) -> LossFn:
+        """``loss_fn`` under bfloat16 autocast when ``precision="bf16"`` (the strategies keep norms in float32)."""
+        if self.performance.precision == "bf16":
+            return AutocastLoss(loss_fn, self.device.type)
+        return loss_fn
 
     def _public_total(self, plan: PrivacyPlan) -> int:
         return plan.public_batch_size or max(1, round(plan.expected_batch_size))

@@ -155,17 +155,20 @@ class RunState:
         device: torch.device,
         rank: int = 0,
         world_size: int = 1,
+        shard_size: int | None = None,
     ) -> RunState:
         """A fresh state: streams from OS entropy (or the user's seeds), samplers, generators, optimisers.
 
         In a data-parallel run (``world_size`` > 1) rank ``rank`` Poisson-samples only its shard of
         the indices, at the global rate, from streams of its own, and draws its share of the public
-        and shuffled batches (:mod:`featuredp.distributed`).
+        and shuffled batches (:mod:`featuredp.distributed`). ``shard_size``: this rank holds only its
+        shard, of that many records (indices 0 .. shard_size − 1 of its data), and samples all of them.
         """
         streams = make_streams(privacy.seed, public_seed=privacy.public_seed,
                                rank=rank if world_size > 1 else None)  # fmt: skip
         n = plan.dataset_size
-        start, stop = shard_bounds(n, rank, world_size)
+        start, stop = shard_bounds(n, rank, world_size) if shard_size is None else (0, shard_size)
+        local = n if shard_size is None else shard_size
         m_int = share(max(1, round(plan.expected_batch_size)), rank, world_size)
         noise: NoiseSource
         if privacy.secure_rng:
@@ -182,9 +185,9 @@ class RunState:
             fingerprint=fingerprint,
             streams=streams,
             private_sampler=private_sampler,
-            shuffler=EpochShuffler(n, min(m_int, n), streams.private_sampling),
-            public_sampler=UniformSampler(n, m_pub, streams.public_sampling),
-            public_shuffler=EpochShuffler(n, m_pub, streams.public_sampling),
+            shuffler=EpochShuffler(local, min(m_int, local), streams.private_sampling),
+            public_sampler=UniformSampler(local, min(m_pub, local), streams.public_sampling),
+            public_shuffler=EpochShuffler(local, min(m_pub, local), streams.public_sampling),
             # Loss draws of the private and of the public batch come from two different streams
             # (the public one may be seeded publicly; the private one never).
             private_draws=torch_generator(random_seed_from(streams.private_draws), device),

@@ -35,3 +35,31 @@ def test_the_estimate_grows_with_the_data_and_fits_the_default():
     assert memory_estimate(10**8, 16 * 10**8, "ghost") > 10**13
     have = available_memory()
     assert have is None or have > 0
+
+
+def test_nproc_measures_strong_scaling_with_torchrun(capsys, monkeypatch):
+    # Two real launches (1 and 2 gloo processes on 127.0.0.1): the ranks must agree on the steps they
+    # time, or the collectives inside a step would hang until the timeout below.
+    import json
+    import os
+    import sys
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(sys.path))
+    args = ["benchmark", "--nproc", "2", "--batch-size", "64", "--rounds", "2", "--min-time", "0.05",
+            "--methods", "dpsgd", "--precision", "bf16", "--timeout", "240", "--json"]  # fmt: skip
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["nproc"] for r in out["scaling"]] == [1, 2]
+    assert [r["world_size"] for r in out["scaling"]] == [1, 2]
+    assert all(r["precision"] == "bf16" for r in out["scaling"])
+    assert out["efficiency"]["dpsgd"]["1"] == 1.0 and out["efficiency"]["dpsgd"]["2"] > 0
+    assert set(out["efficiency"]) == {"nonprivate", "dpsgd"}
+
+
+def test_nproc_is_refused_under_torchrun(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["benchmark", "--nproc", "2"]) == 2
+    assert "--nproc launches its own processes" in capsys.readouterr().err
+    monkeypatch.delenv("WORLD_SIZE")
+    assert main(["benchmark", "--nproc", "0"]) == 2
+    assert "--nproc" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-from featuredp.cli._device import add_device_argument, check_device
+from featuredp.cli._device import add_device_argument, add_precision_argument, check_device
 from featuredp.cli._flags import whole_number
 from featuredp.methods import METHOD_NAMES
 
@@ -58,6 +58,13 @@ def register(subparsers: Any) -> None:
                    help="seed of the synthetic data, model initialisation and public batches (the private "
                    "randomness is always fresh OS entropy)")
     add_device_argument(p)
+    add_precision_argument(p)
+    p.add_argument("--nproc", type=whole_number, default=None, metavar="N",
+                   help="strong scaling: run the benchmark data-parallel with 1, 2, 4, ... and N processes on this "
+                   "host (torch.distributed, gloo on 127.0.0.1; the same global batch split over the processes) and "
+                   "report samples/s and the scaling efficiency of each method. Under your own torchrun, leave it out")
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="with --nproc: seconds each launch may take before it is stopped (default 1800)")
     p.add_argument("--json", action="store_true", help="print one JSON object (samples/s and ratios)")
     p.set_defaults(func=run)
 
@@ -66,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark and print a table or JSON."""
     from featuredp._validate import check_int, check_positive
 
-    check_device(args.device)  # an absent device: exit 2 with one line, before any work
+    check_device(args.device, args.precision)  # an absent device: exit 2 with one line, before any work
     batch = check_int("--batch-size", args.batch_size, minimum=1)
     threads = check_int("--threads", args.threads, minimum=1)
     rounds = check_int("--rounds", args.rounds, minimum=1)
@@ -78,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         n = 16 * batch
     check_memory(batch, n, args.strategy, dataset_size_given=args.dataset_size is not None)
+    if args.nproc is not None:
+        return _scaling(args, check_int("--nproc", args.nproc, minimum=1), check_positive("--timeout", args.timeout))
 
     from featuredp.experiments import throughput
 
@@ -105,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     out.update({
         "batch_size": batch, "threads": threads, "rounds": rounds, "strategy": args.strategy, "model": args.model,
         "loss_split": args.loss_split, "dataset_size": n, "spread_nonprivate": res.spread("nonprivate"),
-        "secure_rng": args.secure_rng, "device": args.device or "cpu",
+        "secure_rng": args.secure_rng, "device": args.device or "cpu", "precision": args.precision,
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
     })
     if args.json:
         json.dump(out, sys.stdout)
@@ -120,6 +130,60 @@ def run(args: argparse.Namespace) -> int:
     for m in methods[1:] if args.secure_rng else []:
         print(f"secure mode costs {m}: {out[f'secure_vs_normal_{m}']:.3f} x the normal mode's samples/s")
     print("spread = (max - min) / median of samples/s over rounds (machine noise)")
+    return 0
+
+
+def process_counts(nproc: int) -> list[int]:
+    """1, 2, 4, ... below ``nproc``, and ``nproc``.
+
+    >>> process_counts(6), process_counts(1)
+    ([1, 2, 4, 6], [1])
+    """
+    counts = [1 << i for i in range(nproc.bit_length()) if 1 << i < nproc]
+    return [*counts, nproc]
+
+
+def _child_args(args: argparse.Namespace) -> list[str]:
+    out = ["--model", args.model, "--batch-size", str(args.batch_size), "--methods", ",".join(args.methods),
+           "--strategy", args.strategy, "--loss-split", args.loss_split, "--threads", str(args.threads),
+           "--rounds", str(args.rounds), "--min-time", str(args.min_time), "--seed", str(args.seed),
+           "--precision", args.precision]  # fmt: skip
+    if args.dataset_size is not None:
+        out += ["--dataset-size", str(args.dataset_size)]
+    if args.device is not None:
+        out += ["--device", args.device]
+    if args.secure_rng:
+        out.append("--secure-rng")
+    return out
+
+
+def _scaling(args: argparse.Namespace, nproc: int, timeout: float) -> int:
+    """Launch the benchmark with 1, 2, 4, ..., N processes and print samples/s and efficiency per method."""
+    from featuredp.experiments import throughput
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("--nproc launches its own processes; under torchrun, run `featuredp benchmark` without it")
+    cores = os.cpu_count() or 1
+    if nproc * args.threads > cores:
+        print(f"featuredp benchmark: note: {nproc} processes x {args.threads} thread(s) exceed the {cores} cores "
+              "of this machine: the largest counts will share cores", file=sys.stderr)  # fmt: skip
+    results = throughput.scaling(_child_args(args), process_counts(nproc), timeout=timeout, progress=not args.json)
+    names = [k for k in results[0] if k in ("nonprivate", *args.methods) or k.endswith("_secure")]
+    names = list(dict.fromkeys(names))
+    eff = throughput.efficiency(results, names)
+    if args.json:
+        json.dump({"scaling": results, "efficiency": {n: {str(k): v for k, v in e.items()} for n, e in eff.items()},
+                   "nproc": nproc, "device": args.device or "cpu", "threads": args.threads}, sys.stdout)  # fmt: skip
+        print()
+        return 0
+    print(f"strong scaling, global batch {args.batch_size}, {args.threads} thread(s) per process, "
+          f"device {args.device or 'cpu'} (medians over {args.rounds} rounds)")
+    print(f"{'processes':>9}  {'method':<16}{'samples/s':>12}{'ratio':>8}{'efficiency':>12}")
+    for r in results:
+        for name in names:
+            ratio = 1.0 if name == "nonprivate" else r.get(f"ratio_{name}", float("nan"))
+            print(f"{r['nproc']:>9}  {name:<16}{r[name]:>12,.0f}{ratio:>8.3f}{eff[name][r['nproc']]:>12.2f}")
+    print("efficiency = samples/s with k processes / (k x samples/s with one process)")
     return 0
 
 

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from featuredp.cli._data_args import add_data_arguments, resolve_data
-from featuredp.cli._device import add_device_argument, check_device
+from featuredp.cli._device import add_device_argument, add_precision_argument, check_device
 from featuredp.cli._flags import TRAIN_FLAGS, check_run_out, check_training_values, flag_names
 from featuredp.methods import METHOD_NAMES
 
@@ -76,6 +76,7 @@ def register(subparsers: Any) -> None:
                    "removed once the new run has finished (and kept if it fails). Without --resume or --overwrite "
                    "an --out holding a run is refused")
     add_device_argument(p)
+    add_precision_argument(p)
     add_data_arguments(p)  # --data FILE --label COL --schema ... (your own table)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -100,7 +101,7 @@ def _train(args: argparse.Namespace) -> int:
 
     from featuredp.experiments.train_one import train_one
 
-    check_device(args.device)  # an absent device: exit 2 with one line, before loading anything
+    check_device(args.device, args.precision)  # an absent device: exit 2 with one line, before loading anything
     args.dataset, dataset_options = resolve_data(args, args.dataset)  # bad --data/--label/...: exit 2, no work
     torch.set_num_threads(1)  # small models: one intra-op thread is faster and steadier on shared CPUs
     if args.resume and not args.out:
@@ -111,6 +112,7 @@ def _train(args: argparse.Namespace) -> int:
         seed=args.seed, public_seed=args.public_seed, secure_rng=args.secure_rng, ledger=args.ledger,
         model=args.model, hidden=args.hidden, loss_split=args.loss_split, out=args.out,
         resume=args.resume, progress=not (args.quiet or args.json), device=args.device,
+        precision=args.precision,
         epochs=args.epochs, noise_multiplier=args.noise_multiplier, max_grad_norm=args.max_grad_norm,
         batch_size=args.batch_size, public_batch_size=args.public_batch_size, alpha=args.alpha, lr=args.lr,
         momentum=args.momentum, optimizer=args.optimizer, pretrain_epochs=args.pretrain_epochs,

@@ -21,13 +21,17 @@ from torch.func import functional_call, grad, vmap
 from featuredp.features.base import Batch
 
 __all__ = [
+    "PRECISIONS",
+    "AutocastLoss",
     "GradientStrategy",
     "LossFn",
     "LossModule",
     "add_up",
     "batch_size_of",
+    "check_precision",
     "clip_factors",
     "empty_result",
+    "full_precision",
     "per_example_grads",
     "slice_batch",
     "trainable_parameters",
@@ -36,6 +40,67 @@ __all__ = [
 # Callable[[nn.Module, Batch, Batch], Tensor] returning per-example losses (B,). Any, not that Callable: a loss
 # annotated for its own model class (``model: MLP``) would not type-check against ``nn.Module`` (contravariance).
 LossFn = Any
+
+
+#: ``fp32``: everything in the parameters' dtype; ``bf16``: forward and backward under bfloat16 autocast.
+PRECISIONS = ("fp32", "bf16")
+_LOW = (torch.bfloat16, torch.float16)
+
+
+class AutocastLoss:
+    """A loss function whose forward (and so its backward) runs under bfloat16 autocast.
+
+    Only the model's arithmetic is in bfloat16. The per-example losses come back in float32, and the
+    clipping strategies take every quantity that bounds the sensitivity in float32 or better: ghost
+    clipping computes norms and weighted sums from float32 copies of the layers' activations and
+    output gradients (:func:`full_precision`), and the vmap strategy's per-example gradients are in the
+    parameters' dtype. The clip factors and the noise are float32 or float64 in both (docs/engine.md).
+
+    >>> loss = AutocastLoss(lambda m, b, d: m(b["x"]).sum(1), "cpu")
+    >>> loss(torch.nn.Linear(3, 2), {"x": torch.ones(4, 3)}, {}).dtype
+    torch.float32
+    """
+
+    def __init__(self, loss_fn: LossFn, device_type: str, dtype: torch.dtype = torch.bfloat16) -> None:
+        self.loss_fn = loss_fn
+        self.device_type = device_type
+        self.dtype = dtype
+
+    def __call__(self, model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
+        """The per-example losses, computed under autocast and returned in float32."""
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            losses = self.loss_fn(model, batch, draws)
+        return losses.float()
+
+    def __repr__(self) -> str:
+        return f"AutocastLoss({self.loss_fn!r}, {self.device_type!r}, {self.dtype})"
+
+
+def full_precision(value: Any) -> Any:
+    """``value`` with bfloat16/float16 tensors (also inside tuples, lists and dicts) as float32; the rest as is.
+
+    >>> full_precision((torch.ones(1, dtype=torch.bfloat16), 3))[0].dtype
+    torch.float32
+    """
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.dtype in _LOW else value
+    if isinstance(value, tuple | list):
+        return type(value)(full_precision(v) for v in value)
+    if isinstance(value, dict):
+        return {k: full_precision(v) for k, v in value.items()}
+    return value
+
+
+def check_precision(precision: str, device: torch.device) -> str:
+    """``precision`` if the device runs it: bf16 on the CPU, and on CUDA devices that support bfloat16."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "bf16":
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ValueError(f"precision='bf16': the CUDA device {device} does not support bfloat16; use fp32")
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"precision='bf16' is supported on cpu and cuda devices, not {device.type}; use fp32")
+    return precision
 
 
 @runtime_checkable

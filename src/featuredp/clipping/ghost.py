@@ -55,11 +55,13 @@ from torch import nn
 
 from featuredp._validate import check_choice, check_int, check_positive
 from featuredp.clipping.base import (
+    AutocastLoss,
     LossFn,
     add_up,
     batch_size_of,
     clip_factors,
     empty_result,
+    full_precision,
     per_example_grads,
     slice_batch,
     trainable_parameters,
@@ -391,18 +393,21 @@ class GhostGradients:
         if first_chunk < 2:
             return None
         head, head_d = slice_batch(batch, slice(first_chunk)), slice_batch(draws, slice(first_chunk))
+        exact = loss_fn.loss_fn if isinstance(loss_fn, AutocastLoss) else loss_fn
 
         def inspect(
             combined: dict[str, Contribution], parts: dict[str, list[Contribution]], norms: torch.Tensor
         ) -> None:
-            self._compare_with_alone(plan, model, loss_fn, head, head_d, params, combined, parts, norms)
+            self._compare_with_alone(plan, model, exact, head, head_d, params, combined, parts, norms)
 
-        if not _has_randomness(model):
+        if not _has_randomness(model) and exact is loss_fn:
             return inspect  # checked on the step's own first chunk: no extra forward
         # Dropout draws different masks in every forward; the comparison needs one deterministic forward of the
-        # first chunk (an extra one, once) with dropout off, for the ghost side as for the reference.
+        # first chunk (an extra one, once) with dropout off, for the ghost side as for the reference. Under
+        # bfloat16 a batch and a batch of one round differently, so that extra forward runs in float32 and
+        # the check keeps float32's tolerance (a mixing layer moves a gradient by multiples of C, not 2⁻⁸).
         with _dropout_off(model):
-            self._chunk(plan, model, loss_fn, head, head_d, math.inf, params, inspect)
+            self._chunk(plan, model, exact, head, head_d, math.inf, params, inspect)
         return None
 
     def _compare_with_alone(
@@ -625,7 +630,7 @@ class GhostGradients:
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         B = losses.shape[0]
         validate = not plan.validated
-        keep_graph = validate or self.reweight == "backward"
+        keep_graph = validate or (self.reweight == "backward" and not isinstance(loss_fn, AutocastLoss))
         if calls:
             out_grads = torch.autograd.grad(
                 losses.sum(), [c.output for c in calls], allow_unused=True, retain_graph=keep_graph
@@ -637,7 +642,10 @@ class GhostGradients:
             for call, g in zip(calls, out_grads):
                 if g is None:  # this call's output did not reach the loss
                     continue
-                contrib = call.layer.rule(call.layer.module, call.args, call.kwargs, g, B, call.layer.name)
+                # Under bfloat16 autocast the norms and the weighted sums are computed from float32 copies,
+                # so the clip factors bound exactly the gradient that is summed (float32 rounding only).
+                contrib = call.layer.rule(call.layer.module, full_precision(call.args), full_precision(call.kwargs),
+                                          full_precision(g), B, call.layer.name)  # fmt: skip
                 for attr, pname in call.layer.params.items():
                     if attr in contrib:
                         parts.setdefault(pname, []).append(contrib[attr])
@@ -667,7 +675,8 @@ class GhostGradients:
             factors = clip_factors(norms, C).to(losses.dtype)
 
         sums: dict[str, torch.Tensor] = {}
-        if self.reweight == "backward":
+        # The backward reweighting would sum in the autocast dtype, not in the precision the norms were taken in.
+        if self.reweight == "backward" and not isinstance(loss_fn, AutocastLoss):
             ghost_names = [p for p in combined if p not in plan.fallback]
             if ghost_names:
                 w = factors.to(losses.dtype)

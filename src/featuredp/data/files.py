@@ -64,16 +64,67 @@ def _kind(path: str | os.PathLike[str]) -> str:
     raise ValueError(f"path {str(path)!r}: unsupported file type (use .csv, .csv.gz, .tsv or .parquet)")
 
 
-def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> pd.DataFrame:
-    """Read a ``.csv``/``.csv.gz``/``.tsv`` or ``.parquet`` file into a DataFrame (only ``columns`` if given)."""
+def read_table(
+    path: str | os.PathLike[str], columns: Sequence[str] | None = None, rows: tuple[int, int] | None = None
+) -> pd.DataFrame:
+    """Read a ``.csv``/``.csv.gz``/``.tsv`` or ``.parquet`` file into a DataFrame (only ``columns`` if given).
+
+    ``rows=(start, stop)``: only the data rows ``start .. stop − 1`` (0-based, the header not counted),
+    without reading the others into memory: Parquet reads only the row groups that hold them, a CSV is
+    skipped through line by line. A rank of a data-parallel run loads its shard this way
+    (docs/distributed.md).
+    """
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"path {str(p)!r} does not exist or is not a file")
     kind = _kind(p)
     cols = None if columns is None else list(columns)
+    if rows is not None:
+        start, stop = check_int("rows[0]", rows[0], minimum=0), check_int("rows[1]", rows[1], minimum=0)
+        if stop < start:
+            raise ValueError(f"rows must be (start, stop) with start <= stop, got {rows!r}")
+        if kind == "parquet":
+            return _parquet_rows(p, cols, start, stop)
+        return pd.read_csv(p, sep="\t" if kind == "tsv" else ",", usecols=cols,
+                           skiprows=range(1, start + 1), nrows=stop - start)  # fmt: skip
     if kind == "parquet":
         return pd.read_parquet(p, columns=cols)
     return pd.read_csv(p, sep="\t" if kind == "tsv" else ",", usecols=cols)
+
+
+def _parquet_rows(path: Path, columns: list[str] | None, start: int, stop: int) -> pd.DataFrame:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    tables, first = [], 0
+    for g in range(pf.metadata.num_row_groups):
+        size = pf.metadata.row_group(g).num_rows
+        lo, hi = max(start, first), min(stop, first + size)
+        if lo < hi:
+            tables.append(pf.read_row_group(g, columns=columns).slice(lo - first, hi - lo))
+        first += size
+    if not tables:
+        return pf.schema_arrow.empty_table().select(columns or pf.schema_arrow.names).to_pandas()
+    return pa.concat_tables(tables).to_pandas()
+
+
+def count_rows(path: str | os.PathLike[str]) -> int:
+    """The number of data rows of a table file: Parquet's metadata, or a CSV read one column at a time.
+
+    Every rank of a sharded run computes the same count from the same file, so the shards agree.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"path {str(p)!r} does not exist or is not a file")
+    kind = _kind(p)
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(p).metadata.num_rows)
+    first = read_header(p)[:1]
+    chunks = pd.read_csv(p, sep="\t" if kind == "tsv" else ",", usecols=first, chunksize=1 << 20)
+    return sum(len(c) for c in chunks)
 
 
 def read_header(path: str | os.PathLike[str]) -> list[str]:
@@ -184,6 +235,7 @@ def load_table(
     log1p: Sequence[str] = (),
     encoding: CategoricalEncoding = "onehot",
     name: str | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> tuple[TabularDataset, TabularDataset]:
     """Load a user table as ``(train, test)``; errors name the column and the problem.
 
@@ -197,6 +249,11 @@ def load_table(
     DataValidationError) are public knowledge, added to the schema's. Without them the
     statistics come from the training data and are recorded in ``statistics_from_data``;
     for a private column (or label) that is a PrivacyLeakWarning.
+
+    ``rows=(start, stop)`` loads only those data rows (a rank's shard in a data-parallel run,
+    docs/distributed.md). Every rank must then encode alike, so every column's type and public
+    statistics must be declared (schema, bounds, categories, classes): one computed from the shard,
+    or a type read from its dtypes, is a DataValidationError.
     """
     sch = None if schema is None else read_schema(schema)
     if label is None and sch is not None:
@@ -207,7 +264,7 @@ def load_table(
         raise DataValidationError(f"label {label!r} differs from the label {sch.label!r} of the {sch.where}")
     check_open_unit("test_fraction", test_fraction)
     check_int("seed", seed, minimum=0)
-    df = read_table(path)
+    df = read_table(path, rows=rows)
     if df.empty:
         raise DataValidationError(f"path {str(path)!r} has no rows")
     df.columns = [str(c) for c in df.columns]
@@ -332,6 +389,17 @@ def load_table(
         given_from_data=given_from_data,
         inferred_types=tuple(inferred),
     )
+    if rows is not None:
+        undeclared = [f"{c} (type)" for c in inferred] + [
+            f"{c} ({'bounds' if types.get(c) == 'numeric' else 'categories'})"
+            for c in features if c not in bounds_all and c not in cats_all
+        ] + ([f"{label} (classes)"] if classes_given is None else [])  # fmt: skip
+        if undeclared:
+            raise DataValidationError(
+                f"rows={rows!r} loads one shard, and every shard must be encoded alike, but these are not declared "
+                f"and would be read from the shard: {', '.join(undeclared)}; declare them in a schema "
+                "(featuredp data schema, docs/own-data.md)"
+            )
     # Rows are counted in the whole file here (the split below renumbers them).
     validate_frame(df, spec, where=repr(Path(path).name))
     if test is not None:

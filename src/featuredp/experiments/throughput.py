@@ -16,7 +16,12 @@ an MLP 600→300→100 with ReLU, C = 0.01, σ = 1, SGD with momentum 0.9.
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from featuredp._validate import check_int, check_positive
@@ -39,6 +45,7 @@ __all__ = [
     "StepRunner",
     "engine_runner",
     "interleaved",
+    "scaling",
     "synthetic_purchase",
 ]
 
@@ -97,6 +104,7 @@ def engine_runner(
     loss_split: str = "padding",
     secure_rng: bool = False,
     device: str | None = None,
+    precision: str = "fp32",
 ) -> StepRunner:
     """A runner for the engine's training step of ``method`` (any of :mod:`featuredp.methods`) on ``data``.
 
@@ -104,7 +112,8 @@ def engine_runner(
     Gaussian padding of the private columns) or ``"zero"`` (zero masking, featuredp's Purchase preset).
     ``seed`` fixes the model initialisation and the public streams only; the private streams come from OS
     entropy, as in a real run. ``secure_rng`` times the ChaCha20 noise and sampling of the secure mode.
-    ``device`` is the Trainer's (None: the CPU, where the model is built).
+    ``device`` is the Trainer's (None: the CPU, where the model is built); ``precision`` its
+    ``fp32`` or ``bf16`` (bfloat16 autocast for every method, the non-private reference included).
     """
     record = get_method(method)
     spec = spec_for(data, "mlp", hidden=list(hidden))
@@ -131,6 +140,7 @@ def engine_runner(
         public_seed=seed,
         secure_rng=secure_rng,
         device=device,
+        precision=precision,
         progress=False,
     )
     # The engine's own step, without the progress bar and the accountant calls at log points (those are not
@@ -204,7 +214,13 @@ def interleaved(
 ) -> BenchmarkResult:
     """Time every runner once per round (rotating the order), each for at least ``min_time`` seconds
     (at least one step), after ``warmup`` untimed steps; ratios are taken against ``reference``
-    (default: the first runner) within each round."""
+    (default: the first runner) within each round.
+
+    In a data-parallel run (``torchrun``) every rank must take the same number of steps, or the
+    collectives inside a step would wait forever: rank 0 times one more step of each runner after
+    the warm-up and tells every rank how many steps make ``min_time``; each timed block starts at a
+    barrier, and the samples/s are rank 0's (the runners' ``samples`` are global batch sizes).
+    """
     rounds = check_int("rounds", rounds, minimum=1)
     min_time = check_positive("min_time", min_time)
     warmup = check_int("warmup", warmup, minimum=0)
@@ -220,22 +236,78 @@ def interleaved(
     for r in runners:
         for _ in range(warmup):
             r.step()
+    together = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    fixed = _agreed_steps(runners, min_time) if together else None
     sps: dict[str, list[float]] = {n: [] for n in names}
     for i in range(rounds):
         order = list(runners[i % len(runners) :]) + list(runners[: i % len(runners)])
         for r in order:
+            if together:
+                dist.barrier()
             steps, start = 0, time.perf_counter()
             while True:
                 r.step()
                 steps += 1
                 elapsed = time.perf_counter() - start
-                if elapsed >= min_time:
+                if (fixed is None and elapsed >= min_time) or (fixed is not None and steps >= fixed[r.name]):
                     break
             sps[r.name].append(steps * r.samples / elapsed)
             bar.update(1)
     bar.close()
     ratios = {n: [a / b for a, b in zip(sps[n], sps[reference])] for n in names}
     return BenchmarkResult(names, reference, sps, ratios)
+
+
+def _agreed_steps(runners: Sequence[StepRunner], min_time: float) -> dict[str, int]:
+    """Steps per timed block for each runner, decided by rank 0 from one timed step and shared."""
+    counts: list[int] = []
+    for r in runners:
+        dist.barrier()
+        start = time.perf_counter()
+        r.step()
+        counts.append(max(1, math.ceil(min_time / max(time.perf_counter() - start, 1e-9))))
+    agreed = torch.tensor(counts, dtype=torch.int64)
+    dist.broadcast(agreed, src=0)
+    return {r.name: int(k) for r, k in zip(runners, agreed.tolist())}
+
+
+def scaling(
+    benchmark_args: Sequence[str], nprocs: Sequence[int], *, timeout: float, progress: bool = True
+) -> list[dict[str, Any]]:
+    """``featuredp benchmark --json`` with each process count in ``nprocs`` (strong scaling: the same global
+    batch split over the processes), each launched through ``torch.distributed.run`` on this host (gloo,
+    127.0.0.1); returns one JSON object per count with ``nproc`` added.
+
+    A launch that fails or outlives ``timeout`` seconds is a RuntimeError with the end of its output.
+    """
+    results = []
+    for k in nprocs:
+        k = check_int("nproc", k, minimum=1)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={k}",
+               "--master-addr=127.0.0.1", "-m", "featuredp", "benchmark", *benchmark_args, "--json"]  # fmt: skip
+        if progress:
+            print(f"benchmark: {k} process(es) ...", file=sys.stderr, flush=True)
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the {k}-process benchmark did not finish within {timeout:.0f} s") from None
+        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+        if done.returncode != 0 or not lines:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+            raise RuntimeError(f"the {k}-process benchmark failed (exit {done.returncode}): " + " | ".join(tail))
+        results.append({"nproc": k, **json.loads(lines[-1])})
+    return results
+
+
+def efficiency(results: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, dict[int, float]]:
+    """Strong-scaling efficiency per runner: samples/s with k processes / (k × samples/s with the fewest).
+
+    >>> efficiency([{"nproc": 1, "a": 100.0}, {"nproc": 2, "a": 150.0}], ["a"])
+    {'a': {1: 1.0, 2: 0.75}}
+    """
+    base = min(results, key=lambda r: r["nproc"])
+    return {n: {int(r["nproc"]): r[n] / (r["nproc"] / base["nproc"] * base[n]) for r in results} for n in names}
 
 
 def set_threads(threads: int) -> None:

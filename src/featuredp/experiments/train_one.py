@@ -87,6 +87,7 @@ def train_one(
     preset: str | None = DEFAULT_PRESET,
     dataset_options: Mapping[str, Any] | None = None,
     device: str | None = None,
+    precision: str = "fp32",
     out: str | Path | None = None,
     resume: bool = False,
     progress: bool = True,
@@ -116,6 +117,7 @@ def train_one(
             presets.PRESETS`; the default preset for every dataset, as ``featuredp train`` does);
             None: no defaults, ``params`` only.
         device: ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``auto``; checked before any work.
+        precision: ``fp32`` or ``bf16`` (bfloat16 autocast; norms, clipping and noise in float32).
         out, resume: a run directory to write (run.json, model.pt, the private checkpoint.pt) and
             whether to continue the run in it from its checkpoint.
         params: Trainer keyword arguments (epochs, batch_size, noise_multiplier, max_grad_norm,
@@ -176,6 +178,8 @@ def train_one(
         kwargs["delta"] = delta
     if device is not None:
         kwargs["device"] = device
+    if precision != "fp32":
+        kwargs["precision"] = precision
     trainer = Trainer(net, record.name, loss_split=split, seed=seed, public_seed=public_seed, secure_rng=secure_rng,
                       ledger=ledger, progress=progress, **kwargs)  # fmt: skip
     checkpoint = None if out is None else Path(out) / "checkpoint.pt"
