@@ -21,7 +21,8 @@ from featuredp import __version__
 from featuredp.errors import FeatureDPError
 
 # The order commands appear in ``featuredp --help``; unknown modules go last.
-_ORDER = ("account", "calibrate", "train", "demo", "compare", "convex", "audit", "data", "benchmark")
+_ORDER = ("account", "calibrate", "train", "demo", "compare", "convex", "pate", "icl", "cloak", "audit", "data",
+          "benchmark")  # fmt: skip
 
 
 def _command_modules() -> list[str]:

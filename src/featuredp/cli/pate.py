@@ -1,0 +1,221 @@
+"""``featuredp pate``: PATE — teachers on disjoint private parts, noisy vote aggregation, a student.
+
+Examples::
+
+    featuredp pate --dataset adult --teachers 250 --epsilon 1 --queries 200 --json
+    featuredp pate --dataset adult --epsilon 2 --queries 500 --mechanism lnmax
+    featuredp pate --dataset adult --epsilon 4 --queries 1000 --threshold 180
+    featuredp pate --dataset adult --compare --epsilons 0.5,1,2,4 --queries 100,1000 --out results/pate
+
+The training split is cut (by --public-seed, a permutation of row indices) into private teacher
+data (80%) and a public query pool (20%: inputs public, labels treated as unknown and used only to
+score the aggregated labels). The first --queries pool inputs are asked; the test split is for
+evaluation only. delta defaults to min(1e-5, 1/(2N)), N = private records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from featuredp.cli._flags import whole_number
+
+DATASETS = ("adult", "census-income", "fashion-mnist")
+#: library parameter → flag (errors raised inside the library name the flag the user typed)
+PATE_FLAGS = {
+    "n_teachers": "--teachers",
+    "teachers": "--teachers",
+    "epsilon": "--epsilon",
+    "delta": "--delta",
+    "queries": "--queries",
+    "threshold": "--threshold",
+    "mechanism": "--mechanism",
+    "public_seed": "--public-seed",
+}
+
+
+def _whole_numbers(text: str) -> list[int]:
+    try:
+        values = [whole_number(v.strip()) for v in text.split(",") if v.strip()]
+    except argparse.ArgumentTypeError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}")
+    return values
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    return values
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``pate`` subcommand."""
+    p = subparsers.add_parser(
+        "pate",
+        help="PATE: teachers on disjoint private parts, GNMax/LNMax vote aggregation, a student on public inputs",
+        description=__doc__.split("Examples::")[0].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--dataset", choices=DATASETS, default="adult", help="dataset (default adult)")
+    p.add_argument("--teachers", type=whole_number, default=250, help="number of teachers (default 250)")
+    p.add_argument("--epsilon", type=float, default=None, help="privacy epsilon of all queries together (> 0)")
+    p.add_argument("--queries", type=_whole_numbers, default=None,
+                   help="public inputs to label (one number; with --compare a list, default 100,1000)")
+    p.add_argument("--delta", type=float, default=None,
+                   help="delta (default min(1e-5, 1/(2N)), N = private records; --compare: 1e-5)")
+    p.add_argument("--mechanism", choices=("gnmax", "lnmax"), default="gnmax",
+                   help="gnmax (Gaussian noise, default) or lnmax (Laplace noise, pure epsilon per query)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="Confident-GNMax: answer a query only if its top count + N(0, sigma1^2) >= T "
+                        "(sigma1 = 5 x sigma; every asked query is still charged)")
+    p.add_argument("--seed", type=whole_number, default=None,
+                   help="seed the partition and the noise for a reproducible research run (warns: the seed must stay "
+                        "secret; never written out). Default: fresh OS entropy")
+    p.add_argument("--public-seed", type=whole_number, default=0,
+                   help="seed of the private/public split and the query order (public; default 0)")
+    p.add_argument("--secure-rng", action="store_true", help="noise from a ChaCha20 CSPRNG keyed by the OS")
+    p.add_argument("--ledger", metavar="FILE", default=None,
+                   help="reserve the queries' spend in this existing budget ledger before answering them")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="write pate.json there (with --compare: results.csv, summary.md, accuracy_vs_epsilon.png)")
+    g = p.add_argument_group("comparison with label-DP methods (Adult)")
+    g.add_argument("--compare", action="store_true",
+                   help="PATE vs Algorithm 1's label-DP split, RR-with-prior (LP-2ST) and RR at the same epsilons")
+    g.add_argument("--epsilons", type=_floats, default=None, help="comma-separated epsilons (default 0.5,1,2,4)")
+    g.add_argument("--repeats", type=whole_number, default=3, help="repeats per cell (default 3)")
+    g.add_argument("--quick", action="store_true", help="a small subsample (seconds; for CI)")
+    p.set_defaults(func=run)
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Every flag, each error naming it, before any data is loaded."""
+    from featuredp._validate import check_int, check_open_unit
+    from featuredp.cli._flags import check_epsilon, check_out_dir
+
+    check_int("--teachers", args.teachers, minimum=1)
+    check_int("--public-seed", args.public_seed, minimum=0)
+    if args.seed is not None:
+        check_int("--seed", args.seed, minimum=0)
+    if args.delta is not None:
+        check_open_unit("--delta", args.delta)
+    for q in args.queries or []:
+        check_int("--queries", q, minimum=1)
+    if args.threshold is not None and args.mechanism != "gnmax":
+        raise ValueError(f"--threshold is Confident-GNMax: it needs --mechanism gnmax, got --mechanism "
+                         f"{args.mechanism}")
+    check_out_dir("--out", args.out)
+    if args.compare:
+        if args.dataset != "adult":
+            raise ValueError(f"--compare runs on --dataset adult only, got --dataset {args.dataset}")
+        for flag, given in (("--epsilon", args.epsilon), ("--mechanism", args.mechanism != "gnmax" or None),
+                            ("--threshold", args.threshold), ("--seed", args.seed), ("--ledger", args.ledger)):
+            if given is not None:
+                raise ValueError(f"{flag} does not apply to --compare (use --epsilons; the noise is fresh OS entropy)")
+        for e in args.epsilons or []:
+            check_epsilon("--epsilons", e)
+        check_int("--repeats", args.repeats, minimum=1)
+        if args.out is None:
+            raise ValueError("--compare needs --out DIR (results.csv, summary.md and the plot go there)")
+        return
+    for flag, given in (("--epsilons", args.epsilons), ("--quick", args.quick or None)):
+        if given is not None:
+            raise ValueError(f"{flag} needs --compare (a single run takes --epsilon)")
+    if args.epsilon is None:
+        raise ValueError("--epsilon is required (the privacy epsilon of all queries together)")
+    check_epsilon("--epsilon", args.epsilon)
+    if not args.queries:
+        raise ValueError("--queries is required (how many public inputs to label)")
+    if len(args.queries) != 1:
+        raise ValueError(f"--queries takes one number without --compare, got {','.join(map(str, args.queries))}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run PATE (or the comparison) and print the summary."""
+    _check(args)
+    from featuredp.cli._flags import flag_names
+
+    with flag_names(PATE_FLAGS):
+        if args.compare:
+            return _compare(args)
+        return _single(args)
+
+
+def _single(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from featuredp._io import atomic_write_json
+    from featuredp.experiments.pate_runs import load_pate_data, run_pate
+
+    ledger = None
+    if args.ledger:
+        from featuredp.accounting import BudgetLedger
+
+        if not Path(args.ledger).exists():
+            raise FileNotFoundError(f"--ledger {args.ledger} does not exist: create it with a total budget first")
+        ledger = BudgetLedger(args.ledger)
+    data = load_pate_data(args.dataset, public_seed=args.public_seed)
+    n_private, n_public = len(data.y_private), len(data.y_public)
+    if args.teachers > n_private:
+        raise ValueError(f"--teachers must be <= the number of private records ({n_private:,}), got {args.teachers}")
+    if args.queries[0] > n_public:
+        raise ValueError(f"--queries must be <= the public query pool ({n_public:,} inputs), got {args.queries[0]}")
+    print(f"featuredp pate: {args.dataset}: {n_private:,} private records, {args.teachers} teachers "
+          f"(≈ {n_private / args.teachers:.0f} records each), {args.queries[0]} of {n_public:,} public queries",
+          file=sys.stderr, flush=True)  # fmt: skip
+    summary = run_pate(data, teachers=args.teachers, epsilon=args.epsilon, queries=args.queries[0], delta=args.delta,
+                       mechanism=args.mechanism, threshold=args.threshold, seed=args.seed, secure_rng=args.secure_rng,
+                       ledger=ledger, progress=True, public_seed=args.public_seed)  # fmt: skip
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / "pate.json", summary)
+        summary["out"] = str(out)
+    if args.json:
+        print(json.dumps(summary, default=str))
+        return 0
+    _print_table(summary)
+    return 0
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _print_table(s: dict[str, Any]) -> None:
+    print(f"PATE on {s['dataset']}: {s['teachers']} teachers, {s['mechanism']}")
+    for key in ("student_accuracy", "label_accuracy", "teacher_accuracy", "epsilon", "delta", "sigma", "scale",
+                "threshold", "queries_asked", "queries_answered", "n_private", "n_public"):
+        if s.get(key) is not None:
+            print(f"  {key:<18}{_fmt(s[key])}")
+    print(f"  guarantee         {s['guarantee']}")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    import time
+
+    from featuredp.experiments.pate_runs import compare_label_dp
+
+    started = time.perf_counter()
+    rows = compare_label_dp(epsilons=args.epsilons or (0.5, 1.0, 2.0, 4.0), queries=args.queries or (100, 1000),
+                            seeds=args.repeats, teachers=args.teachers, delta=args.delta or 1e-5, out=args.out,
+                            quick=args.quick, progress=not args.json, public_seed=args.public_seed)  # fmt: skip
+    result = {"out": args.out, "rows": len(rows), "seconds": round(time.perf_counter() - started, 1),
+              "files": ["results.csv", "summary.md", "accuracy_vs_epsilon.png"]}  # fmt: skip
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"featuredp pate --compare: {len(rows)} results in {result['seconds']} s; see {args.out}/summary.md")
+    return 0

@@ -1,0 +1,124 @@
+"""``featuredp pate``: the JSON contract, secret seeds, refusals before work, missing data, the compare path."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from featuredp.cli import main
+from featuredp.errors import PrivacyRiskWarning
+
+JSON_KEYS = {"epsilon", "delta", "teachers", "queries_answered", "label_accuracy", "student_accuracy",
+             "teacher_accuracy", "sigma", "queries_asked", "mechanism", "dataset", "n_private", "n_public"}  # fmt: skip
+
+
+def test_json_prints_one_object_with_the_documented_keys(capsys):
+    rc = main(["pate", "--dataset", "adult", "--teachers", "20", "--epsilon", "2", "--queries", "40", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0
+    out = json.loads(captured.out)  # exactly one JSON object on stdout
+    assert set(out) >= JSON_KEYS
+    assert out["teachers"] == 20 and out["dataset"] == "adult" and out["mechanism"] == "gnmax"
+    assert 0.99 * 2 <= out["epsilon"] <= 2.0 and out["delta"] == 1e-5  # min(1e-5, 1/(2N)) with N = 26,049
+    assert out["queries_asked"] == 40 == out["queries_answered"]
+    assert 0.0 <= out["label_accuracy"] <= 1.0 and 0.5 < out["student_accuracy"] <= 1.0
+    assert out["n_private"] + out["n_public"] == 32_561 and out["seeded"] is False
+    assert "teachers fitted 20/20" in captured.err  # progress on stderr, not in the JSON
+
+
+def test_the_seed_warns_and_is_never_written(tmp_path, capsys):
+    seed = 918_273_645
+    with pytest.warns(PrivacyRiskWarning, match="makes the private randomness"):
+        rc = main(["pate", "--teachers", "10", "--epsilon", "1", "--queries", "20", "--mechanism", "lnmax",
+                   "--seed", str(seed), "--json", "--out", str(tmp_path / "run")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0 and json.loads(out)["seeded"] is True and json.loads(out)["scale"] > 0
+    written = (tmp_path / "run" / "pate.json").read_text()
+    assert str(seed) not in out and str(seed) not in written
+    assert json.loads(written)["epsilon"] == json.loads(out)["epsilon"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--teachers", "0", "--epsilon", "1", "--queries", "10"], "--teachers must be >= 1, got 0"),
+        (["--epsilon", "0", "--queries", "10"], "--epsilon must be > 0, got 0.0"),
+        (["--epsilon", "-1", "--queries", "10"], "--epsilon must be > 0, got -1.0"),
+        (["--epsilon", "1", "--queries", "0"], "--queries must be >= 1, got 0"),
+        (["--epsilon", "1"], "--queries is required"),
+        (["--queries", "10"], "--epsilon is required"),
+        (["--epsilon", "1", "--queries", "10", "--delta", "1"], "--delta must be in (0, 1), got 1.0"),
+        (["--epsilon", "1", "--queries", "10", "--mechanism", "lnmax", "--threshold", "5"], "needs --mechanism gnmax"),
+        (["--compare", "--dataset", "census-income", "--out", "x"], "--compare runs on --dataset adult only"),
+        (["--compare", "--epsilon", "1", "--out", "x"], "--epsilon does not apply to --compare"),
+        (["--epsilons", "1,2", "--queries", "5"], "--epsilons needs --compare"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line_before_any_work(flags, message, capsys, monkeypatch):
+    import featuredp.experiments.pate_runs as runs
+
+    def boom(*args, **kwargs):
+        raise AssertionError("data was loaded for a command with a bad flag")
+
+    monkeypatch.setattr(runs, "load_pate_data", boom)
+    monkeypatch.setattr(runs, "compare_label_dp", boom)
+    assert main(["pate", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and err.startswith("featuredp pate: error:")
+
+
+def test_too_many_teachers_or_queries_fail_before_any_teacher(capsys, monkeypatch):
+    import featuredp.pate as pate
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a teacher was trained")
+
+    monkeypatch.setattr(pate, "collect_votes", boom)
+    assert main(["pate", "--teachers", "30000", "--epsilon", "1", "--queries", "10"]) == 2
+    assert "--teachers must be <= the number of private records (26,049), got 30000" in capsys.readouterr().err
+    assert main(["pate", "--epsilon", "1", "--queries", "7000"]) == 2
+    assert "--queries must be <= the public query pool (6,512 inputs), got 7000" in capsys.readouterr().err
+
+
+def test_fashion_mnist_missing_names_the_fetch_command(tmp_path, capsys, monkeypatch):
+    import featuredp.data.images as images
+
+    monkeypatch.setenv("FEATUREDP_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("FEATUREDP_OFFLINE", "1")
+    monkeypatch.delenv("FEATUREDP_FASHION_MNIST", raising=False)
+    monkeypatch.setattr(images, "FASHION_MNIST_DIRS", ())
+    assert main(["pate", "--dataset", "fashion-mnist", "--epsilon", "1", "--queries", "10"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "featuredp data fetch fashion-mnist" in err and len(err.splitlines()) == 1
+
+
+def test_ledger_flag_records_the_queries(tmp_path, capsys):
+    from featuredp.accounting import BudgetLedger
+
+    path = tmp_path / "budget.json"
+    BudgetLedger(path, total_epsilon=1.2, delta=1e-5)
+    assert main(["pate", "--teachers", "10", "--epsilon", "1", "--queries", "20", "--ledger", str(path), "--json"]) == 0
+    eps = json.loads(capsys.readouterr().out)["epsilon"]
+    assert BudgetLedger(path).spent() == pytest.approx(eps, rel=1e-6)
+    # a second run of epsilon 1 would take the (tightly composed) total to ~1.33 > 1.2: refused before any teacher
+    assert main(["pate", "--teachers", "10", "--epsilon", "1", "--queries", "20", "--ledger", str(path)]) == 2
+    assert "no teacher was trained" in capsys.readouterr().err
+
+
+def test_compare_quick_writes_table_csv_and_plot(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    rc = main(["pate", "--compare", "--quick", "--epsilons", "1", "--queries", "50", "--repeats", "1",
+               "--teachers", "20", "--out", str(out), "--json"])  # fmt: skip
+    assert rc == 0 and json.loads(capsys.readouterr().out)["rows"] == 6
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert {r["method"] for r in rows} == {"nonprivate", "pate_q50", "fdp_label", "lp2st", "rr", "ceiling_q50"}
+    for r in rows:
+        assert 0.0 <= float(r["accuracy"]) <= 1.0
+        if r["method"] not in ("nonprivate", "ceiling_q50"):
+            assert float(r["epsilon"]) <= 1.0
+    summary = (out / "summary.md").read_text()
+    assert "| PATE, GNMax, 50 queries |" in summary and "Alg. 1, label-DP split" in summary
+    assert "--queries 50 --repeats 1 --teachers 20 --quick" in summary  # the command that reproduces it
+    assert (out / "accuracy_vs_epsilon.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
