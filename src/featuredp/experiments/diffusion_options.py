@@ -60,7 +60,9 @@ def add_diffusion_arguments(parser: argparse.ArgumentParser) -> None:
                    help="EMA of the weights (the model that is sampled); default 1 − 10/steps clamped to "
                         "[0.9, 0.9999], so the random initialisation has decayed away even in short runs")
     g.add_argument("--train-size", type=int, default=None, help="use the first N training images (default all)")
-    g.add_argument("--delta", type=float, default=None, help="δ (default 1/(2N))")
+    g.add_argument("--delta", type=float, default=None,
+                   help="δ (default: 1/(2N) for --task diffusion, 1e-5 for image-classification, the preset's for "
+                   "tabular grids)")
     g.add_argument("--samples", type=int, default=1000, help="samples per method (balanced over classes)")
     g.add_argument("--ddim-steps", type=int, default=25)
     g.add_argument("--inception-samples", type=int, default=0,

@@ -29,6 +29,7 @@ test set). Tuning is *not* accounted for in the reported ε, and summary.md says
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import json
@@ -178,10 +179,13 @@ def _hash(obj: Any) -> str:
 class GridRunner:
     """Loads the data once and runs (or skips) the cells of a :class:`GridConfig`."""
 
-    def __init__(self, cfg: GridConfig, *, trainer_fn: Callable[..., dict[str, Any]] | None = None) -> None:
-        """``trainer_fn`` trains one cell (default :func:`~featuredp.experiments.train_one.train_cell`)."""
+    def __init__(self, cfg: GridConfig, *, trainer_fn: Callable[..., dict[str, Any]] | None = None,
+                 preset: dict[str, Any] | None = None) -> None:  # fmt: skip
+        """``trainer_fn`` trains one cell (default :func:`~featuredp.experiments.train_one.train_cell`);
+        ``preset`` replaces the dataset's preset (:func:`~featuredp.experiments.presets.preset_for`; the image
+        grid passes its own, :mod:`featuredp.experiments.image_classification`)."""
         self.cfg = cfg
-        self.preset = preset_for(cfg.dataset)
+        self.preset = copy.deepcopy(preset) if preset is not None else preset_for(cfg.dataset)
         if cfg.quick:
             self._shrink_for_quick()
         for method, params in cfg.method_params.items():
@@ -475,10 +479,7 @@ class GridRunner:
             self.write_results(rows)
         summary = summarize(rows)
         meta = {
-            "dataset": cfg.dataset, "description": self.data[0].description, "train_rows": self.data[0].n,
-            "test_rows": self.data[1].n, "private": cfg.private or self.data[0].default_private,
-            "model": self.preset.get("model"), "hidden": self.preset.get("hidden"),
-            "loss_split": self.preset.get("loss_split"), "delta": self.delta, "quick": cfg.quick, "tuned": cfg.tune,
+            "dataset": cfg.dataset, **self.report_facts(), "delta": self.delta, "quick": cfg.quick, "tuned": cfg.tune,
             "methods": {m: self.preset["methods"].get(m, {}) for m in cfg.methods}, "tuned_params": self.tuned,
             "cells_run": ran, "cells_reused": skipped, "cells_missing": len(cells) - ran - skipped,
             "invocation_wall_s": round(time.perf_counter() - started, 1),
@@ -487,6 +488,13 @@ class GridRunner:
         atomic_write_text(cfg.out / "summary.md", render_summary_md(rows, summary, meta))
         privacy_utility_plot(rows, cfg.out / "privacy_utility.png", title=f"{cfg.dataset}: accuracy vs ε")
         return {"dataset": cfg.dataset, "out": str(cfg.out), "summary": summary, "meta": meta}
+
+    def report_facts(self) -> dict[str, Any]:
+        """What summary.md says of the data, the private part, the model and the split (the image grid: of images)."""
+        train, test = self.data
+        return {"description": train.description, "train_rows": train.n, "test_rows": test.n,
+                "private": self.cfg.private or train.default_private, "model": self.preset.get("model"),
+                "hidden": self.preset.get("hidden"), "loss_split": self.preset.get("loss_split")}  # fmt: skip
 
     def write_results(self, rows: Sequence[dict[str, Any]]) -> None:
         """results.csv, written atomically."""

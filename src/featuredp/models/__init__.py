@@ -1,4 +1,4 @@
-"""Models for tabular FDP training and a spec format to rebuild them from run.json.
+"""Models for FDP training (tabular, and a small image CNN) and a spec format to rebuild them from run.json.
 
 ``build_model(spec)`` turns a JSON-able dict into a model; ``spec_for(dataset, kind)``
 makes that dict for a TabularDataset. Specs are stored in run.json so that a run
@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from featuredp._validate import check_choice
+from featuredp.models.cnn import SmallCNN
 from featuredp.models.layers import ColumnLinear
 from featuredp.models.linear import LogisticRegression, SparseLogisticRegression
 from featuredp.models.mlp import MLP
@@ -22,12 +23,13 @@ __all__ = [
     "MODEL_KINDS",
     "ColumnLinear",
     "LogisticRegression",
+    "SmallCNN",
     "SparseLogisticRegression",
     "build_model",
     "spec_for",
 ]
 
-MODEL_KINDS = ("mlp", "logreg", "sparse_logreg")
+MODEL_KINDS = ("mlp", "logreg", "sparse_logreg", "small_cnn")
 
 
 def build_model(spec: dict[str, Any], *, seed: int | None = None) -> nn.Module:
@@ -48,13 +50,16 @@ def build_model(spec: dict[str, Any], *, seed: int | None = None) -> nn.Module:
                        args.get("activation", "relu"))
         if kind == "logreg":
             return LogisticRegression(args["in_features"], args["n_classes"], args.get("bias", True))
+        if kind == "small_cnn":  # images: in_channels, image_size, num_classes, widths, groups
+            return SmallCNN(args.get("in_channels", 1), args.get("image_size", 28), args.get("num_classes", 10),
+                            tuple(args.get("widths", (16, 32))), args.get("groups", 4))
         return SparseLogisticRegression(args["dense_index"], args["cat_cardinalities"], args["n_classes"],
                                         args.get("bias", True))
 
 
 def spec_for(dataset: Any, kind: str = "mlp", **options: Any) -> dict[str, Any]:
     """A model spec fitted to a TabularDataset's shape (``options``: hidden, activation, bias)."""
-    kind = check_choice("model", kind, MODEL_KINDS)
+    kind = check_choice("model", kind, tuple(k for k in MODEL_KINDS if k != "small_cnn"))  # images: own spec
     n_classes = max(2, len(dataset.classes))
     d = int(dataset.X.shape[1])
     if kind == "mlp":
