@@ -236,6 +236,27 @@ def test_a_new_trainer_on_an_already_private_model_warns_and_reports_the_composi
     assert res.epsilon < both
 
 
+def test_an_earlier_run_is_never_mistaken_for_this_one_when_its_memory_is_reused():
+    # A run's state freed before the next run starts often hands its id() to the next one (CPython reuses the
+    # memory): a record keyed by id() then forgot the earlier run, so no warning and the ε of one run only.
+    from types import SimpleNamespace
+
+    from featuredp.run_state import ModelRuns
+
+    model, runs = _model(), ModelRuns()
+    plan = SimpleNamespace(is_private=True, noise_multiplier=1.0, sampling_rate=0.1, delta=1e-4)
+    collided = 0
+    for attempt in range(200):
+        first = SimpleNamespace(plan=plan, private_steps=10, run_id=2 * attempt)
+        runs.record(model, first)
+        old = id(first)
+        del first
+        second = SimpleNamespace(plan=plan, private_steps=0, run_id=2 * attempt + 1)
+        collided += id(second) == old
+        assert len(runs.earlier(model, second)) == attempt + 1  # every earlier run, whatever the ids
+    assert collided > 0  # the memory was reused at least once: the test exercised the collision
+
+
 # ---------------------------------------------------------------------------------------------------------
 # 3. Resume is bound to its data and Ψ
 # ---------------------------------------------------------------------------------------------------------

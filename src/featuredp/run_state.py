@@ -15,6 +15,7 @@ ledger reservation made before the first private step and settled with what ran,
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import os
 import warnings
@@ -120,6 +121,9 @@ class Averager:
         self.count = int(state["count"])
 
 
+_RUN_IDS = itertools.count(1)
+
+
 @dataclass
 class RunState:
     """One run's parts and counters (see the module docstring)."""
@@ -142,6 +146,8 @@ class RunState:
     stop_reason: str | None = None
     history: list[dict[str, float]] = field(default_factory=list)
     complete: bool = False
+    # Which run this is, for ModelRuns: never id(self), which a later run can get once this one is freed.
+    run_id: int = field(default_factory=lambda: next(_RUN_IDS))
 
     @classmethod
     def start(
@@ -338,20 +344,21 @@ class ModelRuns:
     model is counted (docs/engine.md, "One Trainer is one run"). Weak keys: the record dies with the model."""
 
     def __init__(self) -> None:
+        # Keyed by RunState.run_id: an id() of a freed state can come back for a new one and hide the old run.
         self._runs: weakref.WeakKeyDictionary[nn.Module, dict[int, dict[str, Any]]] = weakref.WeakKeyDictionary()
 
     def record(self, model: nn.Module, state: RunState) -> None:
         """Note the private steps ``state`` has applied to ``model`` so far."""
         plan = state.plan
         if plan.is_private and state.private_steps:
-            self._runs.setdefault(model, {})[id(state)] = {
+            self._runs.setdefault(model, {})[state.run_id] = {
                 "noise_multiplier": plan.noise_multiplier, "sampling_rate": plan.sampling_rate,
                 "steps": state.private_steps,
             }  # fmt: skip
 
     def earlier(self, model: nn.Module, state: RunState) -> list[dict[str, Any]]:
         """The other runs' private phases on ``model``."""
-        return [p for key, p in self._runs.get(model, {}).items() if key != id(state) and p["steps"] > 0]
+        return [p for key, p in self._runs.get(model, {}).items() if key != state.run_id and p["steps"] > 0]
 
     def warn_if_trained_before(self, model: nn.Module, state: RunState) -> None:
         """PrivacyRiskWarning when another run already trained ``model`` privately."""
