@@ -45,6 +45,21 @@ def whole_number(text: str) -> int:
     return int(value)
 
 
+def number_list(text: str) -> list[float]:
+    """An argparse ``type``: comma-separated numbers (``inf`` allowed), at least one.
+
+    >>> number_list("1,2, 8"), number_list("0.5,inf")
+    ([1.0, 2.0, 8.0], [0.5, inf])
+    """
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    return values
+
+
 def check_epsilon(flag: str, value: float) -> float:
     """``value`` in (0, :data:`MAX_EPSILON`]; the message names ``flag``.
 

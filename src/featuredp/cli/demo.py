@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from featuredp.cli._device import add_device_argument, check_device
-from featuredp.cli._flags import whole_number
+from featuredp.cli._flags import number_list, whole_number
 from featuredp.methods import get_method
 
 #: the comparison the demo shows: no privacy, record-level DP, feature DP
@@ -28,15 +28,6 @@ DEMO_EPSILONS = (0.1, 1.0)
 #: where the demo writes results.md, results.json and demo.png by default
 DEFAULT_OUT = "featuredp-demo"
 
-
-def _floats(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
-    return values
 
 
 def register(subparsers: Any) -> None:
@@ -51,7 +42,7 @@ def register(subparsers: Any) -> None:
         "imputation baseline, and is the success within Theorem 4's bound? Writes results.md, results.json and "
         f"demo.png to --out (default ./{DEFAULT_OUT}, replaced on every run). About 30 s on 2 CPU cores.",
     )
-    p.add_argument("--epsilons", type=_floats, default=None,
+    p.add_argument("--epsilons", type=number_list, default=None,
                    help="comma-separated targets for dpsgd and fdp (default 0.1,1: a tight and a loose one)")
     p.add_argument("--epsilon", type=float, default=None, help="a single target (alias of --epsilons E)")
     p.add_argument("--delta", type=float, default=1e-5)

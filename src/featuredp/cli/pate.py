@@ -20,7 +20,7 @@ import json
 import sys
 from typing import Any
 
-from featuredp.cli._flags import whole_number
+from featuredp.cli._flags import number_list, whole_number
 
 DATASETS = ("adult", "census-income", "fashion-mnist")
 #: library parameter → flag (errors raised inside the library name the flag the user typed)
@@ -45,15 +45,6 @@ def _whole_numbers(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}")
     return values
 
-
-def _floats(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
-    return values
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -90,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("comparison with label-DP methods (Adult)")
     g.add_argument("--compare", action="store_true",
                    help="PATE vs Algorithm 1's label-DP split, RR-with-prior (LP-2ST) and RR at the same epsilons")
-    g.add_argument("--epsilons", type=_floats, default=None, help="comma-separated epsilons (default 0.5,1,2,4)")
+    g.add_argument("--epsilons", type=number_list, default=None, help="comma-separated epsilons (default 0.5,1,2,4)")
     g.add_argument("--repeats", type=whole_number, default=3, help="repeats per cell (default 3)")
     g.add_argument("--quick", action="store_true", help="a small subsample (seconds; for CI)")
     p.set_defaults(func=run)
