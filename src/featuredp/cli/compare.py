@@ -164,13 +164,7 @@ def _run(args: argparse.Namespace) -> int:
         command="featuredp " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["compare"]
         else "featuredp compare",
     )
-    result = run_grid(cfg)
-    if args.json:
-        print(json.dumps(result, indent=2, default=_json_default))
-    else:
-        print((cfg.out / "summary.md").read_text())
-        print(f"wrote {cfg.out / 'results.csv'}, {cfg.out / 'summary.md'}, {cfg.out / 'privacy_utility.png'}")
-    return 0
+    return _report(args, cfg, run_grid(cfg))
 
 
 def _run_images(args: argparse.Namespace, epsilons: list[float] | None, seeds: list[int]) -> int:
@@ -220,7 +214,11 @@ def _run_images(args: argparse.Namespace, epsilons: list[float] | None, seeds: l
     except RuntimeError as exc:  # the package client failed (no route to the archive): one line
         print(f"featuredp compare: error: {exc}", file=sys.stderr)
         return 2
-    result = runner.run()
+    return _report(args, cfg, runner.run())
+
+
+def _report(args: argparse.Namespace, cfg: Any, result: dict[str, Any]) -> int:
+    """Print a grid's result: the JSON, or summary.md and the files written."""
     if args.json:
         print(json.dumps(result, indent=2, default=_json_default))
     else:
