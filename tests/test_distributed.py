@@ -41,7 +41,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# A C++ abort in gloo's threads while a process shuts down (seen once in CI): a launch that fails with it is run
+# again, once.
+_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
 def _torchrun(scenario: str, out: Path, *, nproc: int = 2, nodes: int = 1, expect_ok: bool = True) -> None:
+    ok, outputs = _launch(scenario, out, nproc=nproc, nodes=nodes)
+    if not ok and expect_ok and any(_TEARDOWN_ABORT in o for o in outputs):
+        ok, outputs = _launch(scenario, out, nproc=nproc, nodes=nodes)  # a real bug fails again
+    assert ok == expect_ok, "\n".join(o[-3000:] for o in outputs)
+
+
+def _launch(scenario: str, out: Path, *, nproc: int, nodes: int) -> tuple[bool, list[str]]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     port = _free_port()
     common = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={nproc}",
@@ -59,8 +71,7 @@ def _torchrun(scenario: str, out: Path, *, nproc: int = 2, nodes: int = 1, expec
             for q in procs:
                 q.kill()
             raise
-    ok = all(p.returncode == 0 for p in procs)
-    assert ok == expect_ok, "\n".join(o[-3000:] for o in outputs)
+    return all(p.returncode == 0 for p in procs), outputs
 
 
 def test_all_reduced_clipped_sum_equals_one_process_on_the_union(tmp_path):
