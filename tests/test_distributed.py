@@ -175,3 +175,23 @@ def test_two_nodes_on_one_host(tmp_path):
     _torchrun("epsilon", tmp_path, nproc=1, nodes=2)
     assert json.loads((tmp_path / "epsilon.json").read_text())["epsilon"] == accounting.epsilon_for(
         1.3, 0.1, 17, 1e-4)
+
+
+def test_a_shard_is_refused_when_empty_or_when_the_declared_size_is_wrong():
+    from featuredp.engine import Trainer
+    from featuredp.models import LogisticRegression
+
+    def trainer(n: int) -> Trainer:
+        return Trainer(LogisticRegression(7, 2), "dpsgd", steps=1, batch_size=4, noise_multiplier=1.0, delta=1e-4,
+                       dataset_size=n, progress=False)  # fmt: skip
+
+    data = make_tabular(50, seed=3)
+    whole = {"x": torch.as_tensor(data.X), "y": torch.as_tensor(data.y)}
+    with pytest.raises(ValueError, match="empty shard"):
+        trainer(50).fit({k: v[:0] for k, v in whole.items()}, sharded=True)
+    with pytest.raises(ValueError, match="dataset_size=60 was declared but the ranks' shards hold 50"):
+        trainer(60).fit(whole, sharded=True)
+    with pytest.raises(ValueError, match="needs dataset_size"):
+        Trainer(LogisticRegression(7, 2), "dpsgd", steps=1, batch_size=4, noise_multiplier=1.0, delta=1e-4,
+                progress=False).fit(whole, sharded=True)  # fmt: skip
+    assert trainer(50).fit(whole, sharded=True).steps == 1  # one process holding the whole "shard"

@@ -397,11 +397,13 @@ class Trainer:
         declared = self.schedule.dataset_size
         if declared is None:
             raise ValueError("fit(sharded=True) needs dataset_size= (the number of records of the whole dataset)")
-        total = local
-        if self.dist is not None:
-            count = torch.tensor([local], dtype=torch.float64, device=self.device)
+        total, empty = local, int(local == 0)
+        if self.dist is not None:  # every rank learns both, so every rank refuses together (no rank left waiting)
+            count = torch.tensor([local, empty], dtype=torch.float64, device=self.device)
             torch.distributed.all_reduce(count)
-            total = int(count.item())
+            total, empty = int(count[0].item()), int(count[1].item())
+        if empty:
+            raise DataValidationError(f"{empty} rank(s) got an empty shard: give every rank at least one record")
         if total != declared:
             raise DataValidationError(
                 f"dataset_size={declared} was declared but the ranks' shards hold {total} records in all"
