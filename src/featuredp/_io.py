@@ -70,6 +70,17 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"object of type {type(obj).__name__} is not JSON serialisable")
 
 
+def atomic_save_png(fig: Any, path: str | os.PathLike[str], *, dpi: int = 120, tight: bool = True) -> None:
+    """Save a matplotlib figure as PNG to ``path`` atomically, then close it (``tight``: tight layout first)."""
+    import matplotlib.pyplot as plt  # here: only the commands that draw need matplotlib
+
+    if tight:
+        fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi)
+    plt.close(fig)
+
+
 def atomic_save_torch(path: str | os.PathLike[str], obj: Any) -> None:
     """``torch.save(obj)`` to ``path`` atomically (tensors and plain containers: checkpoints, models)."""
     import torch  # here, not at the top: the accountant imports this module and must not pull in torch

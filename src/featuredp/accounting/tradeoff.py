@@ -23,7 +23,7 @@ from typing import Any
 import dp_accounting
 import numpy as np
 
-from featuredp._io import atomic_path
+from featuredp._io import atomic_save_png
 from featuredp._validate import check_nonnegative, check_open_unit
 from featuredp.accounting._gaussian import gaussian_tradeoff
 from featuredp.accounting.accountant import DEFAULT_RTOL, compute_epsilon, privacy_profile
@@ -254,7 +254,4 @@ def plot_tradeoff(
     ax.legend(loc="upper right", fontsize=8)
     if title:
         ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    atomic_save_png(fig, path)

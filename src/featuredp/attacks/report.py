@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from featuredp._io import atomic_path, atomic_write_text
+from featuredp._io import atomic_save_png, atomic_write_text
 from featuredp.attacks.metrics import roc_curve
 
 
@@ -48,10 +48,7 @@ def plot_roc(
     ax.set_ylabel("true positive rate")
     ax.set_title(title)
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    atomic_save_png(fig, path)
 
 
 def plot_bars(
@@ -82,10 +79,7 @@ def plot_bars(
     ax.set_title(title)
     if hlines:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    atomic_save_png(fig, path)
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -209,10 +203,7 @@ def write_canary_report(result: dict, out_dir: str | os.PathLike[str], *, title:
     ax.set_ylabel("canaries")
     ax.set_title(f"{result['kind']} canaries: ε_lb = {result['epsilon_lower_bound']:.3f}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    with atomic_path(out / f"{stem}.png") as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    atomic_save_png(fig, out / f"{stem}.png")
     one = result["one_run"]
     if one is not None:
         grid = markdown_table(["guesses r", "correct v", "ε lower bound"],

@@ -237,7 +237,7 @@ def _plot(path: Path, rows: list[dict[str, Any]], audit: dict[str, Any] | None, 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from featuredp._io import atomic_path
+    from featuredp._io import atomic_save_png
 
     fig, axes = plt.subplots(1, 2 if audit else 1, figsize=(11 if audit else 6, 4.2), squeeze=False)
     ax = axes[0][0]
@@ -273,10 +273,7 @@ def _plot(path: Path, rows: list[dict[str, Any]], audit: dict[str, Any] | None, 
         ax.set_ylabel(f"accuracy inferring {audit['attribute']} (%)")
         ax.set_title(f"Audit of the FDP model (ε = {audit['epsilon']:.2g}): {audit['attribute']}")
         ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+    atomic_save_png(fig, path, dpi=110)
 
 
 def _guarantee_kind(summary: dict[str, Any]) -> str:

@@ -35,7 +35,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 from threadpoolctl import threadpool_limits
 from torch import nn
 
-from featuredp._io import atomic_path, atomic_write_json, atomic_write_text
+from featuredp._io import atomic_save_png, atomic_write_json, atomic_write_text
 from featuredp._validate import check_choice, check_int, check_positive
 from featuredp.attacks.attribute import ImputationBaseline, score_attack
 from featuredp.attacks.report import markdown_table
@@ -524,12 +524,6 @@ def _csv(rows: Sequence[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def _savefig(fig: Any, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
-
-
 def plot_curve(result: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Suppression ratio and accuracy loss vs λ (log x), plus attribute-attack accuracy when audited."""
     rows = result["sweep"]
@@ -559,7 +553,7 @@ def plot_curve(result: dict[str, Any], path: str | os.PathLike[str]) -> None:
         ax2.legend(fontsize=7)
     fig.text(0.01, 0.01, "No formal guarantee: empirical suppression only.", fontsize=7, color="0.3")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    _savefig(fig, Path(path))
+    atomic_save_png(fig, Path(path), tight=False)
 
 
 def plot_feature_table(result: dict[str, Any], path: str | os.PathLike[str]) -> None:
@@ -583,7 +577,7 @@ def plot_feature_table(result: dict[str, Any], path: str | os.PathLike[str]) -> 
     ax.set_xlabel("relative noise ν = σ / std per encoded column (bar: their mean)")
     ax.set_title(f"Adult, λ = {result['lambda']:g}: what the cloak keeps (no formal guarantee)", fontsize=9)
     fig.tight_layout()
-    _savefig(fig, Path(path))
+    atomic_save_png(fig, Path(path), tight=False)
 
 
 def plot_heatmap(result: dict[str, Any], path: str | os.PathLike[str]) -> None:
@@ -609,7 +603,7 @@ def plot_heatmap(result: dict[str, Any], path: str | os.PathLike[str]) -> None:
         a.set_yticks([])
     fig.suptitle(f"Cloak on Fashion-MNIST, λ = {result['lambda']:g} (no formal guarantee)", fontsize=9)
     fig.tight_layout()
-    _savefig(fig, Path(path))
+    atomic_save_png(fig, Path(path), tight=False)
 
 
 def summary_markdown(result: dict[str, Any]) -> str:

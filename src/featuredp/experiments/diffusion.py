@@ -35,7 +35,7 @@ import matplotlib
 import numpy as np
 import torch
 
-from featuredp._io import atomic_path, atomic_write_json, atomic_write_text
+from featuredp._io import atomic_path, atomic_save_png, atomic_write_json, atomic_write_text
 from featuredp._validate import check_int
 from featuredp.batches import resolve_device
 from featuredp.data.images import load_image_dataset
@@ -366,10 +366,7 @@ def _combined_grid(ctx: _Context) -> None:
         ax.imshow(g, cmap="gray" if g.ndim == 2 else None, vmin=0, vmax=255)
         ax.set_title(label(m), fontsize=10)
         ax.axis("off")
-    fig.tight_layout()
-    with atomic_path(ctx.s.out / "grids.png") as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+    atomic_save_png(fig, ctx.s.out / "grids.png", dpi=110)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ import matplotlib
 import numpy as np
 
 from featuredp import icl
-from featuredp._io import atomic_path, atomic_write_text
+from featuredp._io import atomic_save_png, atomic_write_text
 from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
 from featuredp.attacks.metrics import membership_advantage, roc_auc
 from featuredp.errors import PrivacyRiskWarning
@@ -606,10 +606,7 @@ def _plot(result: dict[str, Any], path: Path) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(f"DP-ICL on {result['settings']['dataset']}: {result['settings']['shots']}-shot prompts, "
                  f"{result['settings']['queries']} queries")  # fmt: skip
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    atomic_save_png(fig, path)
 
 
 def _plot_sweep(result: dict[str, Any], path: Path) -> None:
@@ -631,7 +628,4 @@ def _plot_sweep(result: dict[str, Any], path: Path) -> None:
     axes[1].axhline(50, color="grey", linewidth=0.8)
     s = result["settings"]
     fig.suptitle(f"DP-ICL on {s['dataset']}: {s['shots']}-shot prompts, {s['queries']} queries, by M")
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    atomic_save_png(fig, path)

@@ -28,7 +28,7 @@ from typing import Any
 import matplotlib
 import numpy as np
 
-from featuredp._io import atomic_path, atomic_write_text
+from featuredp._io import atomic_save_png, atomic_write_text
 from featuredp._validate import check_delta, check_int, check_positive
 from featuredp.aggregation import VoteAggregator, vote_histogram
 from featuredp.data import load_dataset
@@ -479,8 +479,5 @@ def comparison_plot(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]
     ax.set_title("Adult: PATE vs label-DP at the same ε")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    atomic_save_png(fig, path)
 

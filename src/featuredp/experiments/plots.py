@@ -10,7 +10,7 @@ from typing import Any
 import matplotlib
 import numpy as np
 
-from featuredp._io import atomic_path
+from featuredp._io import atomic_save_png
 from featuredp.methods import METHODS
 
 matplotlib.use("Agg")  # files only, never a window
@@ -70,8 +70,5 @@ def privacy_utility_plot(
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    atomic_save_png(fig, path)
     return drawn
