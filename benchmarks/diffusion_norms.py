@@ -29,6 +29,7 @@ from featuredp.diffusion.losses import DiffusionLoss
 from featuredp.diffusion.schedule import NoiseSchedule
 from featuredp.diffusion.unet import build_unet, count_parameters
 from featuredp.engine import Trainer
+from featuredp.experiments.diffusion import load_model
 from featuredp.features.image import GaussianBlur
 
 TIMESTEPS = (10, 50, 100, 200, 400, 600, 800, 950)
@@ -68,24 +69,36 @@ def main() -> None:
     ap.add_argument("--per-t", type=int, default=64, help="images per timestep")
     ap.add_argument("--blur-sigma", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0, help="public seed (initialisation, batches, the measured images)")
+    ap.add_argument("--resolution", type=int, default=None, help="resize the images to R×R first (as the main run)")
+    ap.add_argument("--public-model", type=Path, default=None,
+                    help="measure this public model (DIR/public/model.pt of a run) instead of pre-training one")
     ap.add_argument("--out", type=Path, default=Path("results/diffusion/norms.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
     train, _ = load_image_dataset("fashion-mnist")
     train = train.subset(np.arange(min(args.train_size, len(train))))
+    if args.resolution is not None:
+        train = train.resized(args.resolution)
     data = train.batch()
     split = DiffusionLoss(GaussianBlur(args.blur_sigma).bind(train), NoiseSchedule("cosine", 1000))
     torch.manual_seed(args.seed)
     model = build_unet(args.preset, in_channels=train.image_shape[0], num_classes=len(train.classes))
     results: dict[str, object] = {"preset": args.preset, "parameters": count_parameters(model),
-                                  "train_size": len(train), "blur_sigma": args.blur_sigma}  # fmt: skip
+                                  "train_size": len(train), "blur_sigma": args.blur_sigma,
+                                  "image_shape": list(train.image_shape)}  # fmt: skip
     results["at_init"] = norms_by_timestep(model, split, data, TIMESTEPS, args.per_t, args.seed + 1)
     t0 = time.perf_counter()
-    Trainer(model, "public", loss_split=split, steps=args.pretrain_steps, batch_size=args.batch_size,
-            optimizer="adam", lr=2e-3, public_seed=args.seed, progress=True).fit(data)  # fmt: skip
-    results["pretrain_steps"], results["pretrain_s"] = args.pretrain_steps, round(time.perf_counter() - t0, 1)
+    if args.public_model is not None:
+        model.load_state_dict(load_model(args.public_model).state_dict())
+        results["public_model"] = str(args.public_model)
+    else:
+        Trainer(model, "public", loss_split=split, steps=args.pretrain_steps, batch_size=args.batch_size,
+                optimizer="adam", lr=2e-3, public_seed=args.seed, progress=True).fit(data)  # fmt: skip
+        results["pretrain_steps"], results["pretrain_s"] = args.pretrain_steps, round(time.perf_counter() - t0, 1)
     results["after_public_pretraining"] = norms_by_timestep(model, split, data, TIMESTEPS, args.per_t, args.seed + 1)
-    lines = [f"U-Net `{args.preset}` ({results['parameters']:,} parameters), Fashion-MNIST {len(train):,} images, "
+    size = "×".join(map(str, train.image_shape[1:]))
+    lines = [f"U-Net `{args.preset}` ({results['parameters']:,} parameters), Fashion-MNIST {len(train):,} "
+             f"{size} images, "
              f"Ψ = blur σ = {args.blur_sigma}; medians over {args.per_t} images per t.", ""]  # fmt: skip
     for phase in ("at_init", "after_public_pretraining"):
         lines += [f"**{phase.replace('_', ' ')}**", "",

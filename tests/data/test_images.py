@@ -133,3 +133,20 @@ def test_image_folder(tmp_path: Path) -> None:
     assert gray.images.shape[1] == 1
     with pytest.raises(DataValidationError, match="class sub-folders"):
         load_image_folder(tmp_path / "cat")
+
+
+def test_resized_is_a_fixed_per_image_map() -> None:
+    rng = np.random.default_rng(0)
+    ds = ImageDataset("toy", rng.integers(0, 256, (5, 1, 28, 28), dtype=np.uint8), np.arange(5) % 2, ["a", "b"])
+    small = ds.resized(16)
+    assert small.image_shape == (1, 16, 16) and small.images.dtype == np.uint8
+    assert small.labels.tolist() == ds.labels.tolist() and ds.resized(28) is ds
+    # one image resized alone is the same as in the batch: no statistic of the other images enters
+    assert np.array_equal(ds.subset([3]).resized(16).images[0], small.images[3])
+    flat = ImageDataset("flat", np.full((2, 1, 28, 28), 77, np.uint8), np.zeros(2, np.int64), ["a"])
+    assert (flat.resized(16).images == 77).all()  # antialiasing keeps a constant image constant
+    with pytest.raises(ValueError, match="resolution"):
+        ds.resized(3)
+    boxed = ImageDataset("b", ds.images, ds.labels, ["a", "b"], boxes=np.zeros((5, 4), np.int64))
+    with pytest.raises(DataValidationError, match="boxes"):
+        boxed.resized(16)

@@ -149,3 +149,37 @@ def test_describe_embeds_the_disclosure_of_the_feature_map() -> None:
     assert desc["feature_map"] == fmap.describe().to_dict()
     assert desc["split"] == "diffusion" and desc["schedule"] == "linear" and desc["timesteps"] == 100
     assert desc["common_random_numbers"] == ["t", "noise"]
+
+
+def test_timestep_weight_moves_work_between_the_terms_and_they_still_sum_to_the_loss() -> None:
+    torch.manual_seed(0)
+    model = build_unet("tiny", num_classes=10)
+    batch = _smooth_batch(6)
+    plain = DiffusionLoss(GaussianBlur(1.0), NoiseSchedule("cosine", 1000))
+    draws = plain.draws(batch, torch.Generator().manual_seed(1))
+    draws["t"] = torch.tensor([0, 100, 499, 500, 800, 999])
+    for spec in ("linear", "step:0.5"):
+        split = DiffusionLoss(GaussianBlur(1.0), NoiseSchedule("cosine", 1000), public_weight=spec)
+        with torch.no_grad():
+            full, pub, priv = (split.loss(model, batch, draws), split.public_loss(model, batch, draws),
+                               split.private_loss(model, batch, draws))
+            unweighted = plain.public_loss(model, batch, draws)
+        torch.testing.assert_close(pub + priv, full)
+        w = split.public_weight(draws["t"], 1000)
+        torch.testing.assert_close(pub, w * unweighted)
+        if spec == "step:0.5":  # below the step Algorithm 1 privatises the whole loss, as FDP (DP-SGD) does
+            torch.testing.assert_close(priv[:3], full[:3])
+            assert bool((priv[3:] != full[3:]).all())
+    # w = 1 is the paper's split exactly, and records no weight (earlier runs keep their fingerprint)
+    same = DiffusionLoss(GaussianBlur(1.0), NoiseSchedule("cosine", 1000), public_weight="constant")
+    assert same.public_weight is None and "public_weight" not in same.describe()
+    with torch.no_grad():
+        assert torch.equal(same.private_loss(model, batch, draws), plain.private_loss(model, batch, draws))
+    assert DiffusionLoss(GaussianBlur(1.0), public_weight="step:0.3").describe()["public_weight"] == {
+        "kind": "step", "threshold": 0.3}
+
+
+@pytest.mark.parametrize("spec", ["quadratic", "step:2", "step:x", "linear:0.5"])
+def test_bad_timestep_weights_are_refused(spec: str) -> None:
+    with pytest.raises(ValueError, match="public_weight"):
+        DiffusionLoss(GaussianBlur(1.0), public_weight=spec)

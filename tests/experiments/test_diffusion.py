@@ -12,12 +12,14 @@ import pytest
 from featuredp.experiments.diffusion import DIFFUSION_METHODS, load_model, main
 
 
-def write_fake_fashion(root: Path, n_train: int, n_test: int) -> None:
-    """Tiny Fashion-MNIST-shaped IDX files (uint8 images and labels), gzip-compressed."""
+def write_fake_fashion(root: Path, n_train: int, n_test: int, *, grouped: bool = False) -> None:
+    """Tiny Fashion-MNIST-shaped IDX files (uint8 images and labels), gzip-compressed; ``grouped``
+    stores the images sorted by class (as some loaders do)."""
     rng = np.random.default_rng(0)
     root.mkdir(parents=True, exist_ok=True)
     for prefix, n in (("train", n_train), ("t10k", n_test)):
-        for kind, arr in (("images-idx3", rng.integers(0, 256, (n, 28, 28))), ("labels-idx1", np.arange(n) % 10)):
+        labels = np.sort(np.arange(n) % 10) if grouped else np.arange(n) % 10
+        for kind, arr in (("images-idx3", rng.integers(0, 256, (n, 28, 28))), ("labels-idx1", labels)):
             header = bytes([0, 0, 0x08, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
             (root / f"{prefix}-{kind}-ubyte.gz").write_bytes(gzip.compress(header + arr.astype(np.uint8).tobytes()))
 
@@ -55,4 +57,112 @@ def test_bad_options_fail_before_work(tmp_path: Path) -> None:
         main(["--out", str(tmp_path), "--methods", "nonprivate,magic"])
     with pytest.raises(ValueError, match="blur_sigma"):
         main(["--out", str(tmp_path), "--blur-sigma", "-1"])
+    with pytest.raises(ValueError, match="public_weight"):
+        main(["--out", str(tmp_path), "--public-weight", "step:1.5"])
+    with pytest.raises(ValueError, match="resolution"):
+        main(["--out", str(tmp_path), "--resolution", "2"])
+    with pytest.raises(ValueError, match="checkpoint_every"):
+        main(["--out", str(tmp_path), "--checkpoint-every", "0"])
     assert not any(tmp_path.iterdir())
+
+
+def test_resolution_checkpoint_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import featuredp.experiments.diffusion as diffusion
+
+    data = tmp_path / "fm"
+    write_fake_fashion(data, n_train=48, n_test=24)
+    out = tmp_path / "out"
+    argv = ["--dataset-path", str(data), "--out", str(out), "--quick", "--resolution", "16", "--methods", "public",
+            "--checkpoint-every", "1", "--no-summary"]
+
+    # a crash after training but before the model is saved leaves the (secret) checkpoint behind
+    def crash(*a: object, **k: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(diffusion, "_save_model", crash)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    assert (out / "public" / "checkpoint.pt").exists() and not (out / "public" / "result.json").exists()
+    monkeypatch.undo()
+    # it is neither silently overwritten nor silently continued
+    with pytest.raises(FileExistsError, match="--resume"):
+        main(argv)
+    assert main([*argv, "--resume"]) == 0
+    r = json.loads((out / "public" / "result.json").read_text())
+    assert r["resumed"] is True and r["steps"] == 3
+    assert not (out / "public" / "checkpoint.pt").exists()  # the private RNG state is not left lying around
+    assert np.load(out / "public" / "samples.npz")["samples"].shape[-2:] == (16, 16)
+    assert main(["--dataset-path", str(data), "--out", str(out), "--quick", "--resolution", "16",
+                 "--methods", "public", "--json"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["image_shape"] == [1, 16, 16]
+    row = next(r for r in summary["rows"] if r.get("key") == "public")
+    assert row["domain_fid_ci"][0] <= row["domain_fid_ci"][1] and "sharpness" in row and "domain_kid" in row
+
+
+def test_timestep_weight_reaches_only_algorithm_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import featuredp.experiments.diffusion as diffusion
+
+    seen: dict[str, object] = {}
+    real_trainer = diffusion.Trainer
+
+    def spy(model: object, method: str, **kw: object) -> object:
+        seen[method] = kw["loss_split"].public_weight  # type: ignore[attr-defined]
+        return real_trainer(model, method, **kw)
+
+    monkeypatch.setattr(diffusion, "Trainer", spy)
+    data = tmp_path / "fm"
+    write_fake_fashion(data, n_train=48, n_test=24)
+    assert main(["--dataset-path", str(data), "--out", str(tmp_path / "o"), "--quick", "--methods", "fdp,fdp_dpsgd",
+                 "--public-weight", "step:0.5", "--no-summary"]) == 0
+    assert seen["public"] is None and seen["fdp_dpsgd"] is None
+    assert seen["fdp"] is not None and seen["fdp"].threshold == 0.5  # type: ignore[attr-defined]
+
+
+def test_a_method_being_trained_by_another_process_is_waited_for_not_trained_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import subprocess
+    import sys
+    import threading
+
+    import featuredp.experiments.diffusion as diffusion
+
+    monkeypatch.setattr(diffusion, "_POLL_S", 0.05)
+    out = tmp_path / "public"
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        out.mkdir()
+        (out / "train.lock").write_text(str(other.pid))
+        timer = threading.Timer(0.3, lambda: (out / "result.json").write_text('{"method": "public"}'))
+        timer.start()
+        assert diffusion._claim(out, "public") is False  # waited, then found the other's result
+        timer.join()
+        assert f"waiting for process {other.pid}" in capsys.readouterr().err
+    finally:
+        other.kill()
+        other.wait()
+    # a lock whose process has died is taken over
+    (out / "result.json").unlink()
+    assert diffusion._claim(out, "public") is True
+    assert (out / "train.lock").read_text() == str(__import__("os").getpid())
+
+
+def test_real_reference_rows_cover_every_class_when_the_data_is_grouped_by_class(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from featuredp.metrics.domain import DomainMetrics
+
+    seen: list[np.ndarray] = []
+    real_report = DomainMetrics.report
+
+    def spy(self: DomainMetrics, images: object, labels: object = None, **kw: object) -> dict:
+        seen.append(np.asarray(labels))
+        return real_report(self, images, labels, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DomainMetrics, "report", spy)
+    data = tmp_path / "fm"
+    write_fake_fashion(data, n_train=48, n_test=24, grouped=True)
+    assert main(["--dataset-path", str(data), "--out", str(tmp_path / "o"), "--quick", "--methods", "public"]) == 0
+    real_row, blurred_row = seen[0], seen[1]
+    assert set(real_row.tolist()) == set(range(10)) and set(blurred_row.tolist()) == set(range(10))

@@ -102,3 +102,34 @@ def test_inception_fid_real_network() -> None:
     f1 = net(GaussianBlur(1.0)({"x": x})["x"], progress=False)
     f3 = net(GaussianBlur(3.0)({"x": x})["x"], progress=False)
     assert 0 < frechet_from_features(f, f1) < frechet_from_features(f, f3)
+
+
+def test_bootstrap_interval_covers_the_estimate_and_narrows_with_n() -> None:
+    from featuredp.metrics.frechet import frechet_bootstrap
+
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(4000, 4))
+    widths = []
+    for n in (200, 3200):
+        gen = rng.normal(loc=0.5, size=(n, 4))
+        fid = frechet_from_features(gen, ref)
+        lo, hi = frechet_bootstrap(gen, ref, resamples=100)
+        assert lo <= fid <= hi and lo > 0.5  # true distance ‖0.5·1‖² = 1: far from 0
+        widths.append(hi - lo)
+    assert widths[1] < widths[0] / 2  # 16× the samples: about a quarter of the width
+
+
+def test_wilson_interval_and_domain_report() -> None:
+    from featuredp.metrics.domain import DomainClassifier, DomainMetrics, wilson_interval
+
+    lo, hi = wilson_interval(0.0, 50)
+    assert lo == 0.0 and 0 < hi < 0.1
+    with pytest.raises(ValueError, match="n must"):
+        wilson_interval(0.5, 0)
+    torch.manual_seed(0)
+    clf = DomainClassifier()
+    images = np.random.default_rng(0).integers(0, 256, (60, 1, 16, 16), dtype=np.uint8)
+    rep = DomainMetrics.from_reference(clf, images[:30]).report(images[30:], np.zeros(30, np.int64), resamples=20)
+    assert rep["n"] == 30 and rep["domain_fid_ci"][0] <= rep["domain_fid_ci"][1]
+    assert rep["accuracy_ci"][0] <= rep["accuracy"] <= rep["accuracy_ci"][1]
+    assert set(rep) >= {"domain_fid", "domain_kid", "domain_kid_std"}

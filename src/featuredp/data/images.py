@@ -144,6 +144,27 @@ class ImageDataset:
         return ImageDataset(name or self.name, self.images[idx], self.labels[idx], list(self.classes),
                             self.description, None if self.boxes is None else self.boxes[idx])
 
+    def resized(self, size: int) -> ImageDataset:
+        """The same images at ``size × size`` (antialiased bilinear, per image: a fixed map that reads
+        no statistics of the data); ``self`` when they already have that size. Boxes are not resized,
+        so a dataset with boxes is refused."""
+        size = check_int("resolution", size, minimum=4)
+        if self.image_shape[1:] == (size, size):
+            return self
+        if self.boxes is not None:
+            raise DataValidationError("a dataset with boxes cannot be resized (the boxes would no longer fit)")
+        import torch  # lazy, as in batch()
+        import torch.nn.functional as F  # noqa: N812
+
+        out = []
+        for start in range(0, len(self), 4096):  # bounded memory for large sets
+            x = torch.from_numpy(self.images[start : start + 4096].astype(np.float32))
+            y = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+            out.append(y.round().clamp(0, 255).to(torch.uint8).numpy())
+        images = np.concatenate(out) if out else np.zeros((0, self.images.shape[1], size, size), np.uint8)
+        return ImageDataset(self.name, images, self.labels.copy(), list(self.classes),
+                            f"{self.description} (resized to {size}×{size})".strip(), None)
+
     def batch(self, indices: Sequence[int] | np.ndarray | None = None) -> dict[str, Any]:
         """A batch dict of torch tensors: ``x`` float in [-1, 1], ``y`` int64 (and ``box``)."""
         import torch  # lazy: loading image files needs no torch, only batches do

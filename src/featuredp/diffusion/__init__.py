@@ -12,7 +12,7 @@ Every module here needs torch, so the names are imported plainly: code that must
 """
 
 from featuredp.diffusion.grid import make_grid, save_grid, to_uint8
-from featuredp.diffusion.losses import DiffusionLoss, denoising_loss
+from featuredp.diffusion.losses import DiffusionLoss, TimestepWeight, denoising_loss
 from featuredp.diffusion.rejection import RejectionResult, laplacian_variance, public_threshold, rejection_sample
 from featuredp.diffusion.sampler import ddim_sample, ddpm_sample, generate
 from featuredp.diffusion.schedule import NoiseSchedule
@@ -23,6 +23,7 @@ __all__ = [
     "DiffusionLoss",
     "NoiseSchedule",
     "RejectionResult",
+    "TimestepWeight",
     "UNet",
     "UNetConfig",
     "build_unet",

@@ -56,10 +56,21 @@ def add_diffusion_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
     g.add_argument("--max-grad-norm", type=float, default=0.1, help="clipping norm C (paper: 0.1)")
     g.add_argument("--alpha", type=float, default=1.0, help="weight α of the private gradient in Algorithm 1")
+    g.add_argument("--public-weight", default="constant",
+                   help="Algorithm 1's per-timestep weight w(t) of ℓ_pub (ℓ_priv = ℓ − w(t)·ℓ_pub; public, free): "
+                   "constant (1, the paper's), linear (t/T) or step:τ (0 below τ·T, 1 above)")
     g.add_argument("--ema-decay", type=float, default=None,
                    help="EMA of the weights (the model that is sampled); default 1 − 10/steps clamped to "
                         "[0.9, 0.9999], so the random initialisation has decayed away even in short runs")
     g.add_argument("--train-size", type=int, default=None, help="use the first N training images (default all)")
+    g.add_argument("--resolution", type=int, default=None,
+                   help="resize every image to R×R first (antialiased; default: the dataset's own size). 16 makes "
+                   "a 28×28 set about 3× cheaper to train, which is what lets CPU runs reach recognisable samples")
+    g.add_argument("--checkpoint-every", type=int, default=250,
+                   help="write DIR/<method>/checkpoint.pt every K steps (secret: it holds the private RNG state; "
+                   "deleted once the method finishes)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue each unfinished method from its checkpoint (same settings; refused otherwise)")
     g.add_argument("--delta", type=float, default=None,
                    help="δ (default: 1/(2N) for --task diffusion, 1e-5 for image-classification, the preset's for "
                    "tabular grids)")
@@ -89,6 +100,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--device", default=None,
                         help="where to train and sample: cpu (default), cuda, cuda:N, mps or auto")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's; one per process when processes share cores)")
 
 
 @dataclass
@@ -116,7 +129,9 @@ class DiffusionSettings:
     max_grad_norm: float
     alpha: float
     ema_decay: float
+    public_weight: str
     train_size: int | None
+    resolution: int | None
     samples: int
     ddim_steps: int
     inception_samples: int
@@ -125,11 +140,13 @@ class DiffusionSettings:
     overwrite: bool
     summary: bool
     device: str | None = None
+    checkpoint_every: int = 250
+    resume: bool = False
 
     def public_dict(self) -> dict[str, Any]:
         """The settings that describe the runs (for result.json and summary.json; no paths, output flags or
         device: where a run computes changes its results only by float rounding)."""
-        skip = ("out", "json", "overwrite", "summary", "device")
+        skip = ("out", "json", "overwrite", "summary", "device", "checkpoint_every", "resume")
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
 
@@ -139,6 +156,19 @@ def _first(value: Any) -> Any:
             raise ValueError(f"the diffusion comparison runs one value at a time, got {list(value)!r}")
         return value[0]
     return value
+
+
+def _public_weight(spec: Any) -> str:
+    kind, _, arg = str(spec).partition(":")
+    ok = kind in ("constant", "linear") and not arg
+    if kind == "step":
+        try:
+            ok = 0.0 <= float(arg) <= 1.0
+        except ValueError:
+            ok = False
+    if not ok:
+        raise ValueError(f"public_weight must be constant, linear or step:τ with τ in [0, 1], got {spec!r}")
+    return str(spec)
 
 
 def settings_from_args(args: argparse.Namespace, **given: Any) -> DiffusionSettings:
@@ -186,8 +216,10 @@ def settings_from_args(args: argparse.Namespace, **given: Any) -> DiffusionSetti
         lr=check_positive("lr", get("lr", 2e-3)),
         max_grad_norm=check_positive("max_grad_norm", get("max_grad_norm", 0.1)),
         alpha=float(get("alpha", 1.0)),
+        public_weight=_public_weight(get("public_weight", "constant")),
         ema_decay=0.0 if get("ema_decay") is None else check_open_unit("ema_decay", get("ema_decay")),
         train_size=None if get("train_size") is None else check_int("train_size", get("train_size"), minimum=2),
+        resolution=None if get("resolution") is None else check_int("resolution", get("resolution"), minimum=4),
         samples=check_int("samples", get("samples", 1000), minimum=2),
         ddim_steps=check_int("ddim_steps", get("ddim_steps", 25), minimum=1),
         inception_samples=check_int("inception_samples", get("inception_samples", 0), minimum=0),
@@ -196,6 +228,8 @@ def settings_from_args(args: argparse.Namespace, **given: Any) -> DiffusionSetti
         overwrite=bool(get("overwrite", False)),
         summary=not bool(get("no_summary", False)),
         device=None if get("device") is None else str(get("device")),
+        checkpoint_every=check_int("checkpoint_every", get("checkpoint_every", 250), minimum=1),
+        resume=bool(get("resume", False)),
     )
     if quick:  # a smoke run: seconds, not minutes; the numbers mean nothing
         s.train_size = min(s.train_size or 256, 256)

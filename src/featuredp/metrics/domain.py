@@ -12,8 +12,10 @@ This is an evaluation tool: it reads the private training set and is never relea
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,9 +25,9 @@ from tqdm.auto import tqdm
 
 from featuredp._io import atomic_path
 from featuredp._validate import check_int, check_positive
-from featuredp.metrics.frechet import frechet_from_features
+from featuredp.metrics.frechet import frechet_bootstrap, frechet_from_features, kernel_distance
 
-__all__ = ["DomainClassifier", "DomainMetrics", "train_domain_classifier"]
+__all__ = ["DomainClassifier", "DomainMetrics", "train_domain_classifier", "wilson_interval"]
 
 
 def _to_float(images: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -117,6 +119,36 @@ class DomainMetrics:
         """Fraction of images the classifier assigns to ``labels`` (class-conditional samples)."""
         pred = predict(self.classifier, images)
         return float((pred == np.asarray(labels)).mean())
+
+    def report(
+        self, images: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray | None = None, *,
+        resamples: int = 200, seed: int = 0,
+    ) -> dict[str, Any]:
+        """Domain FID with its 95% bootstrap interval over the samples, domain KID (mean and std over
+        subsets), and, with ``labels``, class accuracy with its 95% Wilson interval; ``n`` = len(images)."""
+        feats = _features(self.classifier, images)
+        lo, hi = frechet_bootstrap(feats, self.reference_features, resamples=resamples, seed=seed)
+        kid, kid_std = kernel_distance(feats, self.reference_features, subset_size=min(1000, len(feats)), seed=seed)
+        out: dict[str, Any] = {"n": len(feats), "domain_fid": frechet_from_features(feats, self.reference_features),
+                               "domain_fid_ci": [lo, hi], "domain_kid": kid, "domain_kid_std": kid_std}
+        if labels is not None:
+            acc = self.accuracy(images, labels)
+            out["accuracy"], out["accuracy_ci"] = acc, list(wilson_interval(acc, len(feats)))
+        return out
+
+
+def wilson_interval(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``p`` observed in ``n`` trials (95% for z = 1.96).
+
+    >>> [round(v, 3) for v in wilson_interval(0.8, 100)]
+    [0.711, 0.867]
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n!r}")
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @torch.inference_mode()
