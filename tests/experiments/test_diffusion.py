@@ -166,3 +166,41 @@ def test_real_reference_rows_cover_every_class_when_the_data_is_grouped_by_class
     assert main(["--dataset-path", str(data), "--out", str(tmp_path / "o"), "--quick", "--methods", "public"]) == 0
     real_row, blurred_row = seen[0], seen[1]
     assert set(real_row.tolist()) == set(range(10)) and set(blurred_row.tolist()) == set(range(10))
+
+
+def test_inception_rows_have_intervals_and_features_follow_the_samples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Inception weights are not in CI: a stand-in network (4 image statistics) exercises the path.
+    # Features are cached per set, keyed by the images themselves: samples replaced by a retrain
+    # (--overwrite) must be scored anew, not by the old samples' cached features.
+    from featuredp.experiments import diffusion
+
+    calls: list[int] = []
+
+    class FakeInception:
+        def __call__(self, images: np.ndarray) -> np.ndarray:
+            x = np.asarray(images, np.float64).reshape(len(images), -1)
+            calls.append(len(x))
+            return np.stack([x.mean(1), x.std(1), x[:, : x.shape[1] // 2].mean(1), x[:, ::3].mean(1)], 1)
+
+    monkeypatch.setattr(diffusion, "InceptionFeatures", FakeInception)
+    data, out = tmp_path / "fm", tmp_path / "o"
+    write_fake_fashion(data, n_train=64, n_test=40)
+    assert main(["--dataset-path", str(data), "--out", str(out), "--quick", "--methods", "public"]) == 0
+    argv = ["--dataset-path", str(data), "--out", str(out), "--methods", "public", "--steps", "3",
+            "--public-steps", "3", "--batch-size", "16", "--samples", "20", "--ddim-steps", "3",
+            "--inception-samples", "12", "--inception-reference", "30"]
+    assert main(argv) == 0
+    assert calls == [30, 12, 12]  # test reference, real training rows, the public samples
+    rows = {r["method"]: r for r in json.loads((out / "summary.json").read_text())["rows"]}
+    for name in ("real (train vs test)", diffusion.label("public")):
+        lo, hi = rows[name]["inception_fid_ci"]
+        assert rows[name]["n_inception"] == 12 and 0 <= lo <= hi and rows[name]["inception_fid"] >= 0
+    assert "Inception FID: the first 12 samples (balanced over classes) against 30 real test images" in (
+        out / "summary.md").read_text()
+    assert main(argv) == 0 and calls == [30, 12, 12]  # nothing new: all three sets cached
+    z = dict(np.load(out / "public" / "samples.npz"))
+    z["samples"] = 255 - z["samples"]  # what a retrain leaves: other samples under the same name
+    np.savez_compressed(out / "public" / "samples.npz", **z)
+    assert main(argv) == 0 and calls == [30, 12, 12, 12]

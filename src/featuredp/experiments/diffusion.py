@@ -24,6 +24,7 @@ writes the summary of everything present.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -319,8 +320,15 @@ def _domain_classifier(ctx: _Context) -> Any:
     return clf
 
 
+def _spread(total: int, k: int) -> np.ndarray:
+    """k row indices spread evenly over 0..total-1 (loaders may store images grouped by class)."""
+    return np.linspace(0, total - 1, k).round().astype(np.int64)
+
+
 def _inception_features(ctx: _Context, name: str, images: np.ndarray, net_holder: list) -> np.ndarray:
-    path = ctx.s.out / "inception" / f"{name}_{len(images)}.npy"
+    # keyed by the images' bytes: a method retrained with --overwrite must not reuse its old features
+    digest = hashlib.sha1(np.ascontiguousarray(images).tobytes()).hexdigest()[:12]
+    path = ctx.s.out / "inception" / f"{name}_{len(images)}_{digest}.npy"
     if path.exists():
         return np.load(path)
     if not net_holder:
@@ -348,7 +356,7 @@ def _summarize(ctx: _Context) -> dict[str, Any]:
     n_ref = min(s.samples, len(ctx.train))
     # real training images (the floor: what a perfect model would score), spread evenly over the set:
     # some loaders store the images grouped by class, and the last n would then be a few classes only
-    spread = np.linspace(0, len(ctx.train) - 1, n_ref).round().astype(np.int64)
+    spread = _spread(len(ctx.train), n_ref)
     real, real_labels = ctx.train.images[spread], ctx.train.labels[spread]
     with torch.no_grad():
         blurred = ctx.feature_map(ctx.train.batch(spread))["x"]
@@ -360,8 +368,9 @@ def _summarize(ctx: _Context) -> dict[str, Any]:
     holder: list = []
     k = s.inception_samples
     if k:
-        ref = _inception_features(ctx, "test", ctx.test.images[: min(len(ctx.test), s.inception_reference)], holder)
-        f_real = _inception_features(ctx, "train", real[:k], holder)
+        ref_rows = _spread(len(ctx.test), min(len(ctx.test), s.inception_reference))
+        ref = _inception_features(ctx, "test", ctx.test.images[ref_rows], holder)
+        f_real = _inception_features(ctx, "train", real[_spread(len(real), min(k, len(real)))], holder)
         rows[0].update(_inception_row(f_real, ref, k, s.seed))
     for method in DIFFUSION_METHODS:
         rpath = s.out / method / "result.json"
@@ -387,6 +396,8 @@ def _summarize(ctx: _Context) -> dict[str, Any]:
                "image_shape": list(ctx.train.image_shape), "rejection_threshold": ctx.threshold, "rows": rows,
                "classifier_test_accuracy": dm.accuracy(ctx.test.images, ctx.test.labels),
                "domain_reference": f"{len(ctx.test)} real test images"}
+    if k:
+        summary["inception_reference"] = len(ref)
     atomic_write_json(s.out / "summary.json", summary)
     atomic_write_text(s.out / "summary.md", _markdown(summary))
     _combined_grid(ctx, rows)
@@ -394,8 +405,7 @@ def _summarize(ctx: _Context) -> dict[str, Any]:
 
 
 def _inception_row(f: np.ndarray, ref: np.ndarray, k: int, seed: int) -> dict[str, Any]:
-    # 2048-d features: each resample costs two 2048×2048 eigendecompositions (seconds on a CPU), so fewer
-    lo, hi = frechet_bootstrap(f, ref, resamples=40, seed=seed)
+    lo, hi = frechet_bootstrap(f, ref, seed=seed)
     return {"inception_fid": frechet_from_features(f, ref), "inception_fid_ci": [lo, hi],
             "kid": kernel_distance(f, ref, subset_size=min(k, 1000), seed=seed)[0], "n_inception": len(f)}
 
@@ -450,9 +460,14 @@ def _markdown(summary: dict[str, Any]) -> str:
                 tt += f" (+{r['train_time_incl_public_pretraining_s'] - r['train_time_s']:.0f} public)"
         lines.append(f"| {r['method']} | {eps} | {r['n']} | {dfid} | {r['domain_kid']:.3f} | {acc} | {sharp} | "
                      f"{inc} | {tt} |")
+    k = summary["settings"]["inception_samples"]
+    inception_note = (f"Inception FID: the first {k} samples (balanced over classes) against "
+                      f"{summary.get('inception_reference', '?')} real test images, same interval. ") if k else ""
     lines += ["", "Domain FID / KID: a small CNN's pre-ReLU features, samples against "
-              f"{summary['domain_reference']}; the interval is a percentile bootstrap over the samples (which n were "
-              "drawn), not FID's small-n bias. Class accuracy: how often that CNN labels a sample with the class it "
+              f"{summary['domain_reference']}; the interval is a 95% bootstrap interval (basic, centred on the "
+              "bootstrap mean) for the expected FID at this n: how much the score moves with which n samples were "
+              "drawn, not FID's small-n bias (FID at n = ∞ is lower). "
+              f"{inception_note}Class accuracy: how often that CNN labels a sample with the class it "
               "was conditioned on (Wilson interval); on real test images it scores "
               f"{summary['classifier_test_accuracy']:.3f}, and more on the real training rows it has seen. "
               "Sharpness: median variance of the Laplacian × 1000 (the blur score; blur lowers it). "

@@ -57,13 +57,26 @@ def frechet_from_features(f1: np.ndarray, f2: np.ndarray) -> float:
 def frechet_bootstrap(
     f1: np.ndarray, f2: np.ndarray, *, resamples: int = 200, level: float = 0.95, seed: int = 0
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of FID(f1, f2) over the rows of ``f1`` (the generated set; the
-    reference ``f2`` is held fixed). It measures how much the score moves with *which* n samples were
-    drawn, not FID's bias at small n (the interval of a smaller n sits higher).
+    """Bootstrap interval for the expected FID(f1, f2) at f1's sample size n, over the rows of ``f1``
+    (the generated set; the reference ``f2`` is held fixed).
+
+    FID is biased upwards at finite n, and a resample drawn with replacement repeats rows, which adds
+    more of the same bias: in 2,048-d Inception space at n = 500 the resampled values all sit well above
+    the estimate, so the plain percentile interval does not even contain it (in a simulation with
+    d = 24 and n = 80 it covered the expected FID in 4 draws of 100). The interval is therefore the
+    *basic* bootstrap centred on the bootstrap mean: θ̂ − (q_hi − m*), θ̂ − (q_lo − m*), with q the
+    resampled values' quantiles and m* their mean. It targets E[FID at this n], the quantity that rows
+    with the same n compare, not FID at n = ∞ (which is lower).
+
+    Σ₂^{1/2} is computed once. Each resample then needs only the eigenvalues of an n × n Gram matrix,
+    not of a d × d product: with X the centred resample, Σ₂^{1/2} Σ₁ Σ₂^{1/2} = YᵀY for
+    Y = X Σ₂^{1/2} / √(n − 1), which has the same non-zero eigenvalues as YYᵀ. For 2,048-d Inception
+    features and n = 500 that is ~50× faster than two d × d eigendecompositions per resample.
 
     >>> rng = np.random.default_rng(0)
-    >>> lo, hi = frechet_bootstrap(rng.normal(size=(500, 2)), rng.normal(size=(500, 2)), resamples=50)
-    >>> 0 <= lo < hi < 0.2
+    >>> gen, ref = rng.normal(size=(500, 2)), rng.normal(size=(500, 2))
+    >>> lo, hi = frechet_bootstrap(gen, ref, resamples=50)
+    >>> 0 <= lo <= frechet_from_features(gen, ref) <= hi < 0.2
     True
     """
     a = np.asarray(f1, np.float64)
@@ -71,11 +84,25 @@ def frechet_bootstrap(
     if not 0 < level < 1:
         raise ValueError(f"level must lie in (0, 1), got {level!r}")
     mu2, s2 = feature_statistics(f2)
+    if a.ndim != 2 or len(a) < 2 or a.shape[1] != len(mu2):
+        raise ValueError(f"f1 must have shape (N >= 2, {len(mu2)}), got {a.shape}")
+    r2, tr2 = _psd_sqrt(s2), float(np.trace(s2))
+    n = len(a)
+
+    def fid(x: np.ndarray) -> float:
+        mu1 = x.mean(0)
+        xc = x - mu1
+        y = xc @ r2 / np.sqrt(n - 1)
+        gram = y @ y.T if n <= y.shape[1] else y.T @ y
+        tr_sqrt = float(np.sqrt(np.clip(np.linalg.eigvalsh(gram), 0, None)).sum())
+        diff = mu1 - mu2
+        return max(float(diff @ diff) + float((xc**2).sum()) / (n - 1) + tr2 - 2 * tr_sqrt, 0.0)
+
     rng = np.random.default_rng(seed)
-    vals = [frechet_distance(*feature_statistics(a[rng.integers(0, len(a), len(a))]), mu2, s2)
-            for _ in range(resamples)]
-    lo, hi = np.quantile(vals, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
+    vals = np.array([fid(a[rng.integers(0, n, n)]) for _ in range(resamples)])
+    q_lo, q_hi = np.quantile(vals, [(1 - level) / 2, (1 + level) / 2])
+    theta, m = fid(a), float(vals.mean())
+    return float(max(theta - (q_hi - m), 0.0)), float(theta - (q_lo - m))
 
 
 def kernel_distance(
