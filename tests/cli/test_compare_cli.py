@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pandas as pd
 import pytest
@@ -136,3 +137,15 @@ def test_compare_values_name_their_flags(tmp_path, capsys) -> None:
         assert main(["compare", "--quick", "--out", str(tmp_path / "o"), *argv]) == 2
         assert needle in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_summary_command_leaves_out_display_only_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    # summary.md shows how to reproduce the grid: a later --report-only --quiet rewrite must keep
+    # showing the command that trains it, not one that trains nothing.
+    from featuredp.cli.compare import _command_line
+
+    monkeypatch.setattr(sys, "argv", ["featuredp", "compare", "--dataset", "adult", "--out", "a b",
+                                      "--report-only", "--quiet", "--json"])
+    assert _command_line("x") == "featuredp compare --dataset adult --out 'a b'"
+    monkeypatch.setattr(sys, "argv", ["python", "-c"])
+    assert _command_line("featuredp compare") == "featuredp compare"

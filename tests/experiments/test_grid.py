@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from featuredp.experiments import GridConfig, GridRunner, grid_cells, run_grid, summarize
 
@@ -67,6 +68,7 @@ def test_results_files_and_resume(tmp_path, tiny_csv) -> None:
     assert sorted(fdp4.seed) == [0, 1] and np.allclose(sorted(fdp4.accuracy), [0.64, 0.65], atol=1e-3)
     md = (cfg.out / "summary.md").read_text()
     assert "| FDP (Alg. 1) | 61.5 ± 0.7 | 64.5 ± 0.7 |" in md
+    assert f"{torch.get_num_threads()} torch thread(s) per run" in md  # CPU time reads differently with more
     assert re.search(r"ε = 4: FDP − DP-SGD = \+(29\.9|30\.0)", md)
     assert (cfg.out / "privacy_utility.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

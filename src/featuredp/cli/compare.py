@@ -161,10 +161,20 @@ def _run(args: argparse.Namespace) -> int:
         device=args.device,
         progress=not (args.json or args.quiet),
         overwrite=args.overwrite,
-        command="featuredp " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["compare"]
-        else "featuredp compare",
+        command=_command_line("featuredp compare"),
     )
     return _report(args, cfg, run_grid(cfg))
+
+
+_DISPLAY_ONLY = ("--report-only", "--quiet", "--json")  # change what is printed, not what is trained
+
+
+def _command_line(default: str) -> str:
+    """The command that reproduces the grid, for summary.md: this invocation's arguments without the flags
+    that only change the display (a ``--report-only`` rewrite keeps showing the training command)."""
+    if sys.argv[1:2] != ["compare"]:
+        return default
+    return "featuredp " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a not in _DISPLAY_ONLY)
 
 
 def _run_images(args: argparse.Namespace, epsilons: list[float] | None, seeds: list[int]) -> int:
@@ -204,8 +214,7 @@ def _run_images(args: argparse.Namespace, epsilons: list[float] | None, seeds: l
         seeds=seeds, quick=args.quick, delta=getattr(args, "delta", None), dataset_options=options,
         report_only=args.report_only, device=args.device, progress=not (args.json or args.quiet),
         overwrite=args.overwrite,
-        command="featuredp " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["compare"]
-        else "featuredp compare --task image-classification",
+        command=_command_line("featuredp compare --task image-classification"),
     )  # fmt: skip
     runner = ImageGridRunner(cfg, feature_map=fmap)
     runner.check_out()  # another grid's results in --out: refused before the data is fetched

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from featuredp._io import atomic_path, atomic_write_json, atomic_write_text
 from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
@@ -483,6 +484,7 @@ class GridRunner:
             "methods": {m: self.preset["methods"].get(m, {}) for m in cfg.methods}, "tuned_params": self.tuned,
             "cells_run": ran, "cells_reused": skipped, "cells_missing": len(cells) - ran - skipped,
             "invocation_wall_s": round(time.perf_counter() - started, 1),
+            "torch_threads": torch.get_num_threads(),
             "command": cfg.command,
         }  # fmt: skip
         atomic_write_text(cfg.out / "summary.md", render_summary_md(rows, summary, meta))
@@ -659,7 +661,8 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
     lines += [
         "",
         f"Total training time of the {len(rows)} runs: {total / 60:.1f} min wall, {total_cpu / 60:.1f} min CPU "
-        f"(sums over runs; one torch thread; this invocation ran {meta.get('cells_run')} and reused "
+        f"(sums over runs; {meta.get('torch_threads', 1)} torch thread(s) per run; this invocation ran "
+        f"{meta.get('cells_run')} and reused "
         f"{meta.get('cells_reused')} finished cells"
         + (f"; **{meta['cells_missing']} cells of the grid are not finished yet**" if meta.get("cells_missing") else "")
         + ").",
