@@ -195,3 +195,29 @@ def test_a_shard_is_refused_when_empty_or_when_the_declared_size_is_wrong():
         Trainer(LogisticRegression(7, 2), "dpsgd", steps=1, batch_size=4, noise_multiplier=1.0, delta=1e-4,
                 progress=False).fit(whole, sharded=True)  # fmt: skip
     assert trainer(50).fit(whole, sharded=True).steps == 1  # one process holding the whole "shard"
+
+
+def test_a_group_featuredp_creates_is_destroyed_at_exit(monkeypatch):
+    # Exiting with a live gloo group can abort the process at teardown (seen in CI): the group that
+    # context() initialises must be destroyed by an exit handler, and only while it is still alive.
+    import torch.distributed as dist
+
+    from featuredp import distributed
+
+    handlers, destroyed, alive = [], [], [False]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(distributed.atexit, "register", handlers.append)
+    monkeypatch.setattr(dist, "is_initialized", lambda: alive[0])
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: alive.__setitem__(0, True))
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(dist, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: (destroyed.append(1), alive.__setitem__(0, False)))
+    ctx = distributed.context(torch.device("cpu"))
+    assert ctx is not None and ctx.world_size == 2 and len(handlers) == 1
+    handlers[0]()
+    assert destroyed == [1]
+    handlers[0]()  # already destroyed (by the user or the first call): nothing more
+    assert destroyed == [1]
+    alive[0] = True  # a group the user initialised is not ours: no handler
+    assert distributed.context(torch.device("cpu")) is not None and len(handlers) == 1

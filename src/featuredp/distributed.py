@@ -19,6 +19,7 @@ The ranks are trusted: each sees its own unnoised clipped sum (secure aggregatio
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from dataclasses import dataclass
@@ -71,10 +72,20 @@ def context(device: torch.device, *, mode: str = "auto") -> DistContext | None:
         if device.type == "cuda":
             torch.cuda.set_device(device.index if device.index is not None else int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend=backend, timeout=DEFAULT_TIMEOUT)
+        atexit.register(_destroy_at_exit)
     world = dist.get_world_size()
     if world <= 1:
         return None
     return DistContext(rank=dist.get_rank(), world_size=world, backend=str(dist.get_backend()))
+
+
+def _destroy_at_exit() -> None:
+    # A process that exits with a live gloo group can die with SIGABRT ("terminate called without an active
+    # exception"): gloo's worker threads still hold work that references Python objects while the
+    # interpreter is being torn down (pytorch/pytorch#179291). Destroying the group we created while the
+    # interpreter is alive avoids it; a group the user destroyed already is left alone.
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _flat(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
