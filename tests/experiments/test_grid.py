@@ -218,3 +218,13 @@ def test_progress_says_cell_i_of_n_method_epsilon_seed_and_eta(tmp_path, tiny_cs
     assert "8 finished earlier (reused), 0 to run" in capsys.readouterr().err
     run_grid(_cfg(tmp_path, tiny_csv, methods=["dpsgd", "fdp"]), trainer_fn=FakeTrainer())
     assert capsys.readouterr().err == ""
+
+
+def test_threads_note_reads_the_cells() -> None:
+    # CPU seconds mean little without the thread count the cells were trained with (a --report-only
+    # rewrite runs with its own, possibly different, setting); cells that predate the field say nothing.
+    from featuredp.experiments.grid import _threads_note
+
+    assert _threads_note([{"cpu_s": 1.0}]) == ""
+    assert _threads_note([{"torch_threads": 2}, {"torch_threads": 2}]) == "; 2 torch thread(s) per run"
+    assert _threads_note([{"torch_threads": 1}, {"torch_threads": 2}]) == "; 1–2 torch thread(s) per run"

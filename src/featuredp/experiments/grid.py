@@ -280,6 +280,7 @@ class GridRunner:
             "stopped_early": summary.get("stopped_early"),
             "wall_s": round(wall, 2),
             "cpu_s": round(cpu, 2),  # CPU time of this process: steadier than wall time on a shared machine
+            "torch_threads": torch.get_num_threads(),  # CPU time grows with threads; not a results.csv column
             "tuned": _tune_key(cell.method, cell.epsilon) in self.tuned,
             "params": json.dumps(params, sort_keys=True),
         }
@@ -484,7 +485,6 @@ class GridRunner:
             "methods": {m: self.preset["methods"].get(m, {}) for m in cfg.methods}, "tuned_params": self.tuned,
             "cells_run": ran, "cells_reused": skipped, "cells_missing": len(cells) - ran - skipped,
             "invocation_wall_s": round(time.perf_counter() - started, 1),
-            "torch_threads": torch.get_num_threads(),
             "command": cfg.command,
         }  # fmt: skip
         atomic_write_text(cfg.out / "summary.md", render_summary_md(rows, summary, meta))
@@ -503,6 +503,15 @@ class GridRunner:
         df = pd.DataFrame(list(rows), columns=CSV_COLUMNS)
         with atomic_path(self.cfg.out / "results.csv") as tmp:
             df.to_csv(tmp, index=False)
+
+
+def _threads_note(rows: Sequence[dict[str, Any]]) -> str:
+    """"; N torch thread(s) per run" from the cells (cells written before this was recorded say nothing)."""
+    counts = sorted({int(r["torch_threads"]) for r in rows if r.get("torch_threads")})
+    if not counts:
+        return ""
+    span = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    return f"; {span} torch thread(s) per run"
 
 
 def _tune_key(method: str, epsilon: float | None) -> str:
@@ -661,8 +670,7 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
     lines += [
         "",
         f"Total training time of the {len(rows)} runs: {total / 60:.1f} min wall, {total_cpu / 60:.1f} min CPU "
-        f"(sums over runs; {meta.get('torch_threads', 1)} torch thread(s) per run; this invocation ran "
-        f"{meta.get('cells_run')} and reused "
+        f"(sums over runs{_threads_note(rows)}; this invocation ran {meta.get('cells_run')} and reused "
         f"{meta.get('cells_reused')} finished cells"
         + (f"; **{meta['cells_missing']} cells of the grid are not finished yet**" if meta.get("cells_missing") else "")
         + ").",
