@@ -15,19 +15,24 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike[str], *, private: bool = False) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success it replaces ``path`` atomically.
 
     Use it with writers that take a path (``torch.save``, ``savefig``, ``to_csv``).
     On an exception the temporary file is removed and ``path`` is untouched.
+    ``private=True``: the file is readable by its owner only (mode 0600) from its first byte, and a
+    directory the call creates is 0700 (keys, RNG states: :func:`private_dir`).
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if private:
+        private_dir(target.parent)
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
-    # mkstemp creates 0600 files; give the result the mode a plain open() would (0666 minus the umask).
-    os.chmod(tmp_path, 0o666 & ~_current_umask())
+    # mkstemp creates 0600 files; a public file gets the mode a plain open() would (0666 minus the umask).
+    os.chmod(tmp_path, 0o600 if private else 0o666 & ~_current_umask())
     try:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:
@@ -37,6 +42,15 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def private_dir(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a directory only its owner can read (created with mode 0700; an existing one is tightened)."""
+    target = Path(path)
+    target.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if target.stat().st_mode & 0o077:
+        os.chmod(target, 0o700)
+    return target
 
 
 def _current_umask() -> int:
@@ -81,11 +95,14 @@ def atomic_save_png(fig: Any, path: str | os.PathLike[str], *, dpi: int = 120, t
     plt.close(fig)
 
 
-def atomic_save_torch(path: str | os.PathLike[str], obj: Any) -> None:
-    """``torch.save(obj)`` to ``path`` atomically (tensors and plain containers: checkpoints, models)."""
+def atomic_save_torch(path: str | os.PathLike[str], obj: Any, *, private: bool = False) -> None:
+    """``torch.save(obj)`` to ``path`` atomically (tensors and plain containers: checkpoints, models).
+
+    ``private=True`` for anything holding keys or RNG states (checkpoints): mode 0600 (:func:`atomic_path`).
+    """
     import torch  # here, not at the top: the accountant imports this module and must not pull in torch
 
-    with atomic_path(path) as tmp:
+    with atomic_path(path, private=private) as tmp:
         torch.save(obj, tmp)
 
 
