@@ -21,13 +21,11 @@ def atomic_path(path: str | os.PathLike[str], *, private: bool = False) -> Itera
     Use it with writers that take a path (``torch.save``, ``savefig``, ``to_csv``).
     On an exception the temporary file is removed and ``path`` is untouched.
     ``private=True``: the file is readable by its owner only (mode 0600) from its first byte, and a
-    directory the call creates is 0700 (keys, RNG states: :func:`private_dir`).
+    directory the call creates is 0700 (keys, RNG states; :func:`private_dir` also tightens an existing one).
     """
     target = Path(path)
-    if private:
-        private_dir(target.parent)
-    else:
-        target.parent.mkdir(parents=True, exist_ok=True)
+    # A folder this call creates for a private file is the owner's alone; an existing folder is left as it is.
+    target.parent.mkdir(parents=True, exist_ok=True, **({"mode": 0o700} if private else {}))
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
