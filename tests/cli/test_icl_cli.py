@@ -27,10 +27,10 @@ def outputs():
     import io
 
     got = {}
-    for eps in ("1", "inf"):
+    for eps, extra in (("1", []), ("inf", ["--diagnostics"])):
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
-            rc = main(["icl", "--epsilon", eps, "--json"])
+            rc = main(["icl", "--epsilon", eps, "--json", *extra])
         assert rc == 0
         lines = buf.getvalue().strip().splitlines()
         assert len(lines) == 1, "--json prints exactly one line: one JSON object"
@@ -48,7 +48,17 @@ def test_json_keys_and_values(outputs):
         assert out["queries_answered"] == out["queries"] == 100 and out["dataset"] == "digits"
         assert out["prompts"] == 314 and out["shots"] == 4 and out["seeded"] is False
     # the noiseless ensemble is far more accurate than one prompt, and 1-NN over all demonstrations better still
-    assert inf["accuracy"] > inf["single_prompt_accuracy"] + 0.3 and inf["nonprivate_accuracy"] > 0.9
+    diag = inf["diagnostics"]
+    assert inf["accuracy"] > diag["single_prompt_accuracy"] + 0.3 and diag["nonprivate_accuracy"] > 0.9
+    assert 0 <= one["zero_shot_accuracy"] <= 1
+
+
+def test_default_json_holds_no_noiseless_baseline_and_diagnostics_are_marked(outputs):
+    one, inf = outputs["1"], outputs["inf"]
+    # before: nonprivate_accuracy, single_prompt_accuracy and single_prompt_mia_auc (no noise) sat next to epsilon
+    assert not {"diagnostics", "nonprivate_accuracy", "single_prompt_accuracy", "single_prompt_mia_auc"} & set(one)
+    assert "nonprivate_accuracy" not in inf and inf["diagnostics"]["covered_by_epsilon"] is False
+    assert "not covered by ε" in inf["diagnostics"]["note"]
 
 
 def test_every_json_key_is_documented(outputs):
@@ -108,8 +118,20 @@ def test_seed_warns_and_is_never_printed_or_written(tmp_path, capsys):
 
 def test_table_writes_its_files(tmp_path, capsys):
     rc = main(["icl", "--table", "--epsilons", "3,inf", "--repeats", "1", "--queries", "20", "--prompt-sweep", "2",
-               "--out", str(tmp_path)])
+               "--diagnostics", "--out", str(tmp_path)])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "ε = ∞ (one prompt)" in text and "ε = 3" in text
+    assert "ε = ∞ (one prompt) †" in text and "ε = 3" in text and "NOT covered by epsilon" in text
     assert {p.name for p in tmp_path.iterdir()} >= {"results.csv", "summary.md", "icl.png", "icl_prompts.png"}
+    assert "Not covered by ε" in (tmp_path / "summary.md").read_text()
+
+
+def test_table_default_holds_only_settings_covered_by_epsilon(tmp_path, capsys):
+    assert main(["icl", "--table", "--epsilons", "3", "--repeats", "1", "--queries", "20", "--out", str(tmp_path),
+                 "--json"]) == 0  # fmt: skip
+    out = _strict(capsys.readouterr().out)
+    assert {e["setting"] for e in out["summary"].values()} == {"dp", "zero_shot"}
+    assert all(e["covered_by_epsilon"] for e in out["summary"].values())
+    rows = (tmp_path / "results.csv").read_text()
+    assert "nonprivate" not in rows and "one_prompt" not in rows
+    assert "† **Not covered" not in (tmp_path / "summary.md").read_text()

@@ -11,7 +11,7 @@ from featuredp.cli import main
 from featuredp.errors import PrivacyRiskWarning
 
 JSON_KEYS = {"epsilon", "delta", "teachers", "queries_answered", "label_accuracy", "student_accuracy",
-             "teacher_accuracy", "sigma", "queries_asked", "mechanism", "dataset", "n_private", "n_public"}  # fmt: skip
+             "sigma", "queries_asked", "mechanism", "dataset", "n_private", "n_public"}  # fmt: skip
 
 
 def test_json_prints_one_object_with_the_documented_keys(capsys):
@@ -110,15 +110,60 @@ def test_ledger_flag_records_the_queries(tmp_path, capsys):
 def test_compare_quick_writes_table_csv_and_plot(tmp_path, capsys):
     out = tmp_path / "cmp"
     rc = main(["pate", "--compare", "--quick", "--epsilons", "1", "--queries", "50", "--repeats", "1",
-               "--teachers", "20", "--out", str(out), "--json"])  # fmt: skip
+               "--teachers", "20", "--diagnostics", "--out", str(out), "--json"])  # fmt: skip
     assert rc == 0 and json.loads(capsys.readouterr().out)["rows"] == 6
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert {r["method"] for r in rows} == {"nonprivate", "pate_q50", "fdp_label", "lp2st", "rr", "ceiling_q50"}
     for r in rows:
         assert 0.0 <= float(r["accuracy"]) <= 1.0
-        if r["method"] not in ("nonprivate", "ceiling_q50"):
+        noiseless = r["method"] in ("nonprivate", "ceiling_q50")
+        assert r["covered_by_epsilon"] == str(not noiseless)  # the diagnostics are marked
+        if not noiseless:
             assert float(r["epsilon"]) <= 1.0
     summary = (out / "summary.md").read_text()
     assert "| PATE, GNMax, 50 queries |" in summary and "Alg. 1, label-DP split" in summary
-    assert "--queries 50 --repeats 1 --teachers 20 --quick" in summary  # the command that reproduces it
+    assert "--queries 50 --repeats 1 --teachers 20 --quick --diagnostics" in summary  # the command that reproduces it
+    assert "not covered by ε" in summary
     assert (out / "accuracy_vs_epsilon.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 23: nothing outside ε by default; the noiseless diagnostics only with --diagnostics, marked
+# ---------------------------------------------------------------------------------------------------------
+_RUN = ["pate", "--teachers", "10", "--epsilon", "1", "--queries", "20"]
+
+
+def test_default_output_and_files_hold_no_noiseless_teacher_accuracy(tmp_path, capsys):
+    assert main([*_RUN, "--json", "--out", str(tmp_path / "j")]) == 0
+    printed = capsys.readouterr().out
+    assert main([*_RUN, "--out", str(tmp_path / "t")]) == 0
+    printed += capsys.readouterr().out
+    written = "".join(f.read_text() for f in tmp_path.rglob("*") if f.is_file())
+    for text in (printed, written):  # before: teacher_accuracy (a perfect distinguisher) next to the guarantee
+        assert "teacher_accuracy" not in text and "diagnostics" not in text
+
+
+def test_diagnostics_flag_shows_teacher_accuracy_marked_not_covered(tmp_path, capsys):
+    assert main([*_RUN, "--diagnostics", "--json", "--out", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "teacher_accuracy" not in out  # only inside the marked object
+    diag = out["diagnostics"]
+    assert diag["covered_by_epsilon"] is False and "not covered by ε" in diag["note"]
+    assert 0.0 <= diag["teacher_accuracy"] <= 1.0
+    assert json.loads((tmp_path / "pate.json").read_text())["diagnostics"]["covered_by_epsilon"] is False
+    assert main([*_RUN, "--diagnostics"]) == 0
+    text = capsys.readouterr().out
+    assert "NOT covered by epsilon" in text and "teacher_accuracy" in text
+    assert text.index("NOT covered by epsilon") < text.index("teacher_accuracy")
+
+
+def test_compare_without_diagnostics_writes_only_releases_covered_by_epsilon(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(["pate", "--compare", "--quick", "--epsilons", "1", "--queries", "30", "--repeats", "1",
+                 "--teachers", "10", "--out", str(out), "--json"]) == 0  # fmt: skip
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert {r["method"] for r in rows} == {"pate_q30", "fdp_label", "lp2st", "rr"}
+    assert all(r["covered_by_epsilon"] == "True" for r in rows)
+    summary = (out / "summary.md").read_text()
+    assert "non-private" not in summary.split("## Test accuracy")[1].split("\n\n")[1]  # no reference row
+    assert "teacher" not in (out / "results.csv").read_text() and "mean teacher" not in summary

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,7 @@ def test_train_json_has_the_documented_fields(capsys, tmp_path):
         assert key in out
     assert out["method"] == "fdp" and out["private_columns"] == ["sex", "race"]
     assert 0 < out["epsilon"] <= 2.0 and out["delta"] == 1e-5 and out["accuracy"] > 0.7
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoint.pt", "model.pt", "run.json"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["model.pt", "run.json"]
     from featuredp.experiments.runs import load_run
 
     run = load_run(tmp_path / "run")
@@ -108,7 +109,7 @@ def test_train_refuses_an_out_holding_a_run_and_overwrite_replaces_it_whole(caps
 
     assert main([*_TINY, "--out", str(run), "--overwrite"]) == 0
     capsys.readouterr()
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "model.pt", "run.json"]  # no stale audit
+    assert sorted(p.name for p in run.iterdir()) == ["model.pt", "run.json"]  # no stale audit
     assert (run / "model.pt").read_bytes() != before["model.pt"]
 
 
@@ -117,6 +118,7 @@ def test_train_refuses_an_out_holding_a_run_and_overwrite_replaces_it_whole(caps
     (["--out", "{file}/run"], "is a file"),
     (["--out", "{tmp}/none", "--resume"], "--resume: --out"),
     (["--resume"], "--resume needs --out"),
+    (["--keep-checkpoint"], "--keep-checkpoint needs --out"),
     (["--out", "{tmp}/r", "--resume", "--overwrite"], "not both"),
     (["--epochs", "1e12"], "--epochs must be <= 10000"),
     (["--epsilon", "1e6"], "--epsilon must be <= 1000"),
@@ -140,11 +142,11 @@ def test_train_bad_flags_exit_2_before_any_data(extra, needle, capsys, tmp_path,
 
 def test_train_resume_of_a_truncated_checkpoint_is_one_line_naming_it(capsys, tmp_path):
     run = tmp_path / "run"
-    assert main([*_TINY, "--out", str(run)]) == 0
-    data = (run / "checkpoint.pt").read_bytes()
-    capsys.readouterr()
+    assert main([*_TINY, "--out", str(run), "--keep-checkpoint"]) == 0
+    checkpoint = Path(json.loads(capsys.readouterr().out)["checkpoint"])
+    data = checkpoint.read_bytes()
     for broken in (data[: len(data) // 3], b"hello, not a checkpoint"):
-        (run / "checkpoint.pt").write_bytes(broken)
+        checkpoint.write_bytes(broken)
         assert main([*_TINY, "--out", str(run), "--resume"]) == 2
         err = capsys.readouterr().err
         assert "checkpoint.pt" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -242,3 +244,165 @@ def test_device_cuda_without_a_gpu_exits_2_naming_cuda(argv, capsys, tmp_path, m
     err = capsys.readouterr().err
     assert "CUDA" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 23: keys and RNG states never sit in the run folder; run.json lists no private category value
+# ---------------------------------------------------------------------------------------------------------
+_SECRET_KEYS = {"streams", "noise", "private_sampler", "fingerprint", "draws", "ranks"}
+
+
+def _secret_keys_in_run_folder(folder):
+    """What an attacker holding the released run folder finds: every .pt, loaded safely, searched for RNG state."""
+    import torch
+
+    found = {}
+    for path in folder.rglob("*.pt"):
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+        keys = set(obj) if isinstance(obj, dict) else set()
+        if keys & _SECRET_KEYS:
+            found[path.name] = sorted(keys & _SECRET_KEYS)
+    return found
+
+
+@pytest.fixture
+def private_root(tmp_path, monkeypatch):
+    root = tmp_path / "private-state"
+    monkeypatch.setenv("FEATUREDP_PRIVATE_DIR", str(root))
+    return root
+
+
+def test_train_out_holds_no_noise_or_sampler_state_and_the_checkpoint_is_deleted(capsys, tmp_path, private_root):
+    run = tmp_path / "run"
+    assert main([*_TINY, "--secure-rng", "--out", str(run)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert _secret_keys_in_run_folder(run) == {}  # before: checkpoint.pt with the noise and sampler keys, mode 0644
+    checkpoint = Path(out["checkpoint"])
+    assert out["checkpoint_kept"] is False and not checkpoint.exists() and not checkpoint.parent.exists()
+    assert private_root in checkpoint.parents and run.resolve() not in checkpoint.parents
+    assert private_root.stat().st_mode & 0o777 == 0o700
+    assert str(checkpoint.parent.name) not in (run / "run.json").read_text()
+
+
+def test_train_keep_checkpoint_is_owner_only_outside_out_and_resume_finds_it(capsys, tmp_path, private_root):
+    run = tmp_path / "run"
+    text = ["train", "--method", "dpsgd", "--epsilon", "2", "--epochs", "0.02", "--model", "logreg", "--quiet"]
+    assert main([*text, "--out", str(run), "--keep-checkpoint"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("checkpoint"))
+    assert line.endswith("(private, kept: --keep-checkpoint)")
+    checkpoint = Path(line.split()[1])
+    assert checkpoint.is_file() and checkpoint.stat().st_mode & 0o777 == 0o600
+    assert checkpoint.parent.stat().st_mode & 0o777 == 0o700 and private_root.stat().st_mode & 0o777 == 0o700
+    assert _secret_keys_in_run_folder(run) == {} and not (run / "checkpoint.pt").exists()
+    # --resume finds it from --out alone (here: a relative spelling of the same folder)
+    import os
+
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        assert main([*_TINY, "--out", "./run/../run", "--resume"]) == 0
+    finally:
+        os.chdir(cwd)
+    out = json.loads(capsys.readouterr().out)
+    assert Path(out["checkpoint"]) == checkpoint and not checkpoint.exists()  # deleted at the end of this run
+
+
+def test_train_resume_without_a_checkpoint_names_resume_and_the_expected_path(capsys, tmp_path, private_root):
+    from featuredp.experiments.runs import private_checkpoint
+
+    run = tmp_path / "run"
+    assert main([*_TINY, "--out", str(run)]) == 0  # finished: its checkpoint is gone
+    capsys.readouterr()
+    assert main([*_TINY, "--out", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--resume" in err and str(private_checkpoint(run)) in err
+    assert "moved" in err  # a moved run directory cannot be resumed: the message says so
+
+
+def test_train_interrupted_run_keeps_its_private_checkpoint_and_out_is_refused_without_resume(
+        capsys, tmp_path, private_root, monkeypatch):  # fmt: skip
+    import featuredp.experiments.train_one as train_one_module
+    from featuredp.experiments.runs import private_checkpoint, save_run
+
+    run = tmp_path / "run"
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_one_module, "save_run", crash)
+    assert main([*_TINY, "--out", str(run)]) != 0  # Ctrl-C after training, before run.json is written
+    monkeypatch.setattr(train_one_module, "save_run", save_run)
+    assert private_checkpoint(run).is_file() and not (run / "checkpoint.pt").exists()
+    capsys.readouterr()
+    assert main([*_TINY, "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and str(private_checkpoint(run)) in err
+    assert main([*_TINY, "--out", str(run), "--resume"]) == 0
+    assert not private_checkpoint(run).exists() and (run / "model.pt").is_file()
+
+
+def test_train_overwrite_removes_the_old_runs_private_checkpoint(capsys, tmp_path, private_root):
+    from featuredp.experiments.runs import private_checkpoint
+
+    run = tmp_path / "run"
+    assert main([*_TINY, "--out", str(run), "--keep-checkpoint"]) == 0
+    old = private_checkpoint(run).read_bytes()
+    assert main([*_TINY, "--out", str(run), "--overwrite", "--private", "nope"]) == 2  # fails: the old run stays
+    assert private_checkpoint(run).read_bytes() == old
+    assert main([*_TINY, "--out", str(run), "--overwrite"]) == 0
+    assert not private_checkpoint(run).exists()
+    assert [p.name for p in private_root.iterdir()] == []  # nothing of the old run set aside either
+
+
+def test_train_resume_moves_a_legacy_checkpoint_out_of_the_run_folder(capsys, tmp_path, private_root):
+    import shutil
+
+    from featuredp.errors import PrivacyRiskWarning
+    from featuredp.experiments.runs import private_checkpoint
+
+    run = tmp_path / "run"
+    assert main([*_TINY, "--out", str(run), "--keep-checkpoint"]) == 0
+    shutil.move(str(private_checkpoint(run)), str(run / "checkpoint.pt"))  # where featuredp used to write it
+    capsys.readouterr()
+    with pytest.warns(PrivacyRiskWarning, match="moved the checkpoint"):
+        assert main([*_TINY, "--out", str(run), "--resume", "--keep-checkpoint"]) == 0
+    assert not (run / "checkpoint.pt").exists() and private_checkpoint(run).stat().st_mode & 0o777 == 0o600
+
+
+def _csv_with_one_rare_diagnosis(path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n = 300
+    age = rng.integers(17, 91, n)
+    diag = rng.choice(np.array(["flu", "cold", "none"], dtype=object), n)
+    diag[7] = "HIV-positive"  # held by one record
+    y = np.where(0.04 * (age - 40) + rng.normal(0, 1, n) > 0, "yes", "no")
+    lines = ["age,city,diag,y"] + [f"{a},{'AB'[i % 2]},{d},{t}" for i, (a, d, t) in enumerate(zip(age, diag, y))]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_train_run_folder_and_output_never_list_a_private_category_read_from_the_data(capsys, tmp_path,
+                                                                                      private_root):
+    from featuredp.errors import PrivacyLeakWarning
+    from featuredp.experiments.runs import load_run
+
+    data = tmp_path / "people.csv"
+    _csv_with_one_rare_diagnosis(data)
+    run = tmp_path / "run"
+    base = ["train", "--data", str(data), "--label", "y", "--private", "diag", "--method", "fdp", "--epsilon", "2",
+            "--epochs", "1", "--batch-size", "32", "--public-batch-size", "32", "--model", "logreg"]
+    with pytest.warns(PrivacyLeakWarning, match="diag"):  # the categories were read from the data (warned)
+        assert main([*base, "--out", str(run), "--json"]) == 0
+    printed = capsys.readouterr().out
+    with pytest.warns(PrivacyLeakWarning):
+        assert main([*base, "--quiet"]) == 0
+    printed += capsys.readouterr().out
+    assert "HIV" not in printed
+    for path in run.rglob("*"):  # before: run.json listed "diag=HIV-positive" among the private encoded columns
+        assert b"HIV" not in path.read_bytes(), path
+    info = json.loads((run / "run.json").read_text())
+    described = info["result"]["privacy_report"]["feature_map"]
+    assert described["private_encoded_columns"] == [f"diag=<category {i} of 4>" for i in (1, 2, 3, 4)]
+    assert described["private_categories"] == {"diag": "4 read from the data (not listed: private)"}
+    assert load_run(run).model is not None  # the model is still rebuilt from run.json

@@ -82,7 +82,11 @@ def test_resolution_checkpoint_and_resume(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(diffusion, "_save_model", crash)
     with pytest.raises(KeyboardInterrupt):
         main(argv)
-    assert (out / "public" / "checkpoint.pt").exists() and not (out / "public" / "result.json").exists()
+    from featuredp.experiments.runs import private_checkpoint
+
+    checkpoint = private_checkpoint(out / "public")  # outside the results folder, owner-only
+    assert checkpoint.exists() and not (out / "public" / "result.json").exists()
+    assert checkpoint.parent.stat().st_mode & 0o777 == 0o700 and not (out / "public" / "checkpoint.pt").exists()
     monkeypatch.undo()
     # it is neither silently overwritten nor silently continued
     with pytest.raises(FileExistsError, match="--resume"):
@@ -90,7 +94,7 @@ def test_resolution_checkpoint_and_resume(tmp_path: Path, monkeypatch: pytest.Mo
     assert main([*argv, "--resume"]) == 0
     r = json.loads((out / "public" / "result.json").read_text())
     assert r["resumed"] is True and r["steps"] == 3
-    assert not (out / "public" / "checkpoint.pt").exists()  # the private RNG state is not left lying around
+    assert not checkpoint.exists() and not checkpoint.parent.exists()  # the private RNG state is not left behind
     assert np.load(out / "public" / "samples.npz")["samples"].shape[-2:] == (16, 16)
     assert main(["--dataset-path", str(data), "--out", str(out), "--quick", "--resolution", "16",
                  "--methods", "public", "--json"]) == 0

@@ -126,3 +126,89 @@ def test_replacing_run_removes_the_old_files_on_success_and_restores_them_on_fai
     with replacing_run(tmp_path):
         (tmp_path / "model.pt").write_bytes(b"new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt", "notes.txt"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 23: the resume checkpoint lives outside the run directory, owner-only
+# ---------------------------------------------------------------------------------------------------------
+def test_private_checkpoint_place_is_keyed_by_the_resolved_run_path_under_the_private_root(tmp_path, monkeypatch):
+    from featuredp.experiments.runs import private_checkpoint, private_root
+
+    monkeypatch.setenv("FEATUREDP_PRIVATE_DIR", str(tmp_path / "p"))
+    assert private_root() == tmp_path / "p"
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "runs")
+    same = {private_checkpoint("a"), private_checkpoint("./a"), private_checkpoint(tmp_path / "runs" / "a"),
+            private_checkpoint(tmp_path / "runs" / ".." / "runs" / "a")}  # fmt: skip
+    assert len(same) == 1 and private_checkpoint("b") not in same
+    (checkpoint,) = same
+    assert checkpoint.name == "checkpoint.pt" and checkpoint.parent.parent == tmp_path / "p"
+    monkeypatch.delenv("FEATUREDP_PRIVATE_DIR")
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert private_root() == tmp_path / "home" / ".local" / "state" / "featuredp" / "private"
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert private_root() == tmp_path / "state" / "featuredp" / "private"
+
+
+def test_open_and_close_private_checkpoint_modes(tmp_path, monkeypatch):
+    from featuredp.experiments.runs import close_private_checkpoint, open_private_checkpoint, private_checkpoint
+
+    monkeypatch.setenv("FEATUREDP_PRIVATE_DIR", str(tmp_path / "p"))
+    path = open_private_checkpoint(tmp_path / "run")
+    assert path == private_checkpoint(tmp_path / "run") and not path.exists()
+    for folder in (tmp_path / "p", path.parent):
+        assert folder.stat().st_mode & 0o777 == 0o700
+    assert (path.parent / "run_dir.txt").read_text().strip() == str((tmp_path / "run").resolve())
+    save_checkpoint(path, {"streams": {"noise": torch.ones(2)}})
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert close_private_checkpoint(tmp_path / "run", keep=True) == path.parent
+    assert all(f.stat().st_mode & 0o777 == 0o600 for f in path.parent.iterdir())
+    assert close_private_checkpoint(tmp_path / "run") is None and not path.parent.exists()
+    assert close_private_checkpoint(tmp_path / "run") is None  # nothing left: no error
+
+
+def test_open_private_checkpoint_moves_a_legacy_one_out_of_the_run_folder_on_resume(tmp_path, monkeypatch):
+    from featuredp.errors import PrivacyRiskWarning
+    from featuredp.experiments.runs import open_private_checkpoint
+
+    monkeypatch.setenv("FEATUREDP_PRIVATE_DIR", str(tmp_path / "p"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes(b"old state")
+    open_private_checkpoint(run)  # not resuming: left alone (the CLI refuses such an --out without a flag)
+    assert (run / "checkpoint.pt").exists()
+    with pytest.warns(PrivacyRiskWarning, match="moved the checkpoint"):
+        path = open_private_checkpoint(run, resume=True)
+    assert not (run / "checkpoint.pt").exists() and path.read_bytes() == b"old state"
+    assert path.stat().st_mode & 0o777 == 0o600
+    (run / "checkpoint.pt").write_bytes(b"stale")
+    with pytest.warns(PrivacyRiskWarning, match="delete"):
+        assert open_private_checkpoint(run, resume=True).read_bytes() == b"old state"
+
+
+def test_replacing_run_sets_the_private_checkpoint_aside_and_restores_it_on_failure(tmp_path, monkeypatch):
+    from featuredp.experiments.runs import open_private_checkpoint, replacing_run
+
+    monkeypatch.setenv("FEATUREDP_PRIVATE_DIR", str(tmp_path / "p"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text("{}")
+    path = open_private_checkpoint(run)
+    path.write_bytes(b"old run's keys")
+    with pytest.raises(RuntimeError), replacing_run(run) as aside:
+        assert aside == ["run.json", "private checkpoint"] and not path.exists()
+        open_private_checkpoint(run).write_bytes(b"half of a new run")
+        raise RuntimeError("training failed")
+    assert path.read_bytes() == b"old run's keys" and (run / "run.json").exists()
+    with replacing_run(run):
+        open_private_checkpoint(run).write_bytes(b"new run's keys")
+    assert path.read_bytes() == b"new run's keys"
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [path.parent.name]  # nothing set aside is left
+    crashed = tmp_path / "crashed"  # a run killed before its folder was written: only its private checkpoint
+    open_private_checkpoint(crashed).write_bytes(b"keys")
+    with replacing_run(crashed) as aside:
+        assert aside == ["private checkpoint"]
+    assert not open_private_checkpoint(crashed).exists()
+    with replacing_run(tmp_path / "fresh") as aside:
+        assert aside == []

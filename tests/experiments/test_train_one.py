@@ -87,3 +87,18 @@ def test_own_csv_run_records_how_to_reload_it_and_sparse_models_get_codes(tmp_pa
     assert loaded.dataset["options"] == {**options, "encoding": "codes"}
     train, _ = loaded.load_data()
     assert train.X_cat is not None and train.cat_sources == ["job", "sex"]
+
+
+def test_out_gets_no_rng_state_and_the_private_checkpoint_is_deleted_unless_kept(data, tmp_path, monkeypatch):
+    from featuredp.experiments.runs import private_checkpoint
+
+    monkeypatch.setenv("FEATUREDP_PRIVATE_DIR", str(tmp_path / "p"))
+    for name, keep in (("a", False), ("b", True)):
+        s = train_one(data=data, method="dpsgd", epsilon=2.0, progress=False, out=tmp_path / name,
+                      keep_checkpoint=keep, **SHORT).summary  # fmt: skip
+        assert sorted(p.name for p in (tmp_path / name).iterdir()) == ["model.pt", "run.json"]
+        assert s["checkpoint"] == str(private_checkpoint(tmp_path / name)) and s["checkpoint_kept"] is keep
+        assert private_checkpoint(tmp_path / name).exists() is keep
+    kept = torch.load(private_checkpoint(tmp_path / "b"), weights_only=True)
+    assert "streams" in kept and private_checkpoint(tmp_path / "b").stat().st_mode & 0o777 == 0o600
+    assert "checkpoint" not in train_one(data=data, method="nonprivate", progress=False, **SHORT).summary

@@ -124,7 +124,7 @@ def test_bad_directories_and_label_words(tiny_lm, tmp_path, no_network):
 
 def test_cli_with_a_local_model(tiny_lm, no_network, capsys):
     rc = main(["icl", "--learner", "hf", "--model-dir", str(tiny_lm), "--prompts", "3", "--shots", "1",
-               "--queries", "4", "--epsilon", "inf", "--json"])
+               "--queries", "4", "--epsilon", "inf", "--json", "--diagnostics"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["learner"] == "hf" and out["epsilon"] == "inf" and 0 <= out["accuracy"] <= 1
-    assert out["nonprivate_accuracy"] is None and out["prompts"] == 3 and out["queries_answered"] == 4
+    assert out["diagnostics"]["nonprivate_accuracy"] is None and out["prompts"] == 3 and out["queries_answered"] == 4

@@ -75,7 +75,7 @@ def test_attack_refuses_more_queries_than_the_budget(digits):
 def test_table_files(digits, tmp_path):
     with pytest.warns(PrivacyRiskWarning):
         res = run_table(digits, make_predictor("knn", digits), epsilons=[1.0, math.inf], shots=4, queries=20,
-                        repeats=2, prompt_sweep=[2], seed=SEED, out=tmp_path)
+                        repeats=2, prompt_sweep=[2], seed=SEED, out=tmp_path, diagnostics=True)
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))
     settings = {r["setting"] for r in rows}
     assert settings == {"dp", "ensemble", "one_prompt", "zero_shot", "nonprivate", "sweep"}

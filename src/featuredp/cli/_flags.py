@@ -218,29 +218,37 @@ def check_training_values(args: argparse.Namespace) -> None:
 
 
 def check_run_out(args: argparse.Namespace) -> None:
-    """``--out`` / ``--resume`` / ``--overwrite`` of ``train``: refuse what would lose or mix up a run.
+    """``--out`` / ``--resume`` / ``--overwrite`` / ``--keep-checkpoint`` of ``train``: refuse what would lose or mix
+    up a run.
 
     * ``--out`` naming a file: refused.
-    * ``--resume``: ``--out`` must hold a readable checkpoint.pt (an interrupted or finished run).
-    * ``--out`` already holding a run (run.json, model.pt, checkpoint.pt, audit/): refused unless
-      ``--resume`` (continue it) or ``--overwrite`` (replace it) is given.
+    * ``--resume``: ``--out``'s private checkpoint (:func:`~featuredp.experiments.runs.private_checkpoint`), or a
+      checkpoint.pt an older featuredp left in ``--out``, must exist and be readable.
+    * ``--out`` already holding a run (run.json, model.pt, checkpoint.pt, audit/, or a private checkpoint of an
+      interrupted run): refused unless ``--resume`` (continue it) or ``--overwrite`` (replace it) is given.
     """
-    from featuredp.experiments.runs import CHECKPOINT_FILE, load_checkpoint, run_files
+    from featuredp.experiments.runs import CHECKPOINT_FILE, load_checkpoint, private_checkpoint, run_files
 
     out = check_out_dir("--out", args.out)
     if args.resume and args.overwrite:
         raise ValueError("give --resume (continue the run in --out) or --overwrite (replace it), not both")
     if out is None:
-        if args.resume or args.overwrite:
-            flag = "--resume" if args.resume else "--overwrite"
-            raise ValueError(f"{flag} needs --out DIR (the run to {'continue' if args.resume else 'replace'})")
+        for flag, given in (("--resume", args.resume), ("--overwrite", args.overwrite),
+                            ("--keep-checkpoint", getattr(args, "keep_checkpoint", False))):  # fmt: skip
+            if given:
+                what = {"--resume": "the run to continue", "--overwrite": "the run to replace"}.get(
+                    flag, "the run whose checkpoint to keep")
+                raise ValueError(f"{flag} needs --out DIR ({what})")
         return
+    private = private_checkpoint(out)
     if args.resume:
-        checkpoint = out / CHECKPOINT_FILE
+        legacy = out / CHECKPOINT_FILE
+        checkpoint = private if private.is_file() else legacy
         if not checkpoint.is_file():
-            what = "does not exist" if not out.exists() else f"holds no {CHECKPOINT_FILE}"
-            raise ValueError(f"--resume: --out {str(out)!r} {what}, so there is no run to continue; "
-                             "drop --resume to start a new run there")
+            where = "does not exist" if not out.exists() else "has no checkpoint"
+            raise ValueError(f"--resume: --out {str(out)!r} {where}: no checkpoint at {private} (its private place, "
+                             "keyed by --out's absolute path: a moved or renamed run directory cannot be resumed), "
+                             "so there is no run to continue; drop --resume to start a new run there")
         import pickle
 
         try:
@@ -250,7 +258,7 @@ def check_run_out(args: argparse.Namespace) -> None:
         except (KeyError, AttributeError, ImportError, IndexError) as exc:
             raise ValueError(f"--resume: checkpoint {checkpoint} is not a featuredp file ({exc!r})") from None
         return
-    existing = run_files(out)
+    existing = run_files(out) + ([f"a private checkpoint at {private}"] if private.exists() else [])
     if existing and not args.overwrite:
         raise ValueError(
             f"--out {str(out)!r} already holds a run ({', '.join(existing)}); pass --resume to continue it (same "

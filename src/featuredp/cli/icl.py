@@ -6,12 +6,14 @@ Examples::
     featuredp icl --epsilon inf --prompts 1 --json          # ordinary 4-shot ICL: the attack's power
     featuredp icl --dataset breast_cancer --learner logreg --epsilon 3
     featuredp icl --learner hf --model-dir ./my-local-llm --prompts 20 --shots 2 --queries 50 --epsilon 8
-    featuredp icl --table --epsilons 1,3,8,inf --repeats 5 --out results/icl
+    featuredp icl --table --epsilons 1,3,8,inf --repeats 5 --diagnostics --out results/icl
 
 The private data are the demonstrations (the dataset's 70% split); the queries come from the public
 30%. One run answers --queries test queries from M disjoint prompts of N shots within the budget
 --epsilon (all queries together; inf = plain majority vote), then attacks a fresh deployment with the
 same settings. The model (or offline learner) and the queries are public; only labels are released.
+Baselines computed from the demonstrations without noise (non-private learner, one noiseless prompt)
+are shown only with --diagnostics, marked "not covered by epsilon".
 """
 
 from __future__ import annotations
@@ -64,10 +66,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", metavar="DIR",
                    help="write result.json (one run) or results.csv, summary.md and icl.png (--table) there")
+    p.add_argument("--diagnostics", action="store_true",
+                   help="also show the baselines computed from the private demonstrations WITHOUT noise, marked "
+                   "\"not covered by epsilon\" (non-private learner, one noiseless prompt and its attack; with "
+                   "--table their rows and epsilon=inf): a research run's, never to publish")
     p.add_argument("--table", action="store_true",
                    help="measure accuracy and attack AUC at every --epsilons value, --repeats times")
     p.add_argument("--epsilons", metavar="E1,E2,...",
-                   help="--table: the budgets (default 1,3,8,inf)")
+                   help="--table: the budgets (default 1,3,8; with --diagnostics 1,3,8,inf)")
     p.add_argument("--repeats", type=whole_number, metavar="R", help="--table: repeats (default 5)")
     p.add_argument("--prompt-sweep", metavar="M1,M2,...",
                    help="--table: also run every epsilon with each of these numbers of prompts (e.g. 1,3,10,30,100)")
@@ -110,7 +116,7 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
     if args.table:
         if args.epsilon is not None:
             raise ValueError(f"--table measures every --epsilons value; drop --epsilon {args.epsilon:g} (or --table)")
-        extras["epsilons"] = _parse_epsilons(args.epsilons or "1,3,8,inf")
+        extras["epsilons"] = _parse_epsilons(args.epsilons or ("1,3,8,inf" if args.diagnostics else "1,3,8"))
         extras["repeats"] = check_int("--repeats", 5 if args.repeats is None else args.repeats, minimum=1)
         extras["sweep"] = _parse_sweep(args.prompt_sweep) if args.prompt_sweep else []
     else:
@@ -186,10 +192,11 @@ def run(args: argparse.Namespace) -> int:
             result = run_table(data, predictor, learner=args.learner, epsilons=extras["epsilons"],
                                prompts=args.prompts, shots=args.shots, queries=args.queries, delta=args.delta,
                                repeats=extras["repeats"], prompt_sweep=extras["sweep"], seed=args.seed, out=args.out,
-                               progress=not args.json)
+                               progress=not args.json, diagnostics=args.diagnostics)
             return _print_table(args, result)
         result = run_icl(data, predictor, learner=args.learner, prompts=args.prompts, shots=args.shots,
-                         queries=args.queries, epsilon=args.epsilon, delta=args.delta, seed=args.seed)
+                         queries=args.queries, epsilon=args.epsilon, delta=args.delta, seed=args.seed,
+                         diagnostics=args.diagnostics)
     if args.out:
         from pathlib import Path
 
@@ -205,11 +212,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"  accuracy {result['accuracy']:.3f}   epsilon spent {eps if eps == 'inf' else format(eps, '.4g')} "
           f"(budget {result['epsilon_budget']}, delta {result['delta']:g})"
           + ("" if result["sigma"] is None else f", GNMax sigma {result['sigma']:.3g} votes"))
-    base = "n/a" if result["nonprivate_accuracy"] is None else f"{result['nonprivate_accuracy']:.3f}"
-    print(f"  baselines: non-private (all demonstrations) {base}, one {result['shots']}-shot prompt "
-          f"{result['single_prompt_accuracy']:.3f}, zero-shot {result['zero_shot_accuracy']:.3f}")
+    print(f"  baseline: zero-shot (no demonstrations) {result['zero_shot_accuracy']:.3f}")
     print(f"  membership attack AUC {result['mia_auc']:.3f} ({result['mia_members']} members vs "
-          f"{result['mia_nonmembers']} non-members; one prompt at epsilon=inf: {result['single_prompt_mia_auc']:.3f})")
+          f"{result['mia_nonmembers']} non-members)")
+    diag = result.get("diagnostics")
+    if diag:
+        base = "n/a" if diag["nonprivate_accuracy"] is None else f"{diag['nonprivate_accuracy']:.3f}"
+        print("  diagnostics (NOT covered by epsilon: computed from the private demonstrations without noise; do not "
+              "publish)")
+        print(f"    non-private (all demonstrations) {base}, one {result['shots']}-shot prompt at epsilon=inf "
+              f"{diag['single_prompt_accuracy']:.3f} (membership attack AUC {diag['single_prompt_mia_auc']:.3f})")
     if args.out:
         print(f"  wrote {args.out}/result.json")
     return 0
@@ -226,7 +238,9 @@ def _print_table(args: argparse.Namespace, result: dict[str, Any]) -> int:
     for label, e in result["summary"].items():
         acc = "—" if e["accuracy"] is None else f"{100 * e['accuracy']:.1f} ± {100 * (e['accuracy_std'] or 0):.1f}"
         auc = "—" if e["mia_auc"] is None else f"{100 * e['mia_auc']:.1f} ± {100 * (e['mia_auc_std'] or 0):.1f}"
-        print(f"  {label:<36} {acc:>14} {auc:>14}")
+        print(f"  {label + ('' if e['covered_by_epsilon'] else ' †'):<36} {acc:>14} {auc:>14}")
+    if any(not e["covered_by_epsilon"] for e in result["summary"].values()):
+        print("  † NOT covered by epsilon: computed from the private demonstrations without noise")
     if args.out:
         print(f"  wrote {args.out}/results.csv, summary.md, icl.png")
     return 0

@@ -5,12 +5,13 @@ Examples::
     featuredp pate --dataset adult --teachers 250 --epsilon 1 --queries 200 --json
     featuredp pate --dataset adult --epsilon 2 --queries 500 --mechanism lnmax
     featuredp pate --dataset adult --epsilon 4 --queries 1000 --threshold 180
-    featuredp pate --dataset adult --compare --epsilons 0.5,1,2,4 --queries 100,1000 --out results/pate
+    featuredp pate --dataset adult --compare --epsilons 0.5,1,2,4 --queries 100,1000 --diagnostics --out results/pate
 
 The training split is cut (by --public-seed, a permutation of row indices) into private teacher
 data (80%) and a public query pool (20%: inputs public, labels treated as unknown and used only to
 score the aggregated labels). The first --queries pool inputs are asked; the test split is for
-evaluation only. delta defaults to min(1e-5, 1/(2N)), N = private records.
+evaluation only. delta defaults to min(1e-5, 1/(2N)), N = private records. Everything printed or written
+is covered by epsilon unless --diagnostics asks for the noiseless numbers (marked "not covered by epsilon").
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", metavar="DIR", default=None,
                    help="write pate.json there (with --compare: results.csv, summary.md, accuracy_vs_epsilon.png)")
+    p.add_argument("--diagnostics", action="store_true",
+                   help="also show numbers computed from the private data WITHOUT noise, marked \"not covered by "
+                   "epsilon\" (teacher_accuracy; with --compare the non-private reference and the noiseless "
+                   "majority, teacher and true-label student rows): a research run's, never to publish")
     g = p.add_argument_group("comparison with label-DP methods (Adult)")
     g.add_argument("--compare", action="store_true",
                    help="PATE vs Algorithm 1's label-DP split, RR-with-prior (LP-2ST) and RR at the same epsilons")
@@ -164,7 +169,8 @@ def _single(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)  # fmt: skip
     summary = run_pate(data, teachers=args.teachers, epsilon=args.epsilon, queries=args.queries[0], delta=args.delta,
                        mechanism=args.mechanism, threshold=args.threshold, seed=args.seed, secure_rng=args.secure_rng,
-                       ledger=ledger, progress=True, public_seed=args.public_seed)  # fmt: skip
+                       ledger=ledger, progress=True, public_seed=args.public_seed,
+                       diagnostics=args.diagnostics)  # fmt: skip
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -187,11 +193,17 @@ def _fmt(value: Any) -> str:
 
 def _print_table(s: dict[str, Any]) -> None:
     print(f"PATE on {s['dataset']}: {s['teachers']} teachers, {s['mechanism']}")
-    for key in ("student_accuracy", "label_accuracy", "teacher_accuracy", "epsilon", "delta", "sigma", "scale",
+    for key in ("student_accuracy", "label_accuracy", "epsilon", "delta", "sigma", "scale",
                 "threshold", "queries_asked", "queries_answered", "n_private", "n_public"):
         if s.get(key) is not None:
             print(f"  {key:<18}{_fmt(s[key])}")
     print(f"  guarantee         {s['guarantee']}")
+    diagnostics = s.get("diagnostics")
+    if diagnostics:
+        print("  diagnostics (NOT covered by epsilon: computed from the private data without noise; do not publish)")
+        for key, value in diagnostics.items():
+            if key not in ("covered_by_epsilon", "note"):
+                print(f"  {key:<18}{_fmt(value)}")
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -202,7 +214,8 @@ def _compare(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     rows = compare_label_dp(epsilons=args.epsilons or (0.5, 1.0, 2.0, 4.0), queries=args.queries or (100, 1000),
                             seeds=args.repeats, teachers=args.teachers, delta=args.delta or 1e-5, out=args.out,
-                            quick=args.quick, progress=not args.json, public_seed=args.public_seed)  # fmt: skip
+                            quick=args.quick, progress=not args.json, public_seed=args.public_seed,
+                            diagnostics=args.diagnostics)  # fmt: skip
     result = {"out": args.out, "rows": len(rows), "seconds": round(time.perf_counter() - started, 1),
               "files": ["results.csv", "summary.md", "accuracy_vs_epsilon.png"]}  # fmt: skip
     if args.json:

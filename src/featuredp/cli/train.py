@@ -68,13 +68,20 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ledger", metavar="FILE", default=None,
                    help="budget ledger: reserve the planned spend before training (an overspend is refused before "
                    "any work) and settle what was spent at the end or on a crash")
-    p.add_argument("--out", default=None, help="run directory (run.json, model.pt, checkpoint.pt)")
+    p.add_argument("--out", default=None,
+                   help="run directory (run.json, model.pt). The resume checkpoint (RNG states, keys) goes to a "
+                   "private folder outside it, under $FEATUREDP_PRIVATE_DIR (default ~/.local/state/featuredp/"
+                   "private), keyed by --out's absolute path; it is deleted when the run finishes")
     p.add_argument("--resume", action="store_true",
-                   help="continue the run in --out from its checkpoint.pt (same settings; refused without one)")
+                   help="continue the run in --out from its private checkpoint (same settings and the same --out "
+                   "path: a moved run directory cannot be resumed; refused without a checkpoint)")
+    p.add_argument("--keep-checkpoint", action="store_true",
+                   help="keep the private checkpoint when the run finishes (mode 0600 in a 0700 folder; the output "
+                   "says where). Default: deleted once run.json and model.pt are written")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the run already in --out: its model, run.json, checkpoint and audit reports are "
-                   "removed once the new run has finished (and kept if it fails). Without --resume or --overwrite "
-                   "an --out holding a run is refused")
+                   help="replace the run already in --out: its model, run.json, private checkpoint and audit reports "
+                   "are removed once the new run has finished (and kept if it fails). Without --resume or "
+                   "--overwrite an --out holding a run is refused")
     add_device_argument(p)
     add_precision_argument(p)
     add_data_arguments(p)  # --data FILE --label COL --schema ... (your own table)
@@ -111,13 +118,16 @@ def _train(args: argparse.Namespace) -> int:
         dataset=args.dataset, private=args.private, method=args.method, epsilon=args.epsilon, delta=args.delta,
         seed=args.seed, public_seed=args.public_seed, secure_rng=args.secure_rng, ledger=args.ledger,
         model=args.model, hidden=args.hidden, loss_split=args.loss_split, out=args.out,
-        resume=args.resume, progress=not (args.quiet or args.json), device=args.device,
+        resume=args.resume, keep_checkpoint=args.keep_checkpoint, progress=not (args.quiet or args.json),
+        device=args.device,
         precision=args.precision,
         epochs=args.epochs, noise_multiplier=args.noise_multiplier, max_grad_norm=args.max_grad_norm,
         batch_size=args.batch_size, public_batch_size=args.public_batch_size, alpha=args.alpha, lr=args.lr,
         momentum=args.momentum, optimizer=args.optimizer, pretrain_epochs=args.pretrain_epochs,
         accountant=args.accountant, relation=args.relation,
     ).summary  # fmt: skip
+    summary.setdefault("checkpoint", None)  # where the private checkpoint is (was, once deleted); null: no --out
+    summary.setdefault("checkpoint_kept", False)
     if args.json:
         print(json.dumps(summary))
         return 0
@@ -137,6 +147,9 @@ def _train(args: argparse.Namespace) -> int:
     lines.append(f"guarantee         {summary['guarantee']}")
     if summary.get("out"):
         lines.append(f"saved             {summary['out']}")
+    if summary["checkpoint"]:
+        fate = "kept: --keep-checkpoint" if summary["checkpoint_kept"] else "deleted at the end"
+        lines.append(f"checkpoint        {summary['checkpoint']} (private, {fate})")
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 

@@ -56,6 +56,7 @@ from featuredp.experiments.diffusion_options import (
     add_diffusion_arguments,
     settings_from_args,
 )
+from featuredp.experiments.runs import CHECKPOINT_FILE, close_private_checkpoint, open_private_checkpoint
 from featuredp.features.image import GaussianBlur
 from featuredp.methods import METHODS, Method, get_method
 from featuredp.metrics.domain import DomainClassifier, DomainMetrics, train_domain_classifier
@@ -241,10 +242,16 @@ def _train_claimed(method: str, ctx: _Context) -> dict[str, Any]:
         progress=True,
         device=s.device,  # None: where the model is (the CPU)
     )  # fmt: skip
-    checkpoint = out / "checkpoint.pt"
-    if checkpoint.exists() and not s.resume and not s.overwrite:
-        raise FileExistsError(f"{checkpoint} holds an unfinished run of {method}: pass --resume to continue it "
-                              "or --overwrite to start again")
+    # The checkpoint (private sampling and noise states) lives outside DIR, in the private place keyed by
+    # DIR/<method> (featuredp.experiments.runs); an older featuredp left it in DIR/<method>.
+    legacy = out / CHECKPOINT_FILE
+    checkpoint = open_private_checkpoint(out, resume=s.resume)  # with --resume, moves a legacy one there
+    for found in (checkpoint, legacy):
+        if found.exists() and not s.resume and not s.overwrite:
+            raise FileExistsError(f"{found} holds an unfinished run of {method}: pass --resume to continue it "
+                                  "or --overwrite to start again")
+    if s.overwrite and not s.resume:
+        legacy.unlink(missing_ok=True)
     resuming = s.resume and checkpoint.exists()
     print(f"[diffusion] {'resuming' if resuming else 'training'} {method} ({trainer.steps} steps, n = {ctx.n})",
           file=sys.stderr, flush=True)
@@ -255,7 +262,7 @@ def _train_claimed(method: str, ctx: _Context) -> dict[str, Any]:
     _save_model(model, out / "model.pt")
     # The checkpoint holds the private sampling and noise generators' states: whoever has them can replay
     # the noise and subtract it. The finished model is in model.pt; the secret state goes.
-    checkpoint.unlink(missing_ok=True)
+    close_private_checkpoint(out)
 
     # Samples: balanced classes, label i % K (so a grid with K columns has one class per column).
     labels = torch.arange(s.samples) % ctx.num_classes

@@ -67,8 +67,9 @@ def add_diffusion_arguments(parser: argparse.ArgumentParser) -> None:
                    help="resize every image to R×R first (antialiased; default: the dataset's own size). 16 makes "
                    "a 28×28 set about 3× cheaper to train, which is what lets CPU runs reach recognisable samples")
     g.add_argument("--checkpoint-every", type=int, default=250,
-                   help="write DIR/<method>/checkpoint.pt every K steps (secret: it holds the private RNG state; "
-                   "deleted once the method finishes)")
+                   help="write each method's checkpoint every K steps (secret: it holds the private RNG state, so "
+                   "it goes to a private folder outside DIR, under $FEATUREDP_PRIVATE_DIR, mode 0600; deleted once "
+                   "the method finishes)")
     g.add_argument("--resume", action="store_true",
                    help="continue each unfinished method from its checkpoint (same settings; refused otherwise)")
     g.add_argument("--delta", type=float, default=None,

@@ -6,11 +6,14 @@
   queries (and the attack's non-members). Inputs are scaled by public facts only (digits: the
   pixel range 0..16; breast_cancer: the public split's mean and std, never the private rows').
 * :func:`make_predictor` — ``knn`` (1-NN, memorises), ``logreg`` or ``hf`` (a local causal LM).
-* :func:`run_icl` — one DP-ICL deployment answering ``queries`` test queries at budget ε, its
-  baselines (non-private learner on all demonstrations, one N-shot prompt, zero-shot) and the
-  membership attack (:func:`membership_attack`) on a fresh deployment with the same settings.
-* :func:`run_table` — the slides' table in kind: accuracy and attack AUC at ε ∈ {1, 3, 8, ∞},
-  ∞ with one prompt, zero-shot, non-private; ``results.csv``, ``summary.md``, ``icl.png``.
+* :func:`run_icl` — one DP-ICL deployment answering ``queries`` test queries at budget ε, the
+  zero-shot baseline (reads no demonstration) and the membership attack (:func:`membership_attack`)
+  on a fresh deployment with the same settings; with ``diagnostics=True`` also the non-private
+  baselines (learner on all demonstrations, one noiseless N-shot prompt and the attack on it), in
+  a ``diagnostics`` object marked ``covered_by_epsilon: false``.
+* :func:`run_table` — the slides' table in kind: accuracy and attack AUC at each ε and zero-shot;
+  with ``diagnostics=True`` also ∞ with one prompt and non-private; ``results.csv``, ``summary.md``,
+  ``icl.png``.
 
 The attack (label-only, the attacker's best case): the attacked demonstration set holds exactly
 M·N records, so every member sits in a prompt. The attacker queries each target record —
@@ -283,15 +286,20 @@ def run_icl(
     delta: float = 1e-5,
     mia: bool = True,
     baselines: bool = True,
+    diagnostics: bool = False,
     mia_repeats: int = 1,
     seed: int | None = None,
     _seeds: _Seeds | None = None,
 ) -> dict[str, Any]:
-    """One deployment answering ``queries`` random test queries at budget ``epsilon``; its baselines and the attack.
+    """One deployment answering ``queries`` random test queries at budget ``epsilon``; a baseline and the attack.
 
     Returns a JSON-ready dict (ε = ∞ as "inf"): ``epsilon`` (spent, the aggregator's composition of
     the queries asked), ``accuracy`` (unanswered queries count as wrong), ``mia_auc`` and the rest
     documented in docs/icl.md. ``seed`` (research only) warns and is never part of the result.
+    ``baselines``: ``zero_shot_accuracy`` (the learner without demonstrations: no private data).
+    ``diagnostics``: also ``diagnostics``, the baselines computed from the private demonstrations
+    without noise (``nonprivate_accuracy``, ``single_prompt_accuracy``, ``single_prompt_mia_auc``),
+    marked ``covered_by_epsilon: false`` (a research run's; never to publish with the guarantee).
     """
     t0 = time.perf_counter()
     eps = check_positive("epsilon", epsilon, allow_inf=True)
@@ -336,7 +344,9 @@ def run_icl(
         "n_classes": data.n_classes,
     }
     if baselines:
-        out.update(_baselines(data, predictor, learner, shots, Xq, yq, seeds))
+        out["zero_shot_accuracy"] = _accuracy(predict_many(predictor, [], Xq), yq)
+    if diagnostics:
+        out["diagnostics"] = _diagnostics(data, predictor, learner, shots, Xq, yq, seeds)
     if mia:
         out.update(membership_attack(data, predictor, learner=learner, prompts=clf.prompts, shots=shots,
                                      queries=queries, epsilon=eps, delta=delta, mia_repeats=mia_repeats,
@@ -346,9 +356,14 @@ def run_icl(
     return out
 
 
-def _baselines(data: ICLData, predictor: Predictor, learner: str, shots: int, Xq: Any, yq: np.ndarray,
-               seeds: _Seeds) -> dict[str, Any]:  # fmt: skip
-    """Non-private learner on all demonstrations (one prompt), one N-shot prompt (ε = ∞) and its attack, zero-shot."""
+#: what marks a value computed from the private demonstrations without noise (``--diagnostics``)
+NOT_COVERED = ("not covered by ε: computed from the private demonstrations without noise (a research diagnostic; "
+               "do not publish)")
+
+
+def _diagnostics(data: ICLData, predictor: Predictor, learner: str, shots: int, Xq: Any, yq: np.ndarray,
+                 seeds: _Seeds) -> dict[str, Any]:  # fmt: skip
+    """Non-private learner on all demonstrations (one prompt), one N-shot prompt (ε = ∞) and its attack, marked."""
     X_pool = data.inputs(learner, "pool")
     demos = _demos(X_pool, data.y_pool, np.arange(len(data.y_pool)))
     # an LLM's context holds a few shots, not the whole pool: no all-demonstrations baseline for it
@@ -359,10 +374,11 @@ def _baselines(data: ICLData, predictor: Predictor, learner: str, shots: int, Xq
     attack = membership_attack(data, predictor, learner=learner, prompts=1, shots=shots, queries=len(yq),
                                epsilon=math.inf, _seeds=seeds)  # fmt: skip
     return {
+        "covered_by_epsilon": False,
+        "note": NOT_COVERED,
         "nonprivate_accuracy": nonprivate,
         "single_prompt_accuracy": _accuracy(one.predict(Xq), yq),
         "single_prompt_mia_auc": attack["mia_auc"],
-        "zero_shot_accuracy": _accuracy(predict_many(predictor, [], Xq), yq),
     }
 
 
@@ -385,8 +401,13 @@ def run_table(
     seed: int | None = None,
     out: str | Path | None = None,
     progress: bool = False,
+    diagnostics: bool = False,
 ) -> dict[str, Any]:
-    """Accuracy and attack AUC at every ε (and ∞ with one prompt, zero-shot, non-private), ``repeats`` times.
+    """Accuracy and attack AUC at every ε and zero-shot, ``repeats`` times.
+
+    ``diagnostics``: also the noiseless settings computed from the private demonstrations, ∞ with one
+    prompt and the non-private learner (a research study's); every summary entry says whether ε covers
+    it (``covered_by_epsilon``: false for those and for an ε = ∞ in ``epsilons``).
 
     ``prompt_sweep``: also run every ε with each of these numbers of prompts (same shots and queries),
     to show how the attack's power and the accuracy depend on M. Writes ``results.csv`` (one row per
@@ -407,15 +428,19 @@ def run_table(
                               "mia_repeats": mia_repeats}
     for r in range(repeats):
         for i, eps in enumerate(eps_list):
-            res = run_icl(data, predictor, prompts=prompts, epsilon=eps, baselines=i == 0, _seeds=seeds, **common)
+            res = run_icl(data, predictor, prompts=prompts, epsilon=eps, baselines=i == 0,
+                          diagnostics=diagnostics and i == 0, _seeds=seeds, **common)  # fmt: skip
             rows.append(_row("dp" if math.isfinite(eps) else "ensemble", eps, r, res))
             if i == 0:
-                rows.append(_row("nonprivate", None, r, {**res, "accuracy": res["nonprivate_accuracy"],
-                                                         "mia_auc": None, "sigma": None}))  # fmt: skip
+                if diagnostics:
+                    reference = res["diagnostics"]["nonprivate_accuracy"]
+                    rows.append(_row("nonprivate", None, r, {**res, "accuracy": reference, "mia_auc": None,
+                                                             "sigma": None}))  # fmt: skip
                 rows.append(_row("zero_shot", 0.0, r, {**res, "accuracy": res["zero_shot_accuracy"],
                                                        "mia_auc": None, "sigma": None}))  # fmt: skip
-        one = run_icl(data, predictor, prompts=1, epsilon=math.inf, baselines=False, _seeds=seeds, **common)
-        rows.append(_row("one_prompt", math.inf, r, one))
+        if diagnostics:
+            one = run_icl(data, predictor, prompts=1, epsilon=math.inf, baselines=False, _seeds=seeds, **common)
+            rows.append(_row("one_prompt", math.inf, r, one))
         for m in sweep:
             for eps in eps_list:
                 res = run_icl(data, predictor, prompts=m, epsilon=eps, baselines=False, _seeds=seeds, **common)
@@ -427,7 +452,7 @@ def run_table(
     result = {"rows": rows, "summary": summary, "sweep": _summarise_sweep(rows), "seconds": round(seconds, 1),
               "seeded": seeds.seeded,
               "settings": {"dataset": data.name, **common, "prompts": rows[0]["prompts"], "repeats": repeats,
-                           "epsilons": [inf_to_str(e) for e in eps_list]}}  # fmt: skip
+                           "epsilons": [inf_to_str(e) for e in eps_list], "diagnostics": diagnostics}}  # fmt: skip
     if out is not None:
         _write_table(Path(out), result)
     return result
@@ -480,7 +505,8 @@ def _summarise(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for setting, eps in order:
         sel = [r for r in rows if r["setting"] == setting and r["epsilon"] == eps]
-        entry: dict[str, Any] = {"setting": setting, "epsilon": inf_to_str(eps), "n": len(sel)}
+        entry: dict[str, Any] = {"setting": setting, "epsilon": inf_to_str(eps), "n": len(sel),
+                                 "covered_by_epsilon": setting in ("dp", "zero_shot")}  # fmt: skip
         for metric in ("accuracy", "mia_auc"):
             vals = [float(r[metric]) for r in sel if r[metric] is not None]
             entry[metric] = None if not vals else float(np.mean(vals))
@@ -537,13 +563,17 @@ def _write_table(out: Path, result: dict[str, Any]) -> None:
     ]
     for label, e in result["summary"].items():
         sigma = "—" if e["sigma"] is None else f"{e['sigma']:.1f}"
-        lines.append(f"| {label} | {_fmt(e['accuracy'], e['accuracy_std'])} | "
+        mark = "" if e["covered_by_epsilon"] else " †"
+        lines.append(f"| {label}{mark} | {_fmt(e['accuracy'], e['accuracy_std'])} | "
                      f"{_fmt(e['mia_auc'], e['mia_auc_std'])} | {sigma} |")  # fmt: skip
+    noiseless = [e for e in result["summary"].values() if not e["covered_by_epsilon"]]
     lines += [
         "",
+        *(["† **Not covered by ε**: computed from the private demonstrations without noise (a research diagnostic, "
+           "`--diagnostics` or an ε = ∞ setting)."] if noiseless else []),
         "* ε = ∞ (Agg): the same prompts, plain majority vote (no noise). ε = ∞ (one prompt): ordinary N-shot "
         "in-context learning, one prompt, no noise. Zero-shot: the learner without demonstrations. Non-private: "
-        "the learner reading every demonstration at once.",
+        "the learner reading every demonstration at once. The last two only with `--diagnostics`.",
         f"* MIA: label-only, {s['queries'] // (2 * s['mia_repeats'])} members of an M·N-record demonstration set "
         "(all used) and as many held-out non-members per deployment, each queried through the released "
         "mechanism; score = released label equals the record's label.",

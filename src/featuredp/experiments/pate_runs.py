@@ -164,13 +164,17 @@ def run_pate(
     ledger: Any = None,
     progress: bool = True,
     public_seed: int = 0,
+    diagnostics: bool = False,
 ) -> dict[str, Any]:
     """PATE on ``data``: the JSON summary of ``featuredp pate`` (never the seed; ``seeded`` says whether).
 
     ``label_accuracy``: the answered aggregated labels against the pool's true labels;
-    ``student_accuracy``: the student on the test split; ``teacher_accuracy``: the mean accuracy of
-    the teachers' votes on the asked queries (a diagnostic computed from the private teachers, not
-    covered by ε).
+    ``student_accuracy``: the student on the test split. Both read only what the noisy aggregation
+    released (and data outside the private part), so ε covers them. ``diagnostics=True`` adds
+    ``diagnostics`` (:func:`_diagnostics`): ``teacher_accuracy``, the mean accuracy of the teachers'
+    votes on the asked queries, computed from the private teachers without noise, so it is **not
+    covered by ε** (one record can move it: a perfect distinguisher between neighbours), for a
+    research run only.
     """
     d = default_delta(len(data.y_private)) if delta is None else check_delta(delta, len(data.y_private))
     started = time.perf_counter()
@@ -178,11 +182,8 @@ def run_pate(
                 mechanism=mechanism, threshold=threshold, ledger=ledger, secure_rng=secure_rng, seed=seed,
                 progress=progress)  # fmt: skip
     pate.fit(data.X_private, data.y_private, data.X_public)
-    asked = data.y_public[:queries]
-    voted = pate.votes_ >= 0
-    teacher_acc = float(np.sum((pate.votes_ == asked[:, None]) & voted) / max(1, np.sum(voted)))
     agg = pate.aggregator_.describe()
-    return {
+    summary = {
         "dataset": data.name,
         "epsilon": pate.epsilon_,
         "target_epsilon": float(epsilon),
@@ -198,7 +199,6 @@ def run_pate(
         "queries_answered": pate.queries_answered_,
         "label_accuracy": pate.label_accuracy(data.y_public),
         "student_accuracy": None if pate.student_ is None else pate.score(data.X_test, data.y_test),
-        "teacher_accuracy": teacher_acc,
         "n_private": len(data.y_private),
         "n_public": len(data.y_public),
         "n_test": len(data.y_test),
@@ -212,6 +212,21 @@ def run_pate(
         "secure_rng": secure_rng,
         "seconds": round(time.perf_counter() - started, 2),
     }  # fmt: skip
+    if diagnostics:
+        asked = data.y_public[:queries]
+        voted = pate.votes_ >= 0
+        summary["diagnostics"] = _diagnostics(
+            teacher_accuracy=float(np.sum((pate.votes_ == asked[:, None]) & voted) / max(1, np.sum(voted))))
+    return summary
+
+
+#: what marks a value computed from the private data without noise (``--diagnostics``)
+NOT_COVERED = "not covered by ε: computed from the private data without noise (a research diagnostic; do not publish)"
+
+
+def _diagnostics(**values: Any) -> dict[str, Any]:
+    """Non-private diagnostics, marked: ``{"covered_by_epsilon": False, "note": ..., **values}``."""
+    return {"covered_by_epsilon": False, "note": NOT_COVERED, **values}
 
 
 # ----------------------------------------------------------------------------- the comparison
@@ -244,6 +259,7 @@ def compare_label_dp(
     quick: bool = False,
     progress: bool = True,
     public_seed: int = 0,
+    diagnostics: bool = False,
 ) -> list[dict[str, Any]]:
     """PATE vs label-DP methods on Adult at the same ε; rows of results (and files in ``out``).
 
@@ -254,6 +270,11 @@ def compare_label_dp(
     public unlabelled pool. Within one repeat the teachers are trained once and aggregated at each
     (ε, Q): the cells are alternative releases, not one combined release. Private randomness is OS
     entropy; ``public_seed`` fixes the split. ``quick``: a small subsample (CI).
+
+    ``diagnostics=True`` (a research study) adds the rows computed from the private data without noise,
+    marked ``covered_by_epsilon = False``: the non-private reference (``nonprivate``) and, per Q, the
+    noiseless majority vote, the mean teacher and the student on Q true labels (``ceiling_q*``).
+    Without it, every row is an (ε, δ) release.
     """
     eps_list = [check_positive("epsilons", e) for e in epsilons]
     q_list = [check_int("queries", q, minimum=1) for q in queries]
@@ -268,17 +289,21 @@ def compare_label_dp(
     started = time.perf_counter()
 
     def add(method: str, rep: int, eps: float | None, acc: float | None, seconds: float, **extra: Any) -> None:
-        rows.append({"method": method, "label": _label(method), "repeat": rep, "target_epsilon": eps,
-                     "accuracy": acc, "seconds": round(seconds, 2), **extra})  # fmt: skip
+        covered = not (method == "nonprivate" or method.startswith("ceiling_q"))
+        if covered or diagnostics:
+            rows.append({"method": method, "label": _label(method), "repeat": rep, "target_epsilon": eps,
+                         "accuracy": acc, "seconds": round(seconds, 2), "covered_by_epsilon": covered,
+                         **extra})  # fmt: skip
 
     from sklearn.linear_model import LogisticRegression
 
     for rep in range(n_seeds):
         if progress:
             _note(f"compare: repeat {rep + 1}/{n_seeds}: non-private reference, teachers")
-        t0 = time.perf_counter()
-        ref = LogisticRegression(max_iter=1000).fit(data.X_private, data.y_private)
-        add("nonprivate", rep, None, float(ref.score(data.X_test, data.y_test)), time.perf_counter() - t0)
+        if diagnostics:
+            t0 = time.perf_counter()
+            ref = LogisticRegression(max_iter=1000).fit(data.X_private, data.y_private)
+            add("nonprivate", rep, None, float(ref.score(data.X_test, data.y_test)), time.perf_counter() - t0)
         t0 = time.perf_counter()
         assignment = assign_teachers(len(data.y_private), n_teachers, make_streams().private_sampling)
         parts = teacher_parts(assignment, n_teachers)
@@ -286,7 +311,7 @@ def compare_label_dp(
         _, votes = collect_votes(LogisticRegression(max_iter=1000), data.X_private, data.y_private, parts,
                                  data.X_public[:q_max], data.n_classes)  # fmt: skip
         teacher_seconds = time.perf_counter() - t0
-        for q in sorted({min(q, q_max) for q in q_list}):
+        for q in sorted({min(q, q_max) for q in q_list}) if diagnostics else ():
             # non-private diagnostics for reading the table: the noiseless majority vote, the teachers, and the
             # student trained on the same Q inputs with their true labels (what PATE's noise costs on top)
             majority = np.argmax(vote_histogram(votes[:q], data.n_classes), axis=1)
@@ -329,7 +354,7 @@ def compare_label_dp(
     wall = time.perf_counter() - started
     if out is not None:
         write_comparison(rows, out, data=data, teachers=n_teachers, delta=d, seeds=n_seeds, wall=wall, quick=quick,
-                         epsilons=eps_list, queries=q_list)  # fmt: skip
+                         epsilons=eps_list, queries=q_list, diagnostics=diagnostics)  # fmt: skip
     return rows
 
 
@@ -371,8 +396,12 @@ def _summary_table(rows: Sequence[dict[str, Any]], epsilons: Sequence[float]) ->
 
 def write_comparison(rows: Sequence[dict[str, Any]], out: str | os.PathLike[str], *, data: PateData, teachers: int,
                      delta: float, seeds: int, wall: float, quick: bool, epsilons: Sequence[float],
-                     queries: Sequence[int]) -> dict[str, Path]:  # fmt: skip
-    """results.csv, summary.md and accuracy_vs_epsilon.png in ``out`` (atomic writes)."""
+                     queries: Sequence[int], diagnostics: bool = False) -> dict[str, Path]:  # fmt: skip
+    """results.csv, summary.md and accuracy_vs_epsilon.png in ``out`` (atomic writes).
+
+    ``diagnostics``: the rows hold the non-private ones (:func:`compare_label_dp`); summary.md then shows
+    them, marked "not covered by ε".
+    """
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     fields = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("method", "label", "repeat",
@@ -388,9 +417,9 @@ def write_comparison(rows: Sequence[dict[str, Any]], out: str | os.PathLike[str]
     label_acc: dict[tuple[str, float], list[float]] = {}
     for r in pate_rows:
         label_acc.setdefault((r["method"], r["target_epsilon"]), []).append(100 * r["label_accuracy"])
-    la_lines = ["| Q | " + " | ".join(f"ε = {e:g}" for e in epsilons)
-                + " | noiseless majority | mean teacher | student on Q true labels (test) |",
-                "|---|" + "---|" * (len(epsilons) + 3)]  # fmt: skip
+    diag_head = " | noiseless majority | mean teacher | student on Q true labels (test) |" if diagnostics else " |"
+    la_lines = ["| Q | " + " | ".join(f"ε = {e:g}" for e in epsilons) + diag_head,
+                "|---|" + "---|" * (len(epsilons) + (3 if diagnostics else 0))]  # fmt: skip
     for q in sorted({min(q, len(data.y_public)) for q in queries}):
         key = _pate_key(q)
         diag = [r for r in rows if r["method"] == f"ceiling_q{q}"]
@@ -398,9 +427,21 @@ def write_comparison(rows: Sequence[dict[str, Any]], out: str | os.PathLike[str]
                  else "–" for k in ("majority_label_accuracy", "teacher_accuracy", "accuracy")]  # fmt: skip
         la_lines.append(f"| {q} | " + " | ".join(
             f"{np.mean(label_acc[(key, e)]):.1f}" if (key, e) in label_acc else "–" for e in epsilons)
-            + " | " + " | ".join(extra) + " |")  # fmt: skip
+            + (" | " + " | ".join(extra) if diagnostics else "") + " |")  # fmt: skip
     flags = f"--epsilons {','.join(f'{e:g}' for e in epsilons)} --queries {','.join(map(str, queries))} " \
-            f"--repeats {seeds} --teachers {teachers}" + (" --quick" if quick else "")  # fmt: skip
+            f"--repeats {seeds} --teachers {teachers}" + (" --quick" if quick else "") \
+            + (" --diagnostics" if diagnostics else "")  # fmt: skip
+    diag_note = [
+        "The diagnostics (**not covered by ε**: computed from the private data without noise; `--diagnostics`) "
+        "read the teachers' votes and the pool's true labels: the noiseless majority vote is what GNMax's labels "
+        "tend to as ε grows; the student on Q true labels is the test accuracy PATE's student would reach with "
+        "perfect labels on the same Q inputs; the non-private LR row reads the private rows directly.",
+        "",
+    ] if diagnostics else [
+        "Every number here is an (ε, δ) release. The non-private reference and the noiseless diagnostics are "
+        "left out (`--diagnostics` adds them, marked not covered by ε).",
+        "",
+    ]
     text = "\n".join([
         "# PATE vs label-DP on Adult (labels private)",
         "",
@@ -425,14 +466,12 @@ def write_comparison(rows: Sequence[dict[str, Any]], out: str | os.PathLike[str]
         *header,
         *lines,
         "",
-        "## PATE: accuracy of the answered aggregated labels on the query pool (%), and non-private diagnostics",
+        "## PATE: accuracy of the answered aggregated labels on the query pool (%)"
+        + (", and non-private diagnostics (not covered by ε)" if diagnostics else ""),
         "",
         *la_lines,
         "",
-        "The diagnostics read the teachers' votes and the pool's true labels (not covered by ε): the noiseless "
-        "majority vote is what GNMax's labels tend to as ε grows; the student on Q true labels is the test "
-        "accuracy PATE's student would reach with perfect labels on the same Q inputs.",
-        "",
+        *diag_note,
         f"Repeats: {seeds}.",
         "",
     ])  # fmt: skip

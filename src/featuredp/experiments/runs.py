@@ -6,10 +6,18 @@ A run directory holds
   guarantee, model spec, dataset name + loader options + private columns,
   seed, metrics. Public information only (no data, no RNG state).
 * ``model.pt`` — the released model's ``state_dict`` (tensors only).
-* ``checkpoint.pt`` — everything needed to resume: model, optimizer state, all
-  RNG states, step counter, accountant phases. **Keep it private**: RNG states
-  reveal which records were sampled.
 * ``audit/`` — the reports of ``featuredp audit`` on this run (optional).
+
+The resume checkpoint (model, optimizer state, every RNG state and key, step counter,
+accountant phases) is **not** in the run directory: whoever holds the noise and sampler
+states can replay the noise and subtract it. :func:`private_checkpoint` names its place, a
+folder of its own under :func:`private_root` (``$FEATUREDP_PRIVATE_DIR``, default
+``$XDG_STATE_HOME/featuredp/private`` or ``~/.local/state/featuredp/private``; folders 0700,
+file 0600), keyed by a digest of the run directory's absolute path, so ``--resume`` finds it
+from ``--out`` alone (a moved or renamed run directory can no longer be resumed).
+``featuredp train`` deletes it when the run finishes unless ``--keep-checkpoint``. A
+``checkpoint.pt`` that an older featuredp left in the run directory is still listed in
+:data:`RUN_FILES` (so ``--overwrite`` removes it) and is moved to the private place before a resume.
 
 Files are written atomically and read with ``torch.load(weights_only=True)``
 (no arbitrary pickle).
@@ -18,11 +26,13 @@ Files are written atomically and read with ``torch.load(weights_only=True)``
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pickle
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,26 +41,132 @@ from typing import Any
 import torch
 from torch import nn
 
-from featuredp._io import atomic_path, atomic_save_torch, atomic_write_json, load_torch_safely
+from featuredp._io import (
+    atomic_path,
+    atomic_save_torch,
+    atomic_write_json,
+    atomic_write_text,
+    load_torch_safely,
+    private_dir,
+)
 from featuredp.data import load_dataset
+from featuredp.errors import PrivacyRiskWarning
 from featuredp.models import build_model
 from featuredp.plan import PrivacyPlan
 
-__all__ = ["RUN_FILES", "Run", "load_checkpoint", "load_run", "replacing_run", "run_files", "save_checkpoint",
-           "save_run"]
+__all__ = ["PRIVATE_DIR_ENV", "RUN_FILES", "Run", "close_private_checkpoint", "load_checkpoint", "load_run",
+           "open_private_checkpoint", "private_checkpoint", "private_root", "replacing_run", "run_files",
+           "save_checkpoint", "save_run"]
 
 RUN_JSON = "run.json"
 MODEL_FILE = "model.pt"
 CHECKPOINT_FILE = "checkpoint.pt"
 AUDIT_DIR = "audit"
-#: what a run directory holds: written by training (run.json, model.pt, checkpoint.pt) and by ``featuredp audit``
+#: what a run directory holds: written by training (run.json, model.pt) and by ``featuredp audit``; checkpoint.pt
+#: only when an older featuredp wrote it there (listed so that ``--overwrite`` and :func:`replacing_run` remove it)
 RUN_FILES = (RUN_JSON, MODEL_FILE, CHECKPOINT_FILE, AUDIT_DIR)
 FORMAT = 1
+#: the environment variable naming the folder that holds the private checkpoints
+PRIVATE_DIR_ENV = "FEATUREDP_PRIVATE_DIR"
+#: the file in a private checkpoint's folder that names the run directory it belongs to (a path, nothing secret)
+_OWNER_FILE = "run_dir.txt"
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
-    """Write a checkpoint dict (tensors and plain containers) atomically."""
-    atomic_save_torch(path, state)
+    """Write a checkpoint dict (tensors and plain containers) atomically, readable by its owner only (0600)."""
+    atomic_save_torch(path, state, private=True)
+
+
+def private_root() -> Path:
+    """The folder of private checkpoints: ``$FEATUREDP_PRIVATE_DIR``, else ``$XDG_STATE_HOME/featuredp/private``
+    (``~/.local/state/featuredp/private``). Not created here."""
+    given = os.environ.get(PRIVATE_DIR_ENV)
+    if given:
+        return Path(given).expanduser()
+    state = os.environ.get("XDG_STATE_HOME")
+    base = Path(state).expanduser() if state else Path.home() / ".local" / "state"
+    return base / "featuredp" / "private"
+
+
+def _private_run_dir(out_dir: str | Path) -> Path:
+    # Keyed by the run directory's absolute, resolved path: --resume finds it from --out alone, from any working
+    # directory, and two run directories never share one.
+    where = str(Path(out_dir).expanduser().resolve())
+    return private_root() / hashlib.sha256(where.encode("utf-8")).hexdigest()[:32]
+
+
+def private_checkpoint(out_dir: str | Path) -> Path:
+    """Where the resume checkpoint of the run directory ``out_dir`` lives (outside it; the file may not exist).
+
+    >>> private_checkpoint("runs/a") == private_checkpoint("runs/./a") != private_checkpoint("runs/b")
+    True
+    """
+    return _private_run_dir(out_dir) / CHECKPOINT_FILE
+
+
+def open_private_checkpoint(out_dir: str | Path, *, resume: bool = False) -> Path:
+    """Create the private place of ``out_dir``'s checkpoint (folders 0700) and return the checkpoint's path.
+
+    With ``resume``, a ``checkpoint.pt`` that an older featuredp left in the run directory itself (readable
+    by others) is moved to the private place first (a PrivacyRiskWarning says so); when the private place
+    already holds a checkpoint, the one in the run directory is left where it is, with a warning to delete it.
+    """
+    private_dir(private_root())
+    folder = private_dir(_private_run_dir(out_dir))
+    owner = folder / _OWNER_FILE
+    if not owner.exists():  # says which run a folder belongs to, for whoever cleans up by hand
+        atomic_write_text(owner, str(Path(out_dir).expanduser().resolve()) + "\n")
+    checkpoint = folder / CHECKPOINT_FILE
+    legacy = Path(out_dir) / CHECKPOINT_FILE
+    if resume and legacy.is_file():
+        if checkpoint.exists():
+            warnings.warn(f"{legacy} (left in the run directory by an older featuredp) holds private RNG states and "
+                          f"keys; the run resumes from {checkpoint}: delete {legacy}", PrivacyRiskWarning,
+                          stacklevel=2)  # fmt: skip
+        else:
+            shutil.move(str(legacy), str(checkpoint))  # a copy then a delete when the two are on other file systems
+            os.chmod(checkpoint, 0o600)
+            warnings.warn(f"moved the checkpoint {legacy} (left in the run directory by an older featuredp, where "
+                          f"others may read its private RNG states) to {checkpoint} before resuming",
+                          PrivacyRiskWarning, stacklevel=2)  # fmt: skip
+    return checkpoint
+
+
+def close_private_checkpoint(out_dir: str | Path, *, keep: bool = False) -> Path | None:
+    """At the end of a run: delete the private checkpoint folder of ``out_dir`` (whatever the ranks wrote there),
+    or with ``keep`` make every file in it readable by its owner only (0600). Returns the kept folder, else None.
+
+    Several processes may call it at once (data-parallel ranks): a file another one removed first is no error.
+    """
+    folder = _private_run_dir(out_dir)
+    if not folder.exists():
+        return None
+    if not keep:
+        _remove_tree(folder)
+        return None
+    private_dir(folder)
+    for entry in folder.iterdir():
+        if entry.is_file() and not entry.is_symlink():
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(entry, 0o600)
+    return folder
+
+
+def _remove_tree(folder: Path) -> None:
+    """``shutil.rmtree`` that tolerates entries removed meanwhile by another process, and nothing else."""
+    for root, dirs, files in os.walk(folder, topdown=False):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(root, name))
+        for name in dirs:
+            path = os.path.join(root, name)
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.islink(path):
+                    os.unlink(path)
+                else:
+                    os.rmdir(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(folder)
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -105,7 +221,7 @@ def save_run(
     """Write ``run.json`` and ``model.pt`` for a finished ``Trainer.fit`` into ``out_dir``.
 
     ``dataset``: ``{"name": ..., "options": {...}, "private_columns": [...], "split_seed": ...}``.
-    The checkpoint is written by ``Trainer.fit(checkpoint=out_dir / "checkpoint.pt")``.
+    The checkpoint is written by ``Trainer.fit(checkpoint=open_private_checkpoint(out_dir))``, outside ``out_dir``.
     In a data-parallel run only rank 0 writes (every rank holds the same model).
     """
     out = Path(out_dir)
@@ -184,31 +300,49 @@ def run_files(path: str | Path) -> list[str]:
 def replacing_run(path: str | Path) -> Iterator[list[str]]:
     """Replace the run in ``path``: its files are set aside while the block writes a new run there.
 
-    When the block succeeds the old run's files (:data:`RUN_FILES`: run.json, model.pt,
-    checkpoint.pt and the audit reports) are deleted, so nothing of the old run stays next to the
-    new one; when it fails (an error, Ctrl-C) they are put back, replacing whatever the block
-    wrote, so nothing is lost. Yields the names set aside.
+    When the block succeeds the old run's files (:data:`RUN_FILES`: run.json, model.pt, the audit
+    reports, a checkpoint.pt an older featuredp left there) and its private checkpoint
+    (:func:`private_checkpoint`) are deleted, so nothing of the old run stays next to the new one;
+    when it fails (an error, Ctrl-C) they are put back, replacing whatever the block wrote, so
+    nothing is lost. Yields the names set aside (the private checkpoint as ``"private checkpoint"``).
     """
     p = Path(path)
     names = run_files(p)
-    if not names:
+    private = _private_run_dir(p)
+    # The old run's private checkpoint waits next to its own folder (same file system, owner-only parent).
+    private_aside = private.with_name(f".replaced-{private.name}") if private.exists() else None
+    if not names and private_aside is None:
         yield []
         return
-    aside = Path(tempfile.mkdtemp(prefix=".replaced-run.", dir=p))
+    aside = Path(tempfile.mkdtemp(prefix=".replaced-run.", dir=p)) if names else None
     moved: list[str] = []
     try:
+        if private_aside is not None:
+            if private_aside.exists():  # left by a replacement that was killed before it could clean up
+                _remove_tree(private_aside)
+            os.replace(private, private_aside)
         for name in names:
+            assert aside is not None
             os.replace(p / name, aside / name)
             moved.append(name)
-        yield names
+        yield names + (["private checkpoint"] if private_aside is not None else [])
     except BaseException:
         for name in moved:
+            assert aside is not None
             target = p / name
             if target.is_dir() and not target.is_symlink():
                 shutil.rmtree(target)
             elif target.exists() or target.is_symlink():
                 target.unlink()
             os.replace(aside / name, target)
-        shutil.rmtree(aside, ignore_errors=True)
+        if private_aside is not None and private_aside.exists():
+            if private.exists():
+                _remove_tree(private)
+            os.replace(private_aside, private)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
         raise
-    shutil.rmtree(aside, ignore_errors=True)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+    if private_aside is not None:
+        _remove_tree(private_aside)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from featuredp._validate import check_positive
@@ -34,7 +35,7 @@ from featuredp.experiments.presets import (
     method_params,
     unused_params,
 )
-from featuredp.experiments.runs import save_run
+from featuredp.experiments.runs import close_private_checkpoint, open_private_checkpoint, save_run
 from featuredp.features import Columns
 from featuredp.losses import GaussianPadding, LabelDPSplit, LossSplit, default_split
 from featuredp.methods import get_method
@@ -90,6 +91,7 @@ def train_one(
     precision: str = "fp32",
     out: str | Path | None = None,
     resume: bool = False,
+    keep_checkpoint: bool = False,
     progress: bool = True,
     **params: Any,
 ) -> TrainedModel:
@@ -118,8 +120,13 @@ def train_one(
             None: no defaults, ``params`` only.
         device: ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``auto``; checked before any work.
         precision: ``fp32`` or ``bf16`` (bfloat16 autocast; norms, clipping and noise in float32).
-        out, resume: a run directory to write (run.json, model.pt, the private checkpoint.pt) and
-            whether to continue the run in it from its checkpoint.
+        out, resume: a run directory to write (run.json, model.pt) and whether to continue the run in it
+            from its checkpoint. The checkpoint (RNG states and keys) is written outside ``out``, in a
+            private place (:func:`~featuredp.experiments.runs.private_checkpoint`: folders 0700, file
+            0600) named by the summary's ``checkpoint``; a ``checkpoint.pt`` an older featuredp left in
+            ``out`` is moved there before a resume.
+        keep_checkpoint: keep the private checkpoint when the run finishes (default: it is deleted once
+            run.json and model.pt are written; it stays when training fails, for ``resume``).
         params: Trainer keyword arguments (epochs, batch_size, noise_multiplier, max_grad_norm,
             alpha, lr, pretrain_epochs, public_batch_size, ...) replacing the preset's; None values
             are ignored and keys the method does not read are dropped
@@ -182,7 +189,16 @@ def train_one(
         kwargs["precision"] = precision
     trainer = Trainer(net, record.name, loss_split=split, seed=seed, public_seed=public_seed, secure_rng=secure_rng,
                       ledger=ledger, progress=progress, **kwargs)  # fmt: skip
-    checkpoint = None if out is None else Path(out) / "checkpoint.pt"
+    checkpoint = None
+    if out is not None:
+        # Keys and RNG states stay out of the run directory, which is meant to be shared (rule 13).
+        main = trainer.dist is None or trainer.dist.is_main
+        if main:  # one process creates the place and moves an old checkpoint.pt, then every rank uses it
+            checkpoint = open_private_checkpoint(out, resume=resume)
+        if trainer.dist is not None:
+            torch.distributed.barrier()
+        if not main:
+            checkpoint = open_private_checkpoint(out)
     # Periodic checkpoints (between steps, so a resumed run equals an uninterrupted one).
     result = trainer.fit(train, checkpoint=checkpoint, checkpoint_every=200 if checkpoint else None, resume=resume)
     trained = trainer.model
@@ -222,6 +238,11 @@ def train_one(
                           "label_private": summary["label_private"], "split": "the loader's fixed train/test split"},
                  metrics=metrics)  # fmt: skip
         summary["out"] = str(out)
+        summary["checkpoint"] = str(checkpoint)
+        summary["checkpoint_kept"] = bool(keep_checkpoint)
+        if trainer.dist is not None:
+            torch.distributed.barrier()  # every rank has written its last checkpoint
+        close_private_checkpoint(out, keep=keep_checkpoint)
     return TrainedModel(summary=summary, model=trained, result=result, trainer=trainer, metrics=metrics)
 
 

@@ -99,6 +99,27 @@ def _warn_statistics_from_data(dataset: Any, leaked: dict[str, str], reported: s
     )
 
 
+def _encoded_names(dataset: Any, private: set[str], from_data: dict[str, str]) -> tuple[list[str], dict[str, int]]:
+    """The private encoded column names that describe() may show, and the columns whose names are hidden.
+
+    A one-hot name of a private column whose categories were read from the data names a private value
+    (``"diag=HIV-positive"``, perhaps held by one record), so it is shown as ``"diag=<category 3 of 5>"``;
+    only the count is kept (it is public anyway: the model's width).
+    """
+    hidden = {c for c, kind in from_data.items() if kind == "categories"}
+    counts = {c: n for c in hidden if (n := sum(1 for s in dataset.feature_sources if s == c))}
+    seen = dict.fromkeys(counts, 0)
+    names = []
+    for name, source in zip(dataset.feature_names, dataset.feature_sources):
+        if source not in private:
+            continue
+        if source in counts:
+            seen[source] += 1
+            name = f"{source}=<category {seen[source]} of {counts[source]}>"
+        names.append(str(name))
+    return names, counts
+
+
 class Columns(PublicFeatureMap):
     """Some raw columns of a tabular dataset are private; the rest are public.
 
@@ -139,6 +160,7 @@ class Columns(PublicFeatureMap):
         self._x_mask: torch.Tensor | None = None
         self._cat_mask: torch.Tensor | None = None
         self._encoded_private: list[str] = []
+        self._hidden_categories: dict[str, int] = {}  # private columns whose category values are not shown
         self._statistics_from_data: dict[str, str] = {}
         self._reported: set[tuple[str, ...]] = set()
 
@@ -187,7 +209,6 @@ class Columns(PublicFeatureMap):
         self.label_name = label
         priv = set(private)
         self._x_mask = torch.tensor([s in priv for s in dataset.feature_sources], dtype=torch.bool)
-        self._encoded_private = [n for n, s in zip(dataset.feature_names, dataset.feature_sources) if s in priv]
         cat_sources = getattr(dataset, "cat_sources", None)
         self._cat_mask = (
             None if cat_sources is None else torch.tensor([s in priv for s in cat_sources], dtype=torch.bool)
@@ -196,6 +217,7 @@ class Columns(PublicFeatureMap):
         # so this is where statistics read from private data must be caught.
         self._statistics_from_data = _private_statistics_from_data(dataset, private, label_private)
         _warn_statistics_from_data(dataset, self._statistics_from_data, self._reported)
+        self._encoded_private, self._hidden_categories = _encoded_names(dataset, priv, self._statistics_from_data)
         return self
 
     def _require_bound(self) -> None:
@@ -266,6 +288,10 @@ class Columns(PublicFeatureMap):
                 # Only when there is something to say, so reports of clean runs keep their shape.
                 {"private_statistics_from_data": dict(self._statistics_from_data)} if self._statistics_from_data
                 else {}
+            ) | (
+                {"private_categories": {c: f"{k} read from the data (not listed: private)"
+                                        for c, k in self._hidden_categories.items()}}
+                if self._hidden_categories else {}
             ),
         )
 
