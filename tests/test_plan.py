@@ -98,3 +98,11 @@ def test_train_result_writes_disclosures_as_dicts() -> None:
     d = json.loads(json.dumps(result.to_dict()))
     assert d["epsilon"] == "inf" and d["privacy_report"]["feature_map"] == BLUR.to_dict()
     assert d["privacy_report"]["n"]["m"]["hides"] == "the fine detail"
+
+
+def test_guarantee_states_the_delta_it_is_given() -> None:
+    # The engine states the plan's δ plus the noise sampler's tail (featuredp.accounting.sampler_tail_delta).
+    plan = _plan("fdp")
+    assert plan.guarantee(1.0, BLUR).startswith("(1, 1e-05)-FDP")
+    assert plan.guarantee(1.0, BLUR, delta=1.5e-5).startswith("(1, 1.5e-05)-FDP")
+    assert _plan("dpsgd").guarantee(2.0, None, delta=2e-5).startswith("(2, 2e-05)-DP for whole records")

@@ -58,7 +58,15 @@ from tqdm.auto import tqdm
 
 from featuredp._io import atomic_save_torch, load_torch_safely
 from featuredp._validate import check_choice, check_delta, check_int
-from featuredp.accounting import BudgetLedger, calibrate_noise_multiplier, calibrate_steps
+from featuredp.accounting import (
+    BudgetLedger,
+    calibrate_noise_multiplier,
+    calibrate_steps,
+    check_sampler_tail,
+    sampler_max_radius,
+    sampler_tail_delta,
+    sampler_tail_mass,
+)
 from featuredp.batches import as_batch, evaluate, forward, gather, resolve_device, to_device
 from featuredp.clipping import GradientStrategy, check_no_batch_mixing, get_strategy, trainable_parameters
 from featuredp.clipping.base import AutocastLoss, LossFn, check_precision
@@ -68,6 +76,7 @@ from featuredp.errors import DataValidationError, PrivacyLeakWarning
 from featuredp.features import Batch, PublicFeatureMap
 from featuredp.losses import LabelDPSplit, LossSplit, default_split
 from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS, Method, get_method
+from featuredp.noise import SecureNoise, TorchNoise
 from featuredp.plan import PrivacyPlan, TrainResult, inf_to_str
 from featuredp.run_state import ModelRuns, RunState, data_fingerprint, open_ledger, reserve, settle
 from featuredp.sampling import make_streams, random_seed_from, warn_private_seed
@@ -278,7 +287,7 @@ class Trainer:
                 raise ValueError("max_grad_norm=inf (no clipping) has unbounded sensitivity; it is only allowed "
                                  "with noise_multiplier=0 (a non-private reference run)")
         uses_public = record.public_steps or record.public_batch or pretrain > 0
-        return PrivacyPlan(
+        plan = PrivacyPlan(
             method=self.method,
             dataset_size=n,
             expected_batch_size=m,
@@ -295,6 +304,15 @@ class Trainer:
             relation=p_cfg.relation,
             accountant=p_cfg.accountant,
         )
+        if record.private and sigma:
+            # What the noise sampler cannot produce is added to the reported δ (ARCHITECTURE rule 12); refuse up
+            # front a run whose ε is so large that this tail would be more than a sliver of δ.
+            assert delta is not None  # checked in __init__
+            most = steps if budget is None else min(steps, budget)
+            eps = p_cfg.target_epsilon if p_cfg.target_epsilon is not None else plan.epsilon(most)
+            check_sampler_tail(eps, delta, most, _noised_coordinates(self.model), noise_multiplier=sigma,
+                               tail_mass_per_pair=(SecureNoise if p_cfg.secure_rng else TorchNoise).tail_mass_per_pair)
+        return plan
 
     # -- training ----------------------------------------------------------------------------------------
     def fit(
@@ -512,6 +530,25 @@ class Trainer:
             "accounting": "public batches and public pre-training read Ψ(S) only and add no privacy event",
             "randomness": self._randomness_report(),
         }
+        delta = plan.delta
+        if plan.is_private and delta is not None:
+            # The guarantee covers what the noise sampler cannot produce: its cut tail's mass η over every
+            # noise pair this run drew turns (ε, δ) into (ε, δ + (1 + e^ε)·η) (featuredp.accounting.sampler).
+            noised = state.private_steps if plan.noise_multiplier else 0  # σ = 0 draws no noise
+            dim, mass = _noised_coordinates(self.model), state.noise.tail_mass_per_pair
+            extra = sampler_tail_delta(eps, noised, dim, mass)
+            report["noise_sampler"] = {
+                "transform": state.noise.description,
+                "max_radius": sampler_max_radius(mass),  # per pair of coordinates, in noise standard deviations
+                "tail_mass_per_pair": mass,
+                "noise_pairs": noised * -(-dim // 2),
+                "tail_mass": sampler_tail_mass(noised, dim, mass),
+                "delta_requested": delta,
+                "delta_added": inf_to_str(extra),
+                "delta_reported": inf_to_str(delta + extra),
+                "not_covered": "the floating-point granularity of the noise (featuredp.noise)",
+            }
+            delta += extra
         composed = _MODEL_RUNS.composed_epsilon(self.model, state)
         if composed is not None:
             report["model_epsilon_all_runs"] = composed
@@ -519,12 +556,12 @@ class Trainer:
             method=self.method,
             plan=plan,
             epsilon=eps,
-            delta=plan.delta,
+            delta=delta,
             steps=state.private_steps if plan.is_private else max(0, state.step - plan.pretrain_steps),
             pretrain_steps=min(state.step, plan.pretrain_steps),
             stopped_early=not finished,
             stop_reason=state.stop_reason if state.stop_reason else (None if finished else "max_steps"),
-            guarantee=plan.guarantee(eps, disclosure).replace("{T}", str(state.private_steps)),
+            guarantee=plan.guarantee(eps, disclosure, delta=delta).replace("{T}", str(state.private_steps)),
             privacy_report=report,
             history=list(state.history),
         )
@@ -536,7 +573,7 @@ class Trainer:
         return {
             "private": "user seed (reproducible: keep it secret)" if p.seed is not None else "OS entropy (secret)",
             "secure_rng": p.secure_rng,
-            "noise": "ChaCha20 CSPRNG, float64 Box-Muller, added in float64" if p.secure_rng else "torch.randn",
+            "noise": (SecureNoise if p.secure_rng else TorchNoise).description,
             "public_seed": p.public_seed,
         }
 
@@ -683,6 +720,11 @@ def _config(cls: Any, kind: str, given: Any, flat: dict[str, dict[str, Any]]) ->
             raise TypeError(f"give {kind}= or the flat settings {sorted(keys)}, not both")
         return given
     return cls(**keys)
+
+
+def _noised_coordinates(model: nn.Module) -> int:
+    """The coordinates the private sum has, each noised once per private step: the trainable parameters'."""
+    return sum(int(p.numel()) for p in trainable_parameters(model).values())
 
 
 def _model_device(model: nn.Module) -> torch.device:

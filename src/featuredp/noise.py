@@ -2,18 +2,34 @@
 
 Two sources, one interface (:class:`NoiseSource`):
 
-* :class:`TorchNoise` (the default): ``torch.randn`` from a ``torch.Generator``
-  seeded with 62 secret bits (OS entropy unless the user seeded the run), drawn
-  in the parameters' dtype and added in place. Fast, but the Mersenne Twister is
-  not a cryptographic generator: its state can in principle be recovered from
-  enough outputs, and a float32 draw has the floating-point weaknesses below.
+* :class:`TorchNoise` (the default): float64 uniforms from ``torch.rand`` on the sums'
+  device, from a ``torch.Generator`` seeded with 62 secret bits (OS entropy unless the user
+  seeded the run). Fast, but the Mersenne Twister is not a cryptographic generator: its state
+  can in principle be recovered from enough outputs.
 * :class:`SecureNoise` (``secure_rng=True``): a ChaCha20 keystream
   (:class:`ChaCha20Generator`, OpenSSL through the maintained ``cryptography``
-  package) keyed with 256 bits from ``os.urandom``. Gaussians are drawn in
-  float64 with the Box–Muller transform from 53-bit uniforms and added to the
-  sum in float64 before the result is rounded to the parameters' dtype.
+  package) keyed with 256 bits from ``os.urandom``.
 
-What the secure mode does and does not do about floating point. Mironov (CCS
+Both turn uniform 63-bit words into normals with one float64 transform (:func:`normals_from_words`)
+and add them to the sum in float64 before the result is rounded, once, to the parameters' dtype.
+
+The tail (ARCHITECTURE rule 12). Box–Muller draws a pair of normals from a radius uniform u and
+an angle: radius √(−2 ln u). A sampler's smallest u caps the radius, and a value beyond the cap
+is one the sampler never produces: with float32 ``torch.randn`` (24-bit uniforms, radius ≤ 5.77)
+a release outside that disc around the sum without a record proves the record is in (δ ≥ 1.4e-4
+for a claimed (10, 1e-5) at σ = 0.5), and a 53-bit float64 uniform still stops at 8.57. Here u is
+a 126-bit uniform on (0, 1] built from two 63-bit words (u = (w₁·2⁶³ + w₂ + 1)·2⁻¹²⁶, rounded to
+float64's 53 significant bits), clamped at :data:`TAIL_MASS_PER_PAIR` =
+2⁻¹²⁶ whatever the words, so the radius is at most :data:`MAX_RADIUS` ≈ 13.22 by construction and
+an ideal pair leaves that disc with probability exactly 2⁻¹²⁶. The engine adds that cut tail to
+the reported δ (:func:`featuredp.accounting.sampler_tail_delta`: (1 + e^ε)·pairs·2⁻¹²⁶). The
+transform does the same work for every pair (no branch on the words), so its timing says nothing
+about which pairs were deep in the tail. The words: ``random_()`` on an int64 tensor is a 64-bit
+output modulo 2⁶³, on the CPU (Mersenne Twister, two 32-bit outputs) and on CUDA (Philox) alike
+(ATen's ``uniform_int``; ``tests/test_noise.py`` checks that all 63 bits vary); ChaCha20's are
+its keystream's 64-bit words shifted right by one.
+
+What the float64 noise does and does not do about floating point. Mironov (CCS
 2012) showed that the textbook floating-point Laplace sampler leaves holes in
 the output distribution that reveal the unnoised value; Jin et al. (S&P 2022)
 showed the same for Gaussian samplers (Box–Muller and the polar method) used in
@@ -24,9 +40,9 @@ holes of the float64 noise are about 2²⁹ times finer than the float32 grid th
 attacker sees, which is the mitigation Jin et al. recommend short of exact
 discrete sampling. It is **not** a proof: the noise is still a floating-point
 approximation of N(0, σ²C²), not an exact discrete Gaussian on a grid
-(Canonne–Kamath–Steinke 2020), and Box–Muller's tails are truncated at about
-√(2·53·ln 2) ≈ 8.6 standard deviations. Secure mode removes the predictable
-generator and the float32 holes; it does not make the computation constant-time.
+(Canonne–Kamath–Steinke 2020); the tail bound above treats the uniforms as exact
+and does not cover this granularity. Secure mode removes the predictable generator;
+neither mode makes the whole computation constant-time.
 """
 
 from __future__ import annotations
@@ -42,10 +58,83 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from featuredp._validate import check_int, check_nonnegative
 
-__all__ = ["ChaCha20Generator", "NoiseSource", "SecureNoise", "TorchNoise", "add_noise"]
+__all__ = [
+    "MAX_RADIUS",
+    "TAIL_MASS_PER_PAIR",
+    "WORDS_PER_PAIR",
+    "ChaCha20Generator",
+    "NoiseSource",
+    "SecureNoise",
+    "TorchNoise",
+    "add_noise",
+    "normals_from_words",
+]
 
 _BLOCK = 64  # bytes of ChaCha20 keystream per block
 _COUNTER_SPAN = 1 << 32  # OpenSSL's ChaCha20 counter is 32 bits: never let one call cross its wrap-around
+
+# The Gaussian transform (module docstring, "The tail"): per pair, one 63-bit word for the angle and two for a
+# 126-bit radius uniform, so the cut tail is 2⁻¹²⁶ per pair; the δ it adds, (1 + e^ε)·η, stays negligible up to
+# ε ≈ 45 for runs of 10¹² noised coordinates.
+#: Uniform 63-bit words drawn per pair of normals: the angle's and two for the radius uniform.
+WORDS_PER_PAIR = 3
+_WORD_BITS = 63
+#: The smallest radius uniform the transform produces (it is clamped there): an ideal pair of N(0, 1)
+#: coordinates falls beyond :data:`MAX_RADIUS` with exactly this probability (the sampler's cut tail).
+TAIL_MASS_PER_PAIR = 2.0 ** -(2 * _WORD_BITS)
+#: The largest radius of a pair of normals, √(−2 ln 2⁻¹²⁶) ≈ 13.22 standard deviations.
+MAX_RADIUS = math.sqrt(-2.0 * math.log(TAIL_MASS_PER_PAIR))
+
+
+def normals_from_words(words: torch.Tensor) -> torch.Tensor:
+    """``2·pairs`` N(0, 1) draws in float64 from a ``(WORDS_PER_PAIR, pairs)`` int64 tensor of uniform 63-bit words.
+
+    Box–Muller (module docstring): row 0 gives the angle, rows 1 and 2 the radius uniform
+    u = (w₁·2⁶³ + w₂ + 1)·2⁻¹²⁶, uniform on a 2⁻¹²⁶ grid of (0, 1] (in float64: its 53 leading bits).
+    Output ``i`` and ``i + pairs`` are the two coordinates of pair ``i``; no pair's radius exceeds
+    :data:`MAX_RADIUS`. The work is the same for every pair, whatever the words.
+
+    >>> top = 2**63 - 1
+    >>> z = normals_from_words(torch.tensor([[top], [0], [0]]))  # the smallest radius uniform: the largest radius
+    >>> round(float(z.norm()), 4), round(MAX_RADIUS, 4)
+    (13.2164, 13.2164)
+    """
+    if words.dtype != torch.int64 or words.dim() != 2 or words.shape[0] != WORDS_PER_PAIR:
+        raise ValueError(f"words must be int64 of shape ({WORDS_PER_PAIR}, pairs), got {words.dtype} "
+                         f"{tuple(words.shape)}")  # fmt: skip
+    pairs = words.shape[1]
+    # The angle: the word's top 53 bits, a uniform in [0, 1) that float64 holds exactly.
+    theta = (words[0] >> (_WORD_BITS - 53)).to(torch.float64).mul_(2.0 * math.pi * 2.0**-53)
+    # The radius uniform: w₁·2⁻⁶³ is exact wherever u is small (w₁ < 2⁵³), where the tail is decided;
+    # the +1 keeps u > 0, so log never sees 0.
+    low = words[2].to(torch.float64).add_(1.0).mul_(2.0 ** -(2 * _WORD_BITS))
+    u = words[1].to(torch.float64).mul_(2.0**-_WORD_BITS).add_(low)
+    radius = u.clamp_(min=TAIL_MASS_PER_PAIR).log_().mul_(-2.0).sqrt_()  # the cap holds by construction
+    out = torch.empty(2 * pairs, dtype=torch.float64, device=words.device)
+    torch.mul(radius, torch.cos(theta), out=out[:pairs])
+    torch.mul(radius, theta.sin_(), out=out[pairs:])
+    return out
+
+
+def _random_words(generator: torch.Generator, pairs: int, device: torch.device) -> torch.Tensor:
+    """``(WORDS_PER_PAIR, pairs)`` uniform 63-bit words from ``generator`` on ``device``.
+
+    ``random_()`` on int64 is a 64-bit generator output modulo 2⁶³ on the CPU (Mersenne Twister) and on
+    CUDA (Philox): ATen's ``uniform_int``.
+    """
+    return torch.empty((WORDS_PER_PAIR, pairs), dtype=torch.int64, device=device).random_(generator=generator)
+
+
+def _add_in_float64(sums: dict[str, torch.Tensor], z: torch.Tensor, std: float) -> dict[str, torch.Tensor]:
+    """``sums`` + ``std``·``z`` (flat float64 normals, consumed), summed in float64, each rounded once to its dtype."""
+    out: dict[str, torch.Tensor] = {}
+    start = 0
+    for k, v in sums.items():
+        part = z[start : start + v.numel()].view(v.shape).to(v.device)
+        start += v.numel()
+        # The sum is widened first, so the only rounding to v's dtype happens after the noise is in.
+        out[k] = part.mul_(std).add_(v.to(torch.float64)).to(v.dtype)
+    return out
 
 
 def _keystream(key: bytes, position: int, n_blocks: int) -> bytes:
@@ -99,17 +188,12 @@ class ChaCha20Generator:
         return (words >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
     def standard_normal(self, size: int) -> np.ndarray:
-        """``size`` independent N(0, 1) draws in float64 (Box–Muller, both outputs of each pair used)."""
+        """``size`` independent N(0, 1) draws in float64: :func:`normals_from_words` of this stream's 63-bit words."""
         size = check_int("size", size, minimum=0)
         pairs = -(-size // 2)
-        u = self.random(2 * pairs).reshape(2, pairs)
-        # 1 − u lies in (0, 1]: log never sees 0.
-        r = np.sqrt(-2.0 * np.log1p(-u[0]))
-        theta = (2.0 * math.pi) * u[1]
-        out = np.empty(2 * pairs, dtype=np.float64)
-        np.multiply(r, np.cos(theta), out=out[:pairs])
-        np.multiply(r, np.sin(theta), out=out[pairs:])
-        return out[:size]
+        raw = np.frombuffer(self.bytes(8 * WORDS_PER_PAIR * pairs), dtype="<u8") >> np.uint64(64 - _WORD_BITS)
+        words = torch.from_numpy(raw.astype(np.int64).reshape(WORDS_PER_PAIR, pairs))
+        return normals_from_words(words).numpy()[:size]
 
     def state_dict(self) -> dict[str, Any]:
         """The key and position (tensors and ints only; secret)."""
@@ -131,6 +215,12 @@ class NoiseSource(ABC):
     """Adds N(0, std²) to every coordinate of a gradient sum (std = σ·C)."""
 
     secure: bool = False
+    #: The probability that an ideal pair of noise coordinates lies where this source never puts one (its cut
+    #: tail; :func:`featuredp.accounting.sampler_tail_delta` turns it into δ). 1.0 unless a source states its
+    #: support, so that an unstated one is never taken for an unbounded one.
+    tail_mass_per_pair: float = 1.0
+    #: What draws the noise and how, for the privacy report.
+    description: str = "unstated"
 
     @abstractmethod
     def add(self, sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
@@ -146,7 +236,16 @@ class NoiseSource(ABC):
 
 
 class TorchNoise(NoiseSource):
-    """``torch.randn`` from one ``torch.Generator`` (fast; see the module docstring for its limits)."""
+    """Uniform words from one ``torch.Generator`` through :func:`normals_from_words`, added in float64.
+
+    Fast (see the module docstring for the generator's limits); the uniforms are drawn on the sums' device.
+    """
+
+    tail_mass_per_pair = TAIL_MASS_PER_PAIR
+    description = (
+        "torch.Generator 63-bit words (Mersenne Twister on the CPU, Philox on CUDA), float64 Box-Muller with a "
+        "126-bit radius uniform (radius <= 13.22), added in float64 and rounded once"
+    )
 
     def __init__(self, generator: torch.Generator) -> None:
         if not isinstance(generator, torch.Generator):
@@ -154,15 +253,14 @@ class TorchNoise(NoiseSource):
         self.generator = generator
 
     def add(self, sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
-        """``sums`` + N(0, std²) from ``torch.randn`` in the sums' dtype, on their device."""
+        """``sums`` + N(0, std²): one flat draw for all tensors, summed in float64, each rounded once to its dtype."""
         std = check_nonnegative("std", std)
-        if std == 0:
+        total = sum(int(v.numel()) for v in sums.values())
+        if std == 0 or total == 0:
             return {k: v.clone() for k, v in sums.items()}
-        # Draw, scale and add in place: one temporary per tensor instead of three (same values as v + std·z).
-        return {
-            k: torch.randn(v.shape, generator=self.generator, dtype=v.dtype, device=v.device).mul_(std).add_(v)
-            for k, v in sums.items()
-        }
+        device = next(iter(sums.values())).device
+        words = _random_words(self.generator, -(-total // 2), device)
+        return _add_in_float64(sums, normals_from_words(words), std)
 
     def state_dict(self) -> dict[str, Any]:
         """The torch generator's state."""
@@ -174,9 +272,14 @@ class TorchNoise(NoiseSource):
 
 
 class SecureNoise(NoiseSource):
-    """Float64 Box–Muller Gaussians from a :class:`ChaCha20Generator`, added in float64."""
+    """Float64 Gaussians from a :class:`ChaCha20Generator` (:func:`normals_from_words`), added in float64."""
 
     secure = True
+    tail_mass_per_pair = TAIL_MASS_PER_PAIR
+    description = (
+        "ChaCha20 CSPRNG 63-bit words, float64 Box-Muller with a 126-bit radius uniform (radius <= 13.22), "
+        "added in float64 and rounded once"
+    )
 
     def __init__(self, generator: ChaCha20Generator | None = None) -> None:
         self.generator = ChaCha20Generator() if generator is None else generator
@@ -189,15 +292,7 @@ class SecureNoise(NoiseSource):
         if std == 0:
             return {k: v.clone() for k, v in sums.items()}
         total = sum(int(v.numel()) for v in sums.values())
-        z = torch.from_numpy(self.generator.standard_normal(total))
-        out: dict[str, torch.Tensor] = {}
-        start = 0
-        for k, v in sums.items():
-            part = z[start : start + v.numel()].view(v.shape).to(v.device)
-            start += v.numel()
-            # The sum is widened first, so the only rounding to v's dtype happens after the noise is in.
-            out[k] = part.mul_(std).add_(v.to(torch.float64)).to(v.dtype)
-        return out
+        return _add_in_float64(sums, torch.from_numpy(self.generator.standard_normal(total)), std)
 
     def state_dict(self) -> dict[str, Any]:
         """The ChaCha20 key and position (secret)."""
@@ -209,12 +304,8 @@ class SecureNoise(NoiseSource):
 
 
 def add_noise(grads: dict[str, torch.Tensor], std: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """``grads`` + N(0, std²) per coordinate, drawn from ``generator``, as new tensors (std = σ·C)."""
-    std = check_nonnegative("std", std)
-    if std == 0:
-        return {k: v.clone() for k, v in grads.items()}
-    # Draw, scale and add in place: one temporary per tensor instead of three (same values as v + std·z).
-    return {
-        k: torch.randn(v.shape, generator=generator, dtype=v.dtype, device=v.device).mul_(std).add_(v)
-        for k, v in grads.items()
-    }
+    """``grads`` + N(0, std²) per coordinate, drawn from ``generator``, as new tensors (std = σ·C).
+
+    The same draw as :class:`TorchNoise` (the float64 transform, added in float64).
+    """
+    return TorchNoise(generator).add(grads, std)

@@ -156,11 +156,15 @@ class PrivacyPlan:
         """Inverse of :meth:`to_dict`."""
         return cls(**{k: str_to_inf(v) for k, v in data.items()})
 
-    def guarantee(self, epsilon: float, feature_map: Disclosure | dict[str, Any] | None = None) -> str:
+    def guarantee(
+        self, epsilon: float, feature_map: Disclosure | dict[str, Any] | None = None, *, delta: float | None = None
+    ) -> str:
         """One sentence stating the guarantee of a run that spent ``epsilon`` (``{T}`` = its private steps).
 
         ``feature_map`` is what Ψ discloses (:class:`Disclosure`, or its dict form from a run.json);
-        its ``hides`` names what the guarantee protects.
+        its ``hides`` names what the guarantee protects. ``delta``: the δ to state (default: the plan's); the
+        engine states the plan's δ plus what its noise sampler's cut tail adds
+        (:func:`featuredp.accounting.sampler_tail_delta`).
 
         >>> blur = Disclosure("GaussianBlur", reveals="the blurred image", hides="the fine detail")
         >>> plan = PrivacyPlan("public", dataset_size=10, expected_batch_size=2, sampling_rate=0.2, steps=5)
@@ -172,6 +176,7 @@ class PrivacyPlan:
         '(1.5, 1e-05)-FDP protecting the fine detail: Algorithm 1'
         """
         hides = feature_map.hides if isinstance(feature_map, Disclosure) else (feature_map or {}).get("hides")
+        delta = self.delta if delta is None else delta
         what = f" protecting {hides}" if hides else ""
         rel = "add/remove" if self.relation == "add-remove" else "replace-one"
         method = get_method(self.method)
@@ -184,15 +189,19 @@ class PrivacyPlan:
             f"{self.sampling_rate:.4g}, {{T}} private steps, {self.accountant.upper()} accountant, {rel} neighbours"
         )
         if not method.needs_feature_map:
-            return f"({epsilon:.4g}, {self.delta:g})-DP for whole records, hence the same FDP for any Ψ ({acc})"
+            return f"({epsilon:.4g}, {delta:g})-DP for whole records, hence the same FDP for any Ψ ({acc})"
         pre = " after public pre-training on Ψ(S) (no cost)" if self.pretrain_steps else ""
         kind = "Algorithm 1 (Thm 5)" if method.public_batch else "DP-SGD fine-tuning"
-        return f"({epsilon:.4g}, {self.delta:g})-FDP{what}: {kind}{pre} ({acc})"
+        return f"({epsilon:.4g}, {delta:g})-FDP{what}: {kind}{pre} ({acc})"
 
 
 @dataclass
 class TrainResult:
-    """What :meth:`Trainer.fit` returns. ``epsilon`` is ε(δ) for the private steps actually run."""
+    """What :meth:`Trainer.fit` returns. ``epsilon`` is ε(δ) for the private steps actually run.
+
+    ``delta`` is the δ of the guarantee: the plan's δ plus what the noise sampler's cut tail adds (reported
+    in ``privacy_report["noise_sampler"]``; :func:`featuredp.accounting.sampler_tail_delta`).
+    """
 
     method: str
     plan: PrivacyPlan

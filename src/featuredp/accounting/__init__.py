@@ -11,6 +11,7 @@ Contract used by the engine and the ERM baselines (see DEVELOPING.md)::
     epsilon_for(noise_multiplier, sampling_rate, steps, delta, *, relation, accountant) -> float
     calibrate_noise_multiplier(target_epsilon, delta, sampling_rate, steps, *, relation, accountant) -> float
     calibrate_steps(target_epsilon, delta, sampling_rate, noise_multiplier, *, relation, accountant) -> int
+    sampler_tail_delta(epsilon, steps, dimension, tail_mass_per_pair) -> float   # δ of the noise sampler's cut tail
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ from featuredp.accounting.events import (
     gaussian_event,
 )
 from featuredp.accounting.ledger import BudgetLedger, Reservation
+from featuredp.accounting.sampler import (
+    bounded_sampler_delta,
+    check_sampler_tail,
+    sampler_max_radius,
+    sampler_tail_delta,
+    sampler_tail_mass,
+)
 from featuredp.accounting.tradeoff import (
     attribute_inference_bound,
     attribute_inference_bound_eps_delta,
@@ -69,8 +77,10 @@ __all__ = [
     "attribute_inference_bound",
     "attribute_inference_bound_eps_delta",
     "basic_composition",
+    "bounded_sampler_delta",
     "calibrate_noise_multiplier",
     "calibrate_steps",
+    "check_sampler_tail",
     "compose_events",
     "compute_delta",
     "compute_epsilon",
@@ -87,6 +97,9 @@ __all__ = [
     "parallel_composition",
     "plot_tradeoff",
     "privacy_profile",
+    "sampler_max_radius",
+    "sampler_tail_delta",
+    "sampler_tail_mass",
     "tradeoff_curve",
     "tradeoff_from_profile",
 ]
