@@ -144,6 +144,21 @@ def main(scenario: str, out: Path) -> None:
         if rank == 0:
             torch.save({"whole": _flat(models["whole"]), "sharded": _flat(models["sharded"]), "refused": refused},
                        out / "shards.pt")  # fmt: skip
+    elif scenario in ("disagree-n", "disagree-c"):
+        # An attacker's rank: a shorter copy of the data (it would sample at a higher rate than rank 0 accounts
+        # for), or another clipping norm (sensitivity no longer C). Every rank must refuse before any step.
+        d = make_tabular(160, seed=3) if scenario == "disagree-n" and rank == 1 else data
+        c = 5.0 if scenario == "disagree-c" and rank == 1 else 0.5
+        model = _model()
+        before = _flat(model)
+        try:
+            Trainer(model, "dpsgd", steps=3, batch_size=20, noise_multiplier=1.0, max_grad_norm=c, delta=1e-4,
+                    progress=False).fit(d)  # fmt: skip
+            refused = ""
+        except ValueError as exc:
+            refused = str(exc)
+        (out / f"{scenario}{rank}.json").write_text(
+            json.dumps({"refused": refused, "unchanged": bool(torch.equal(before, _flat(model)))}))
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     torch.distributed.barrier()  # every rank leaves together

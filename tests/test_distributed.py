@@ -152,14 +152,33 @@ def test_killed_run_resumes_to_the_same_model_and_other_world_sizes_are_refused(
     _torchrun("whole", tmp_path)
     _torchrun("crash", tmp_path, expect_ok=False)
     assert (tmp_path / "ck.pt").exists() and not (tmp_path / "resume.pt").exists()
-    ck = torch.load(tmp_path / "ck.pt", weights_only=True)
-    assert ck["world_size"] == 2 and [r["step"] for r in ck["ranks"]] == [5, 5]
+    # Each rank wrote its own file, owner-readable only, holding its own streams and no other rank's.
+    files = [tmp_path / "ck.pt", tmp_path / "ck.rank1.pt"]
+    cks = [torch.load(f, weights_only=True) for f in files]
+    assert [(c["world_size"], c["rank"], c["state"]["step"]) for c in cks] == [(2, 0, 5), (2, 1, 5)]
+    assert all(f.stat().st_mode & 0o777 == 0o600 for f in files)
+    assert all("ranks" not in c for c in cks)
+    noise = [c["state"]["noise"] for c in cks]
+    assert not torch.equal(noise[0]["torch"], noise[1]["torch"])  # the ranks' noise keys differ, and each file
+    flat = [repr(c) for c in cks]  # holds only its own rank's state
+    assert repr(cks[1]["state"]["streams"]) not in flat[0] and repr(cks[0]["state"]["streams"]) not in flat[1]
     _torchrun("resume", tmp_path)
     assert torch.equal(torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "resume.pt"))
     t = Trainer(LogisticRegression(7, 2), "fdp", feature_map=Columns(["sex", "race"]), steps=12, batch_size=20,
                 noise_multiplier=1.0, delta=1e-4, seed=11, public_seed=2, progress=False)  # fmt: skip
     with pytest.raises(ValueError, match="2 process"):
         t.fit(make_tabular(200, seed=3), checkpoint=tmp_path / "ck.pt", resume=True)
+
+
+@pytest.mark.parametrize(("scenario", "field"), [("disagree-n", "dataset_size"), ("disagree-c", "max_grad_norm")])
+def test_ranks_with_other_data_or_settings_are_refused_on_every_rank(tmp_path, scenario, field):
+    # Today's attack: rank 1 holds a shorter copy of the data (samples at p = 20/160 while rank 0 reports ε for
+    # p = 20/200), or clips at 10 C: without the check both train and rank 0 reports a false ε.
+    _torchrun(scenario, tmp_path)
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"{scenario}{rank}.json").read_text())
+        assert field in got["refused"] and "do not run the same plan" in got["refused"], got
+        assert got["unchanged"]  # refused before any step
 
 
 def test_ranks_loading_only_their_shard_train_the_same_model(tmp_path):

@@ -322,6 +322,32 @@ def test_ledger_settles_on_a_crash(tmp_path, monkeypatch):
     assert ledger.spent() == pytest.approx(accounting.epsilon_for(1.0, 0.1, 6, 1e-4), rel=1e-9)
 
 
+def test_an_interrupt_after_the_update_never_leaves_an_uncounted_noisy_step(tmp_path, monkeypatch):
+    # The attack on the bookkeeping: Ctrl-C lands after the optimizer applied the 5th noisy update. Counting after
+    # the update left 5 noisy updates in the model and 4 steps in the accountant and the ledger.
+    path = tmp_path / "budget.json"
+    ledger = BudgetLedger(path, total_epsilon=10.0, delta=1e-4)
+    applied = 0
+    real_step = torch.optim.SGD.step
+
+    def step_then_interrupt(opt, *args, **kwargs):
+        nonlocal applied
+        out = real_step(opt, *args, **kwargs)
+        applied += 1
+        if applied == 5:
+            raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(torch.optim.SGD, "step", step_then_interrupt)
+    t = _fdp(_model(), steps=30, momentum=0.0, ledger=path)
+    with pytest.raises(KeyboardInterrupt):
+        t.fit(make_tabular(200, seed=3))
+    assert applied == 5
+    assert t._state is not None and t._state.private_steps >= applied
+    assert ledger.spent() >= accounting.epsilon_for(1.0, 0.1, applied, 1e-4) * (1 - 1e-9)
+    assert not ledger.pending()
+
+
 def test_ledger_must_exist():
     with pytest.raises(FileNotFoundError, match="create it once"):
         _fdp(_model(), ledger="/nonexistent/budget.json")

@@ -9,7 +9,11 @@ The rules that keep one multi-process run the *same* mechanism as one process (d
   once, by rank 0, before the all-reduce; every rank then holds the same noisy sum and divides by
   the global expected batch size p·N;
 * every rank joins every collective, even with an empty local batch (no skipped steps, no deadlock);
-* accounting is that of one process with the same (σ, p, T, N); only rank 0 prints and writes.
+* accounting is that of one process with the same (σ, p, T, N); only rank 0 prints and writes;
+* every rank runs the same plan: before the first private step the ranks compare their settings
+  (:func:`agree_across_ranks`) and all refuse, naming the field, if any differs;
+* each rank keeps its own keys: its checkpoint is a file of its own (:func:`rank_checkpoint_path`),
+  and no rank's sampler or noise state is ever sent to another rank.
 
 The ranks are trusted: each sees its own unnoised clipped sum (secure aggregation is out of scope).
 
@@ -23,11 +27,21 @@ import atexit
 import datetime
 import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistContext", "all_reduce_mean", "all_reduce_sum", "context", "shard_bounds"]
+__all__ = [
+    "DistContext",
+    "agree_across_ranks",
+    "all_reduce_mean",
+    "all_reduce_sum",
+    "context",
+    "rank_checkpoint_path",
+    "shard_bounds",
+]
 
 # A rank that died must not leave the others waiting forever.
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
@@ -120,3 +134,40 @@ def broadcast_parameters(module: torch.nn.Module) -> None:
     with torch.no_grad():
         for t in (*module.parameters(), *module.buffers()):
             dist.broadcast(t.data, src=0)
+
+
+def rank_checkpoint_path(path: str | os.PathLike[str], rank: int) -> Path:
+    """The checkpoint file of rank ``rank``: ``path`` itself for rank 0, ``<stem>.rank<r><suffix>`` beside it for
+    the others. Each rank writes and reads only its own (its streams' states and keys stay on that rank).
+
+    >>> rank_checkpoint_path("run/checkpoint.pt", 0).name, rank_checkpoint_path("run/checkpoint.pt", 3).name
+    ('checkpoint.pt', 'checkpoint.rank3.pt')
+    """
+    p = Path(path)
+    return p if rank == 0 else p.with_name(f"{p.stem}.rank{rank}{p.suffix}")
+
+
+def agree_across_ranks(settings: dict[str, Any]) -> None:
+    """Refuse, on every rank, a data-parallel run whose ranks hold different ``settings`` (ARCHITECTURE rule 15).
+
+    Every rank passes the same keys (plan fields, step settings, the data's size); the values are
+    all-gathered and compared. A rank that reports ε for one sampling rate while another samples at a
+    higher one, or clips at another C, would make the reported guarantee false: every rank raises the
+    same one-line ``ValueError`` naming the first fields that differ and each rank's value, so none is
+    left waiting in a later collective.
+    """
+    world = dist.get_world_size()
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, {k: repr(v) for k, v in settings.items()})
+    keys = sorted(set().union(*(g.keys() for g in gathered)))
+    differ = [k for k in keys if len({g.get(k, "<missing>") for g in gathered}) > 1]
+    if differ:
+        shown = "; ".join(
+            f"{k}: " + ", ".join(f"rank {r} {g.get(k, '<missing>')}" for r, g in enumerate(gathered))
+            for k in differ[:3]
+        )
+        more = f" (and {len(differ) - 3} more fields)" if len(differ) > 3 else ""
+        raise ValueError(
+            f"the {world} processes of this data-parallel run do not run the same plan: {shown}{more}; every rank "
+            "must hold the same data (or its shard) and the same settings, or the reported epsilon is false"
+        )

@@ -71,7 +71,14 @@ from featuredp.batches import as_batch, evaluate, forward, gather, resolve_devic
 from featuredp.clipping import GradientStrategy, check_no_batch_mixing, get_strategy, trainable_parameters
 from featuredp.clipping.base import AutocastLoss, LossFn, check_precision
 from featuredp.config import PerformanceConfig, PrivacyConfig, ScheduleConfig, split_settings
-from featuredp.distributed import DistContext, all_reduce_sum, broadcast_parameters, context
+from featuredp.distributed import (
+    DistContext,
+    agree_across_ranks,
+    all_reduce_sum,
+    broadcast_parameters,
+    context,
+    rank_checkpoint_path,
+)
 from featuredp.errors import DataValidationError, PrivacyLeakWarning
 from featuredp.features import Batch, PublicFeatureMap
 from featuredp.losses import LabelDPSplit, LossSplit, default_split
@@ -369,6 +376,8 @@ class Trainer:
         steps_this_call = 0
         private_before = state.private_steps
         display: dict[str, float] = {}  # what the bar shows: public quantities and the ε at the last log point
+        if self.dist is not None:  # before the first private step (and on every later call): one plan everywhere
+            agree_across_ranks(self._rank_settings(state, split, shard, n))
         reservation = self._reserve(state)  # before any private step: an overspend is refused up front
         main = self.dist is None or self.dist.is_main
         pbar = tqdm(total=total, initial=state.step, disable=not (self.performance.progress and main),
@@ -382,11 +391,10 @@ class Trainer:
                 if budget is not None and state.private_steps + 1 > budget:
                     state.stop_reason = "budget"  # stop before a step would exceed the budget
                     break
-                shown = self._step(state, split, batch_all, params, pre)
+                # A private step is counted inside _step, before its noisy update is applied (see there).
+                shown = self._step(state, split, batch_all, params, pre, count=not pre and plan.is_private)
                 state.step += 1
                 steps_this_call += 1
-                if not pre and plan.is_private:
-                    state.private_steps += 1
                 if state.step in log_at:
                     shown["epsilon"] = plan.epsilon(state.private_steps) if plan.is_private else plan.epsilon(0)
                     state.history.append({"step": state.step, **shown})
@@ -471,14 +479,35 @@ class Trainer:
             params=list(trainable_parameters(self.model).values()), privacy=self.privacy, schedule=self.schedule,
             device=self.device, rank=rank, world_size=world, shard_size=shard,
         )  # fmt: skip
-        if resume_from is not None and Path(resume_from).exists():
-            state.load_state_dict(self._rank_checkpoint(load_torch_safely(resume_from, what="checkpoint")),
-                                  self.model)  # fmt: skip
+        saved = None if resume_from is None else self._load_rank_checkpoint(resume_from)
+        if saved is not None:
+            state.load_state_dict(saved, self.model)
         self._state = state
         _MODEL_RUNS.warn_if_trained_before(self.model, state)
         return state, split
 
     # -- data-parallel bookkeeping (featuredp.distributed) ----------------------------------------------------
+    def _rank_settings(self, state: RunState, split: LossSplit | None, shard: int | None, n: int) -> dict[str, Any]:
+        """What every rank must hold alike (ARCHITECTURE rule 15): the plan, the settings that shape a step, the
+        model's trainable shapes, and the data's size (a digest of the data's fingerprint for unsharded runs,
+        where every rank holds the whole dataset). Public quantities only, apart from that digest of a digest."""
+        plan = state.plan
+        settings: dict[str, Any] = {f"plan.{k}": v for k, v in plan.to_dict().items()}
+        settings.update({
+            "psi_and_loss_split": state.fingerprint["psi"],
+            "loss_split": None if split is None else json.dumps(split.describe(), sort_keys=True, default=str),
+            "precision": self.performance.precision,
+            "strategy": self.strategy.name,
+            "secure_rng": self.privacy.secure_rng,
+            "optimizer": json.dumps({k: getattr(self.schedule, k) for k in (
+                "optimizer", "lr", "pretrain_lr", "momentum", "weight_decay", "projection_radius")}),
+            "trainable_parameters": [(k, tuple(p.shape)) for k, p in trainable_parameters(self.model).items()],
+            "dataset_size": n,
+        })  # fmt: skip
+        if shard is None:  # every rank holds the whole dataset: the same one
+            settings["data"] = hashlib.sha256(state.fingerprint["data"].encode()).hexdigest()
+        return settings
+
     def _reserve(self, state: RunState) -> Any:
         """The ledger reservation, made by rank 0 alone; every rank learns whether it was refused."""
         if self.dist is None:
@@ -498,27 +527,42 @@ class Trainer:
         return reservation
 
     def _save_checkpoint(self, path: str | Path, state: RunState) -> None:
-        """Write the checkpoint: one process's state, or every rank's (gathered on rank 0, which writes)."""
+        """Write the checkpoint, owner-readable only (0600): one process's state, or in a data-parallel run each
+        rank its own file (:func:`featuredp.distributed.rank_checkpoint_path`). No rank ever receives another
+        rank's sampler or noise state (ARCHITECTURE rule 13)."""
         if self.dist is None:
-            atomic_save_torch(path, state.state_dict(self.model))
+            atomic_save_torch(path, state.state_dict(self.model), private=True)
             return
-        states: list[Any] = [None] * self.dist.world_size
-        torch.distributed.all_gather_object(states, state.state_dict(self.model))
-        if self.dist.is_main:
-            atomic_save_torch(path, {"world_size": self.dist.world_size, "ranks": states})
-        torch.distributed.barrier()  # nobody reads a half-written checkpoint
+        mine = rank_checkpoint_path(path, self.dist.rank)
+        atomic_save_torch(mine, {"world_size": self.dist.world_size, "rank": self.dist.rank,
+                                 "state": state.state_dict(self.model)}, private=True)  # fmt: skip
+        torch.distributed.barrier()  # every rank's file is complete before any rank goes on
 
-    def _rank_checkpoint(self, ck: dict[str, Any]) -> dict[str, Any]:
-        """This process's part of a checkpoint; a checkpoint of another number of processes is refused."""
+    def _load_rank_checkpoint(self, path: str | Path) -> dict[str, Any] | None:
+        """This process's checkpoint state (None: none to resume from); another number of processes is refused."""
+        rank = 0 if self.dist is None else self.dist.rank
+        mine = Path(path) if self.dist is None else rank_checkpoint_path(path, rank)
+        if not mine.exists():
+            if self.dist is not None and Path(path).exists():
+                mine = Path(path)  # rank 0's file names the world size: the refusal below says what is wrong
+            else:
+                return None
+        ck = load_torch_safely(mine, what="checkpoint")
         world = 1 if self.dist is None else self.dist.world_size
-        saved = int(ck.get("world_size", 1)) if "ranks" in ck else 1
+        saved = int(ck.get("world_size", 1)) if "world_size" in ck else 1
         if saved != world:
             raise ValueError(
                 f"the checkpoint was written by a run of {saved} process(es) and this run has {world}: every rank's "
                 "private streams continue only on the same number of processes; resume with the same "
                 "--nproc-per-node (and nodes) or start a new run"
             )
-        return ck["ranks"][0 if self.dist is None else self.dist.rank] if "ranks" in ck else ck
+        if "ranks" in ck:  # written by featuredp <= 0.3, which gathered every rank's state into one file
+            return ck["ranks"][rank]
+        if "state" in ck:
+            if int(ck["rank"]) != rank:
+                raise ValueError(f"checkpoint {mine} holds rank {ck['rank']}'s state, not rank {rank}'s")
+            return ck["state"]
+        return ck
 
     def _result(self, state: RunState, split: LossSplit | None, finished: bool) -> TrainResult:
         plan = state.plan
@@ -617,9 +661,17 @@ class Trainer:
 
     # -- one step ----------------------------------------------------------------------------------------
     def _step(
-        self, state: RunState, split: LossSplit | None, data: Batch, params: dict[str, torch.Tensor], pre: bool
+        self,
+        state: RunState,
+        split: LossSplit | None,
+        data: Batch,
+        params: dict[str, torch.Tensor],
+        pre: bool,
+        *,
+        count: bool = False,
     ) -> dict[str, float]:
-        """One optimisation step; returns the public quantities to show."""
+        """One optimisation step; returns the public quantities to show. ``count``: a private step of the run,
+        counted in ``state.private_steps`` before its update reaches the model."""
         shown: dict[str, float] = {}
         plan = state.plan
         record = get_method(plan.method)
@@ -652,6 +704,10 @@ class Trainer:
             opt = state.optimizer
         for k, p in params.items():
             p.grad = grads[k].detach().to(p.dtype)
+        if count:
+            # Counted before it is applied: an interrupt from here on leaves at most one step counted and not
+            # applied (the safe side), never a noisy update in the model that the accountant and ledger miss.
+            state.private_steps += 1
         opt.step()
         opt.zero_grad(set_to_none=True)
         if self.schedule.projection_radius is not None:
