@@ -205,6 +205,7 @@ class Trainer:
         self.plan: PrivacyPlan | None = None
         self.result: TrainResult | None = None
         self._state: RunState | None = None
+        self._nonfinite = [0, 0]  # records zeroed for a non-finite gradient, private steps with any (stderr only)
 
     def __getattr__(self, name: str) -> Any:
         """Read a setting by its flat name (``trainer.lr``, ``trainer.noise_multiplier``), as before the configs."""
@@ -410,6 +411,7 @@ class Trainer:
             pbar.close()
             _MODEL_RUNS.record(self.model, state)
             settle(reservation, plan, state.private_steps - private_before)
+            self._tell_nonfinite(None)
         finished = state.step >= total
         if checkpoint is not None:
             self._save_checkpoint(checkpoint, state)
@@ -731,7 +733,8 @@ class Trainer:
             loss_fn = _plain_cross_entropy
         if plan.noise_multiplier is None or plan.max_grad_norm is None:
             raise ValueError(f"method {plan.method!r} has no noise multiplier in its plan")
-        sums, _norms = self.strategy.clipped_sum(self.model, self._amp(loss_fn), b, d, plan.max_grad_norm)
+        sums, norms = self.strategy.clipped_sum(self.model, self._amp(loss_fn), b, d, plan.max_grad_norm)
+        self._tell_nonfinite(int((~torch.isfinite(norms)).sum()))
         std = 0.0 if plan.noise_multiplier == 0 else plan.noise_multiplier * plan.max_grad_norm
         if self.dist is None:
             noisy = state.noise.add(sums, std)  # new tensors: safe to scale in place
@@ -741,6 +744,26 @@ class Trainer:
             noisy = all_reduce_sum(state.noise.add(sums, std) if self.dist.is_main else sums)
         # Divide by the EXPECTED batch size m = p·n (global); the realised batch size is private.
         return {k: v.div_(plan.expected_batch_size) for k, v in noisy.items()}
+
+    def _tell_nonfinite(self, records: int | None) -> None:
+        """Tell the analyst (stderr only) about records whose gradient was not finite and contributed zero.
+
+        The first such step is told at once, the total at the end of ``fit`` (``records=None``). Which or how
+        many records were zeroed is private: it goes nowhere else (not run.json, the history or the bar).
+        """
+        seen = self._nonfinite
+        if records is None:
+            if seen[0]:
+                print(f"featuredp: {seen[0]} record(s) in {seen[1]} private step(s) had a non-finite gradient and "
+                      "contributed zero (this count is private: it is shown here only)", file=sys.stderr)  # fmt: skip
+                seen[0] = seen[1] = 0
+            return
+        if records:
+            if not seen[0]:
+                print(f"featuredp: {records} record(s) of a private batch had a non-finite gradient (NaN or inf in "
+                      "the data or an overflow) and contributed zero; check the data for NaN/inf", file=sys.stderr)
+            seen[0] += records
+            seen[1] += 1
 
     def _amp(self, loss_fn: LossFn) -> LossFn:
         """``loss_fn`` under bfloat16 autocast when ``precision="bf16"`` (the strategies keep norms in float32)."""

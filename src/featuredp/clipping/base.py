@@ -125,12 +125,17 @@ def trainable_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
 def clip_factors(norms: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
     """Per-example scale min(1, C / ‖g_i‖); the clipped norm is ≤ C (strictly, with the 1e-6 guard).
 
-    >>> clip_factors(torch.tensor([0.5, 2.0, 4.0]), 1.0)
-    tensor([1.0000, 0.5000, 0.2500])
+    A non-finite norm (a NaN or an overflow in one example's gradient) gets 0: that example contributes
+    nothing, so one record cannot turn the whole noisy update into NaN (ARCHITECTURE rule 14). Callers must
+    also zero that example's gradient rows, since 0 · NaN is NaN.
+
+    >>> clip_factors(torch.tensor([0.5, 2.0, 4.0, float("nan"), float("inf")]), 1.0)
+    tensor([1.0000, 0.5000, 0.2500, 0.0000, 0.0000])
     """
+    finite = torch.isfinite(norms)
     if math.isinf(max_grad_norm):
-        return torch.ones_like(norms)
-    return (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+        return finite.to(norms.dtype)
+    return torch.where(finite, (max_grad_norm / (norms + 1e-6)).clamp(max=1.0), 0.0)
 
 
 def batch_size_of(batch: Batch, *more: Batch) -> int:

@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -95,7 +96,7 @@ class GhostPlan:
     clone_outputs: set[int] = field(default_factory=set)  # id(module): outputs later modified in place
     validated: bool = False
     whole_model_fallback: bool = False
-    separable: bool = False  # the separability cross-check passed on a batch of >= 2 examples
+    deterministic: bool = False  # two batch-of-one computations of the same example agreed (checked once)
 
 
 @dataclass
@@ -241,6 +242,9 @@ class GhostGradients:
         self._plans: weakref.WeakKeyDictionary[nn.Module, GhostPlan] = weakref.WeakKeyDictionary()
         self._guarded: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models whose first call was checked
         self.fallback_layers: list[str] = []
+        # Which examples the separability check compares: OS entropy, never a user's or a published seed, so
+        # that neither the model nor anyone who knows the run's seeds can predict which rows are looked at.
+        self._secret = np.random.default_rng()
 
     def __repr__(self) -> str:
         return f"GhostGradients(physical_batch_size={self.physical_batch_size}, reweight={self.reweight!r})"
@@ -315,7 +319,9 @@ class GhostGradients:
     def clipped_sum(
         self, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, max_grad_norm: float
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """Σ_i clip_C(∇_θ loss_fn(model, batch_i, draws_i)) per trainable parameter, and the norms (B,)."""
+        """Σ_i clip_C(∇_θ loss_fn(model, batch_i, draws_i)) per trainable parameter, and the norms (B,).
+
+        An example whose gradient is not finite contributes zero (its norm, returned as it is, says so)."""
         C = check_positive("max_grad_norm", max_grad_norm, allow_inf=True)
         n = batch_size_of(batch, draws)
         params = trainable_parameters(model)
@@ -346,16 +352,16 @@ class GhostGradients:
         n: int,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         chunk = self.physical_batch_size or n
-        inspect = self._separability_check(plan, model, loss_fn, batch, draws, params, min(chunk, n))
+        checked, inspect = self._separability_check(plan, model, loss_fn, batch, draws, params, n, chunk)
         if chunk >= n:
             return self._chunk(plan, model, loss_fn, batch, draws, C, params, inspect)
         sums = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in params.items()}
         norms = []
-        for start in range(0, n, chunk):
+        for index, start in enumerate(range(0, n, chunk)):
             sl = slice(start, min(start + chunk, n))
             part_b, part_d = slice_batch(batch, sl), slice_batch(draws, sl)
-            part_sums, part_norms = self._chunk(plan, model, loss_fn, part_b, part_d, C, params, inspect)
-            inspect = None  # the first chunk is the one checked
+            part_sums, part_norms = self._chunk(plan, model, loss_fn, part_b, part_d, C, params,
+                                                inspect if index == checked else None)  # fmt: skip
             for k, v in part_sums.items():
                 sums[k] += v
             norms.append(part_norms)
@@ -371,44 +377,48 @@ class GhostGradients:
         batch: Batch,
         draws: Batch,
         params: dict[str, torch.Tensor],
-        first_chunk: int,
-    ) -> Inspect | None:
-        """Arrange the once-per-model check that ghost gradients are per-example; the callback for the first
-        chunk, or None when there is nothing (left) to check.
+        n: int,
+        chunk: int,
+    ) -> tuple[int, Inspect | None]:
+        """Arrange this step's check that ghost gradients are per-example: the physical chunk to check and the
+        callback that checks it (``(-1, None)`` when nothing can mix or checking is off).
 
         A forward computed over B examples at once is only a set of B per-example computations if no operation
-        mixes rows; parameter-free code that does (centring over the batch, attention over the batch axis) is
-        invisible to the layer hooks. So the first time a batch of at least two examples is seen, the first
-        few examples' gradients are recomputed alone (batch of one, through the same ``loss_fn`` with their own
-        batch and draws rows) and compared with what ghost clipping derived for them from the
-        whole chunk. A batch of one cannot reveal mixing, so checking continues until a chunk of two or more
-        examples with a non-zero gradient has been seen. Physical chunks of one are separate forwards: nothing
-        can mix, and nothing needs checking.
+        mixes rows; parameter-free code that does (centring over the batch, trimming padding to the batch's
+        longest sequence, attention over the batch axis) is invisible to the layer hooks, and may do so only
+        on some batches. So on **every** call, one physical chunk (the chunk of a uniformly random example)
+        and a few of its examples are chosen with secret randomness (OS entropy: the model cannot know which
+        rows are compared), and those examples' gradients are recomputed alone (batch of one, through the
+        same ``loss_fn`` with their own batch and draws rows) and compared with what ghost clipping derived
+        for them from the whole chunk, before any of the step's result leaves the strategy. Physical chunks
+        of one are separate forwards: nothing can mix, and nothing needs checking.
         """
-        if plan.separable or plan.whole_model_fallback or not self._check_separability:
-            return None
-        if self.physical_batch_size == 1:
-            plan.separable = True
-            return None
-        if first_chunk < 2:
-            return None
-        head, head_d = slice_batch(batch, slice(first_chunk)), slice_batch(draws, slice(first_chunk))
+        if plan.whole_model_fallback or not self._check_separability or self.physical_batch_size == 1:
+            return -1, None
+        sizes = [min(chunk, n - start) for start in range(0, n, chunk)]
+        weights = np.array([size if size >= 2 else 0 for size in sizes], dtype=np.float64)
+        if weights.sum() == 0:
+            return -1, None
+        index = int(self._secret.choice(len(sizes), p=weights / weights.sum()))
+        start = index * chunk
+        part_b = slice_batch(batch, slice(start, start + sizes[index]))
+        part_d = slice_batch(draws, slice(start, start + sizes[index]))
         exact = loss_fn.loss_fn if isinstance(loss_fn, AutocastLoss) else loss_fn
 
         def inspect(
             combined: dict[str, Contribution], parts: dict[str, list[Contribution]], norms: torch.Tensor
         ) -> None:
-            self._compare_with_alone(plan, model, exact, head, head_d, params, combined, parts, norms)
+            self._compare_with_alone(plan, model, exact, part_b, part_d, params, combined, parts, norms)
 
         if not _has_randomness(model) and exact is loss_fn:
-            return inspect  # checked on the step's own first chunk: no extra forward
+            return index, inspect  # checked on the step's own chunk: no extra forward
         # Dropout draws different masks in every forward; the comparison needs one deterministic forward of the
-        # first chunk (an extra one, once) with dropout off, for the ghost side as for the reference. Under
-        # bfloat16 a batch and a batch of one round differently, so that extra forward runs in float32 and
-        # the check keeps float32's tolerance (a mixing layer moves a gradient by multiples of C, not 2⁻⁸).
+        # chunk (an extra one) with dropout off, for the ghost side as for the reference. Under bfloat16 a
+        # batch and a batch of one round differently, so that extra forward runs in float32 and the check keeps
+        # float32's tolerance (a mixing layer moves a gradient by multiples of C, not 2⁻⁸).
         with _dropout_off(model):
-            self._chunk(plan, model, exact, head, head_d, math.inf, params, inspect)
-        return None
+            self._chunk(plan, model, exact, part_b, part_d, math.inf, params, inspect)
+        return -1, None
 
     def _compare_with_alone(
         self,
@@ -422,9 +432,18 @@ class GhostGradients:
         parts: dict[str, list[Contribution]],
         norms: torch.Tensor,
     ) -> None:
-        """Raise BatchMixingError if the ghost gradients or norms of the first examples differ from theirs alone."""
-        k = min(_SEPARABILITY_EXAMPLES, norms.shape[0])
-        alone = self._alone(model, loss_fn, batch, draws, params, k)
+        """Raise BatchMixingError if the ghost gradients or norms of a few secretly chosen examples differ from
+        theirs computed alone."""
+        # Rows with a non-finite gradient contribute zero and would make every comparison false: choose among
+        # the others (if none is left there is nothing this step could leak through mixing that is summed).
+        finite = torch.isfinite(norms).nonzero().flatten().cpu().numpy()
+        k = min(_SEPARABILITY_EXAMPLES, len(finite))
+        if k == 0:
+            return
+        picked = np.sort(self._secret.choice(finite, size=k, replace=False))
+        rows = torch.as_tensor(picked, dtype=torch.int64, device=norms.device)
+        alone = self._alone(model, loss_fn, batch, draws, params, picked, twice=not plan.deterministic)
+        plan.deterministic = True
         bad: list[str] = []
         ref_sq = torch.zeros(k, dtype=torch.float64, device=norms.device)
         bound_sq = torch.zeros(k, dtype=torch.float64, device=norms.device)
@@ -433,10 +452,10 @@ class GhostGradients:
             for pname in params:
                 ref = alone[pname].reshape(k, -1).to(torch.float64)
                 if pname in combined:
-                    mine = combined[pname].first_examples(k).reshape(k, -1).to(torch.float64)
+                    mine = combined[pname].examples(rows).reshape(k, -1).to(torch.float64)
                     # Bound the terms over the separate calls (passes), whose sum is where cancellation happens.
                     pieces = parts.get(pname) or [combined[pname]]
-                    bound = add_up([c.term_bounds(k) for c in pieces])
+                    bound = add_up([c.term_bounds(rows) for c in pieces])
                 else:  # no gradient reached it through the ghost path
                     mine = torch.zeros_like(ref)
                     bound = torch.zeros(k, dtype=torch.float64, device=ref.device)
@@ -457,22 +476,30 @@ class GhostGradients:
                 + _SEPARABILITY_TERM_TOL * bound_sq.sqrt()
                 + _SEPARABILITY_SCALE_TOL * scale
             )
-            norms_off = bool(((norms[:k].to(torch.float64) - ref_norms).abs() > tol).any())
-        if bad or norms_off:
+            norms_off = bool(((norms[rows].to(torch.float64) - ref_norms).abs() > tol).any())
+            # A NaN from an example computed alone makes every comparison false: that is a failure, not a pass.
+            broken = not bool(torch.isfinite(ref_norms).all())
+        if bad or norms_off or broken:
             raise BatchMixingError(self._mixing_message(plan, model, bad))
-        if scale > 0:  # an all-zero gradient would pass any comparison: check again on a later batch
-            plan.separable = True
 
     @staticmethod
     def _alone(
-        model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, params: dict[str, torch.Tensor], k: int
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        params: dict[str, torch.Tensor],
+        picked: np.ndarray,
+        *,
+        twice: bool,
     ) -> dict[str, torch.Tensor]:
-        """Gradients of the first ``k`` examples, each from a forward and backward of that example alone.
+        """Gradients of the examples ``picked``, each from a forward and backward of that example alone.
 
         A plain loop of batch-of-one autograd calls rather than torch.func: it works for every model ghost
         clipping accepts (ragged bags with boolean masks and other dynamic shapes cannot be vmapped), and k is
-        small. Each example is computed twice: a forward that draws random numbers outside nn.Dropout modules
-        would make the comparison meaningless, and is refused with its own message.
+        small. With ``twice`` (a model's first check) each example is computed twice: a forward that draws
+        random numbers outside nn.Dropout modules would make the comparison meaningless, and is refused with
+        its own message (one that starts doing so later fails the comparison instead: refused all the same).
         """
         names = list(params)
         tensors = [params[n] for n in names]
@@ -483,17 +510,18 @@ class GhostGradients:
             gs = torch.autograd.grad(loss_fn(model, one, one_d).sum(), tensors, allow_unused=True)
             return [torch.zeros_like(t) if g is None else g.detach() for g, t in zip(gs, tensors)]
 
-        for i in range(k):
+        for i in picked.tolist():
             for n, g in zip(names, grads(i)):
                 rows[n].append(g)
-        for i in range(k):
+        for j, i in enumerate(picked.tolist() if twice else []):
             for n, g in zip(names, grads(i)):
-                first = rows[n][i]
+                first = rows[n][j]
                 if g.numel() and float((g - first).abs().max()) > 1e-5 * float(first.abs().max()) + 1e-12:
                     raise ValueError(
-                        "GhostGradients checks once that the model treats examples separately, by recomputing a "
-                        "few examples' gradients on their own; that needs a forward that is deterministic given "
-                        "(batch, draws) apart from nn.Dropout modules, but two identical calls gave different "
+                        "GhostGradients checks on every step that the model treats examples separately, by "
+                        "recomputing a few examples' gradients on their own; that needs a forward that is "
+                        "deterministic given (batch, draws) apart from nn.Dropout modules, but two identical calls "
+                        "gave different "
                         f"gradients for {n!r}; take random numbers from the loss split's draws, or use "
                         "strategy='vmap'"
                     )
@@ -673,10 +701,16 @@ class GhostGradients:
         with torch.no_grad():
             # Factors in the parameters' dtype once (not per layer); min(1, C/‖g‖) ≤ 1 is safe to round.
             factors = clip_factors(norms, C).to(losses.dtype)
+            # A non-finite gradient gets factor 0, and its rows are zeroed too (0 · NaN is NaN): it adds nothing.
+            dropped = ~torch.isfinite(norms)
+            any_dropped = bool(dropped.any())
+            if any_dropped:
+                combined = {pname: c.without(dropped) for pname, c in combined.items()}
 
         sums: dict[str, torch.Tensor] = {}
-        # The backward reweighting would sum in the autocast dtype, not in the precision the norms were taken in.
-        if self.reweight == "backward" and not isinstance(loss_fn, AutocastLoss):
+        # The backward reweighting would sum in the autocast dtype, not in the precision the norms were taken in
+        # (and cannot drop a NaN example: 0 times its NaN Jacobian is NaN).
+        if self.reweight == "backward" and not isinstance(loss_fn, AutocastLoss) and not any_dropped:
             ghost_names = [p for p in combined if p not in plan.fallback]
             if ghost_names:
                 w = factors.to(losses.dtype)
@@ -756,5 +790,6 @@ class GhostGradients:
             sq += Dense(g).squared_norms()
         norms = sq.sqrt()
         factors = clip_factors(norms, C)
+        dropped = ~torch.isfinite(norms)
         dtype = next(iter(per.values())).dtype if per else torch.float32
-        return {k: Dense(g).weighted_sum(factors).to(g.dtype) for k, g in per.items()}, norms.to(dtype)
+        return {k: Dense(g).without(dropped).weighted_sum(factors).to(g.dtype) for k, g in per.items()}, norms.to(dtype)

@@ -141,19 +141,27 @@ class Contribution(ABC):
         """Σ_i |per-example gradient i| entrywise, bounding the terms (a scale for rounding tolerances)."""
 
     @abstractmethod
-    def first_examples(self, k: int) -> torch.Tensor:
-        """The per-example gradients of the first ``k`` examples, materialised: shape (k, *param.shape).
+    def examples(self, rows: torch.Tensor) -> torch.Tensor:
+        """The per-example gradients of the examples ``rows`` (int64 indices), materialised: (k, *param.shape).
 
-        Used once per model by the separability cross-check, which compares them with gradients of each
+        Used by the separability cross-check on every step, which compares them with gradients of each
         example computed on its own; k is small (a handful), so the (k, *shape) block is cheap.
         """
 
     @abstractmethod
-    def term_bounds(self, k: int) -> torch.Tensor:
-        """For each of the first ``k`` examples, a bound on its gradient norm without cancellation (float64).
+    def term_bounds(self, rows: torch.Tensor) -> torch.Tensor:
+        """For each example of ``rows``, a bound on its gradient norm without cancellation (float64).
 
         Float32 rounding scales with these terms, not with their possibly cancelling sum (ℓ − ℓ_pub), so
         tolerances that compare gradients computed in two ways are taken relative to them.
+        """
+
+    @abstractmethod
+    def without(self, drop: torch.Tensor) -> Contribution:
+        """This contribution with the examples where the boolean mask ``drop`` (B,) is true set to zero.
+
+        A non-finite per-example gradient gets clip factor 0, but 0 · NaN is NaN: its recorded rows must be
+        zero before any weighted sum (ARCHITECTURE rule 14).
         """
 
     @classmethod
@@ -276,16 +284,21 @@ class Outer(Contribution):
         ones = torch.ones(self.a.shape[0], device=self.a.device)
         return Outer(self.a.abs(), self.g.abs(), self.shape, self.columns).weighted_sum(ones)
 
-    def first_examples(self, k: int) -> torch.Tensor:
-        """Σ_t g_t a_tᵀ of the first ``k`` examples, (k, *param.shape)."""
-        a, g = self.full_a()[:k], self.g[:k]  # (k, T, K, din), (k, T, K, dout)
+    def examples(self, rows: torch.Tensor) -> torch.Tensor:
+        """Σ_t g_t a_tᵀ of the examples ``rows``, (k, *param.shape)."""
+        a, g = self.full_a()[rows], self.g[rows]  # (k, T, K, din), (k, T, K, dout)
         return torch.einsum("btko,btki->bkoi", g, a).reshape(a.shape[0], *self.shape)
 
-    def term_bounds(self, k: int) -> torch.Tensor:
+    def term_bounds(self, rows: torch.Tensor) -> torch.Tensor:
         """(Σ_k (Σ_t ‖a_t‖‖g_t‖)²)^½ per example: the norm if no token cancelled another."""
-        a, g = self.a[:k].to(torch.float64), self.g[:k].to(torch.float64)
+        a, g = self.a[rows].to(torch.float64), self.g[rows].to(torch.float64)
         per_group = (torch.linalg.vector_norm(a, dim=-1) * torch.linalg.vector_norm(g, dim=-1)).sum(1)  # (k, K)
         return per_group.pow(2).sum(1).sqrt()
+
+    def without(self, drop: torch.Tensor) -> Outer:
+        """Zero activations and output gradients of the dropped examples."""
+        keep = ~drop.view(-1, 1, 1, 1)
+        return Outer(torch.where(keep, self.a, 0), torch.where(keep, self.g, 0), self.shape, self.columns)
 
     @classmethod
     def combine(cls, parts: Sequence[Outer]) -> Contribution:
@@ -373,13 +386,17 @@ class Passes(Contribution):
         """The passes' entrywise bounds added up."""
         return add_up([p.abs_sum() for p in self.parts])
 
-    def first_examples(self, k: int) -> torch.Tensor:
+    def examples(self, rows: torch.Tensor) -> torch.Tensor:
         """The passes' per-example gradients added up, (k, *param.shape)."""
-        return add_up([p.first_examples(k) for p in self.parts])
+        return add_up([p.examples(rows) for p in self.parts])
 
-    def term_bounds(self, k: int) -> torch.Tensor:
+    def term_bounds(self, rows: torch.Tensor) -> torch.Tensor:
         """Σ_p ‖a_p‖‖g_p‖ per example."""
-        return add_up([p.term_bounds(k) for p in self.parts])
+        return add_up([p.term_bounds(rows) for p in self.parts])
+
+    def without(self, drop: torch.Tensor) -> Contribution:
+        """Every pass without the dropped examples."""
+        return Passes([p.without(drop) for p in self.parts], self.shape)
 
     @classmethod
     def combine(cls, parts: Sequence[Passes]) -> Contribution:
@@ -423,20 +440,31 @@ class Rows(Contribution):
         ones = torch.ones(self.batch_size, device=self.value.device)
         return Rows(self.example, self.index, self.value.abs(), self.batch_size, self.shape).weighted_sum(ones)
 
-    def first_examples(self, k: int) -> torch.Tensor:
-        """The dense (V, d) gradients of the first ``k`` examples."""
-        keep = self.example < k
-        out = torch.zeros((min(k, self.batch_size), *self.shape), dtype=self.value.dtype, device=self.value.device)
-        out.index_put_((self.example[keep], self.index[keep]), self.value[keep], accumulate=True)
+    def _positions(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens of the examples ``rows`` and, for each, its example's position in ``rows``."""
+        where = torch.full((self.batch_size,), -1, dtype=torch.int64, device=self.example.device)
+        where[rows.to(self.example.device)] = torch.arange(len(rows), device=self.example.device)
+        pos = where[self.example]
+        keep = pos >= 0
+        return keep, pos[keep]
+
+    def examples(self, rows: torch.Tensor) -> torch.Tensor:
+        """The dense (V, d) gradients of the examples ``rows``."""
+        keep, pos = self._positions(rows)
+        out = torch.zeros((len(rows), *self.shape), dtype=self.value.dtype, device=self.value.device)
+        out.index_put_((pos, self.index[keep]), self.value[keep], accumulate=True)
         return out
 
-    def term_bounds(self, k: int) -> torch.Tensor:
+    def term_bounds(self, rows: torch.Tensor) -> torch.Tensor:
         """Σ_j ‖value_j‖ over each example's tokens."""
-        keep = self.example < k
-        out = torch.zeros(min(k, self.batch_size), dtype=torch.float64, device=self.value.device)
-        return out.index_add_(
-            0, self.example[keep], torch.linalg.vector_norm(self.value[keep].to(torch.float64), dim=1)
-        )
+        keep, pos = self._positions(rows)
+        out = torch.zeros(len(rows), dtype=torch.float64, device=self.value.device)
+        return out.index_add_(0, pos, torch.linalg.vector_norm(self.value[keep].to(torch.float64), dim=1))
+
+    def without(self, drop: torch.Tensor) -> Contribution:
+        """The dropped examples' tokens add zero."""
+        keep = ~drop.to(self.example.device)[self.example].view(-1, 1)
+        return Rows(self.example, self.index, torch.where(keep, self.value, 0), self.batch_size, self.shape)
 
     @classmethod
     def combine(cls, parts: Sequence[Rows]) -> Contribution:
@@ -469,14 +497,18 @@ class Dense(Contribution):
         """Σ_i |grad[i]|."""
         return self.grad.abs().sum(0)
 
-    def first_examples(self, k: int) -> torch.Tensor:
-        """grad[:k]."""
-        return self.grad[:k]
+    def examples(self, rows: torch.Tensor) -> torch.Tensor:
+        """grad[rows]."""
+        return self.grad[rows]
 
-    def term_bounds(self, k: int) -> torch.Tensor:
+    def term_bounds(self, rows: torch.Tensor) -> torch.Tensor:
         """The norms themselves (nothing cancels in a materialised gradient)."""
-        g = self.grad[:k]
+        g = self.grad[rows]
         return torch.linalg.vector_norm(g.reshape(g.shape[0], -1).to(torch.float64), dim=1)
+
+    def without(self, drop: torch.Tensor) -> Contribution:
+        """The dropped examples' gradients set to zero."""
+        return Dense(torch.where(~drop.view(-1, *[1] * (self.grad.dim() - 1)), self.grad, 0))
 
     @classmethod
     def combine(cls, parts: Sequence[Dense]) -> Contribution:

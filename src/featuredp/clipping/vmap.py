@@ -91,7 +91,10 @@ class VmapGradients:
                     continue
                 norms = torch.sqrt(add_up([t.reshape(t.shape[0], -1).pow(2).sum(1) for t in g.values()]))
                 factors = clip_factors(norms, float(max_grad_norm))
+                finite = torch.isfinite(norms)
                 for k, t in g.items():
+                    # A non-finite example has factor 0, and its gradient is zeroed as well (0 · NaN is NaN).
+                    t = torch.where(finite.view(-1, *[1] * (t.dim() - 1)), t, 0)
                     sums[k] += torch.einsum("b,b...->...", factors.to(t.dtype), t)
                 all_norms.append(norms.detach())
             model.train(was_training)
