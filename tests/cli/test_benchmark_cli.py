@@ -63,3 +63,23 @@ def test_nproc_is_refused_under_torchrun(capsys, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE")
     assert main(["benchmark", "--nproc", "0"]) == 2
     assert "--nproc" in capsys.readouterr().err
+
+
+def test_ablate_times_the_checks_and_the_noise_in_the_same_run(capsys):
+    import json
+
+    from featuredp.experiments import throughput
+
+    args = ["benchmark", "--batch-size", "32", "--dataset-size", "256", "--rounds", "1", "--min-time", "0.01",
+            "--methods", "fdp", "--ablate", "--json"]  # fmt: skip
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"fdp", "fdp_nochecks", "fdp_f32noise", "ratio_fdp_nochecks"} <= set(out)
+    assert out["ablate"] is True
+    assert -1.0 < out["checks_cost_fdp"] < 1.0 and -1.0 < out["float64_noise_cost_fdp"] < 1.0
+    # the ablated arm really runs without the checks, and the normal arm with them
+    data, public = throughput.synthetic_purchase(64, seed=0)
+    off = throughput.engine_runner("fdp", data, public, batch_size=16, ablate="checks").info["trainer"].strategy
+    on = throughput.engine_runner("fdp", data, public, batch_size=16).info["trainer"].strategy
+    assert not off._check_separability and not off._guard_forward
+    assert on._check_separability and on._guard_forward

@@ -54,6 +54,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--secure-rng", action="store_true",
                    help="also time each private method with the secure noise mode (ChaCha20 CSPRNG, float64 noise) "
                    "and report its cost relative to the normal mode")
+    p.add_argument("--ablate", action="store_true",
+                   help="also time each private method with ghost's per-step safety checks off and with the old "
+                   "float32 noise (bounded support), and report what the checks and the float64 noise cost; the "
+                   "ablated steps are for timing only")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the synthetic data, model initialisation and public batches (the private "
                    "randomness is always fresh OS entropy)")
@@ -93,15 +97,18 @@ def run(args: argparse.Namespace) -> int:
     throughput.set_threads(threads)
     data, public = throughput.synthetic_purchase(n, seed=args.seed)
     methods = ["nonprivate"] + [m for m in args.methods if m != "nonprivate"]
-    variants = [(m, False) for m in methods]
+    variants: list[tuple[str, bool, str | None]] = [(m, False, None) for m in methods]
     if args.secure_rng:
-        variants += [(m, True) for m in methods[1:]]
+        variants += [(m, True, None) for m in methods[1:]]
+    if args.ablate:
+        variants += [(m, False, what) for m in methods[1:] for what in throughput.ABLATIONS]
     runners = [
         throughput.engine_runner(
             m, data, public, batch_size=batch, strategy=args.strategy, seed=args.seed,
-            name=f"{m}_secure" if secure else m, loss_split=args.loss_split, secure_rng=secure, device=args.device,
+            name=_arm_name(m, secure, what), loss_split=args.loss_split, secure_rng=secure, device=args.device,
+            ablate=what,
         )
-        for m, secure in variants
+        for m, secure, what in variants
     ]
     res = throughput.interleaved(runners, rounds=rounds, min_time=min_time, progress=not args.json)
     names = [r.name for r in runners]
@@ -111,10 +118,15 @@ def run(args: argparse.Namespace) -> int:
     if args.secure_rng:
         for m in methods[1:]:
             out[f"secure_vs_normal_{m}"] = res.median_ratio_to(f"{m}_secure", m)
+    if args.ablate:  # what each safety measure costs: 1 - (samples/s with it) / (samples/s without it)
+        for m in methods[1:]:
+            out[f"checks_cost_{m}"] = 1.0 - res.median_ratio_to(m, _arm_name(m, False, "checks"))
+            out[f"float64_noise_cost_{m}"] = 1.0 - res.median_ratio_to(m, _arm_name(m, False, "noise"))
     out.update({
         "batch_size": batch, "threads": threads, "rounds": rounds, "strategy": args.strategy, "model": args.model,
         "loss_split": args.loss_split, "dataset_size": n, "spread_nonprivate": res.spread("nonprivate"),
-        "secure_rng": args.secure_rng, "device": args.device or "cpu", "precision": args.precision,
+        "secure_rng": args.secure_rng, "ablate": args.ablate, "device": args.device or "cpu",
+        "precision": args.precision,
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
     })
     if args.json:
@@ -123,14 +135,24 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"MLP 600-300-100, batch {batch}, {threads} thread(s), strategy {args.strategy}, "
           f"FDP split {args.loss_split}, {rounds} rounds (medians; ratios within rounds)")
-    print(f"{'method':<16}{'samples/s':>12}{'ratio':>8}{'spread':>9}")
+    print(f"{'method':<20}{'samples/s':>12}{'ratio':>8}{'spread':>9}")
     for name in names:
         ratio = 1.0 if name == "nonprivate" else res.median_ratio(name)
-        print(f"{name:<16}{res.median(name):>12,.0f}{ratio:>8.3f}{res.spread(name):>8.0%}")
+        print(f"{name:<20}{res.median(name):>12,.0f}{ratio:>8.3f}{res.spread(name):>8.0%}")
     for m in methods[1:] if args.secure_rng else []:
         print(f"secure mode costs {m}: {out[f'secure_vs_normal_{m}']:.3f} x the normal mode's samples/s")
+    for m in methods[1:] if args.ablate else []:
+        print(f"{m}: the per-step safety checks cost {out[f'checks_cost_{m}']:.1%} of a step, the float64 noise "
+              f"{out[f'float64_noise_cost_{m}']:.1%} (medians of within-round ratios)")
     print("spread = (max - min) / median of samples/s over rounds (machine noise)")
     return 0
+
+
+def _arm_name(method: str, secure: bool, ablate: str | None) -> str:
+    """The timed arm's name: ``fdp``, ``fdp_secure``, ``fdp_nochecks``, ``fdp_f32noise``."""
+    if ablate is not None:
+        return f"{method}_{'nochecks' if ablate == 'checks' else 'f32noise'}"
+    return f"{method}_secure" if secure else method
 
 
 def process_counts(nproc: int) -> list[int]:

@@ -33,12 +33,14 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from featuredp._validate import check_int, check_positive
+from featuredp.clipping import GhostGradients
 from featuredp.data.tabular import TabularDataset
 from featuredp.engine import Trainer, init_seed
 from featuredp.features import Columns
 from featuredp.losses import default_split
 from featuredp.methods import get_method
 from featuredp.models import build_model, spec_for
+from featuredp.noise import NoiseSource
 
 __all__ = [
     "BenchmarkResult",
@@ -105,6 +107,7 @@ def engine_runner(
     secure_rng: bool = False,
     device: str | None = None,
     precision: str = "fp32",
+    ablate: str | None = None,
 ) -> StepRunner:
     """A runner for the engine's training step of ``method`` (any of :mod:`featuredp.methods`) on ``data``.
 
@@ -114,7 +117,12 @@ def engine_runner(
     entropy, as in a real run. ``secure_rng`` times the ChaCha20 noise and sampling of the secure mode.
     ``device`` is the Trainer's (None: the CPU, where the model is built); ``precision`` its
     ``fp32`` or ``bf16`` (bfloat16 autocast for every method, the non-private reference included).
+    ``ablate`` (cost measurements only; the step it times has a weaker or no guarantee): ``"checks"`` switches
+    off ghost clipping's per-step separability check and forward guard, ``"noise"`` replaces the float64
+    noise by the old float32 ``torch.randn`` (bounded support), so that one interleaved run gives their costs.
     """
+    if ablate not in (None, *ABLATIONS):
+        raise ValueError(f"ablate must be one of {', '.join(ABLATIONS)} or None, got {ablate!r}")
     record = get_method(method)
     spec = spec_for(data, "mlp", hidden=list(hidden))
     model = build_model(spec, seed=init_seed(seed))
@@ -124,7 +132,9 @@ def engine_runner(
     trainer = Trainer(
         model,
         record.name,
-        steps=10**9,
+        # The timed step never counts steps; a one-step plan keeps the plan's checks (the noise sampler's tail
+        # against δ, featuredp.accounting.sampler) from refusing a run planned far beyond any accountant.
+        steps=1,
         batch_size=batch_size,
         public_batch_size=batch_size,
         noise_multiplier=noise_multiplier if record.private else None,
@@ -145,7 +155,11 @@ def engine_runner(
     )
     # The engine's own step, without the progress bar and the accountant calls at log points (those are not
     # part of a training step's cost).
+    if ablate == "checks":
+        _without_checks(trainer)
     timed = trainer._timing_step(data)
+    if ablate == "noise" and trainer._state is not None:
+        trainer._state.noise = _Float32Noise(trainer.device)
     where = trainer.device
     if where.type == "cuda":  # CUDA runs asynchronously: a step has ended when the device has finished it
 
@@ -162,8 +176,42 @@ def engine_runner(
         step,
         float(batch_size),
         {"method": method, "strategy": strategy_name, "trainer": trainer, "loss_split": loss_split,
-         "secure_rng": secure_rng},
+         "secure_rng": secure_rng, "ablate": ablate},
     )
+
+
+#: What ``engine_runner(ablate=...)`` can switch off to measure its cost.
+ABLATIONS = ("checks", "noise")
+
+
+def _without_checks(trainer: Trainer) -> None:
+    """Ghost clipping without its per-step separability check and forward guard (cost measurement only)."""
+    strategy = trainer.strategy
+    if isinstance(strategy, GhostGradients):
+        strategy._check_separability = False
+        strategy._guard_forward = False
+
+
+class _Float32Noise(NoiseSource):
+    """The noise of featuredp <= 0.3: ``torch.randn`` in the parameters' dtype (float32 Box-Muller on 24-bit
+    uniforms, support bounded at 5.77 sigma). Kept here only to time what the float64 noise costs."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.generator = torch.Generator(device=device)
+        self.generator.seed()  # OS entropy
+
+    def add(self, sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
+        """``sums`` + float32 ``torch.randn`` noise."""
+        return {k: torch.randn(v.shape, generator=self.generator, dtype=v.dtype, device=v.device).mul_(std).add_(v)
+                for k, v in sums.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The generator state."""
+        return {"torch": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.generator.set_state(state["torch"])
 
 
 @dataclass
