@@ -146,3 +146,14 @@ def check_delta(delta: object, dataset_size: int | None = None, *, name: str = "
             stacklevel=3,
         )
     return d
+
+
+def warn_private_seed(parameter: str, seed: int, *, stacklevel: int = 3) -> None:
+    """Warn (``PrivacyRiskWarning``) that a user seed makes a mechanism's private randomness replayable."""
+    warnings.warn(
+        f"{parameter}={seed} makes the private randomness (noise, private sampling) reproducible: anyone who learns "
+        "or guesses the seed can replay the noise and undo the privacy guarantee. Keep it as secret as the data "
+        f"(featuredp never writes it out), or leave {parameter}=None for fresh OS entropy",
+        PrivacyRiskWarning,
+        stacklevel=stacklevel,
+    )

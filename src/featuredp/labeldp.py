@@ -98,6 +98,18 @@ def _rr_in_sets(
     return order[np.arange(n), np.minimum(pos, order.shape[1] - 1)]
 
 
+def _label_noise_rng(random_state: int | np.random.Generator | None) -> np.random.Generator:
+    """The label-noise generator; a seed warns, pointing at the caller of the public function."""
+    if isinstance(random_state, np.random.Generator):
+        return random_state
+    if random_state is not None:
+        # a known seed replays the noise: every randomized label can then be undone
+        seed = check_int("random_state", random_state, minimum=0)
+        warn_private_seed("random_state", seed, stacklevel=4)
+        return make_streams(seed).noise
+    return make_streams(None).noise
+
+
 def randomized_response(
     y: Any, epsilon: float, n_classes: int | None = None, random_state: int | np.random.Generator | None = None
 ) -> np.ndarray:
@@ -105,7 +117,8 @@ def randomized_response(
 
     Give ``n_classes`` (public knowledge). Without it K = max(y) + 1 is read from the private
     labels — one record holding the largest label changes K and so the output range, which the
-    ε bound does not cover — and a ``PrivacyLeakWarning`` says so.
+    ε bound does not cover — and a ``PrivacyLeakWarning`` says so. ``random_state``: None (fresh
+    OS entropy) for a real release; a seed replays the noise, so it is for tests only and warns.
     """
     eps = check_positive("epsilon", epsilon)
     if n_classes is None:
@@ -116,7 +129,7 @@ def randomized_response(
             stacklevel=2,
         )
     y, K = _check_labels(y, n_classes)
-    rng = random_state if isinstance(random_state, np.random.Generator) else make_streams(random_state).noise
+    rng = _label_noise_rng(random_state)
     return RandomizedResponse(eps, K).randomize(y, rng)
 
 
@@ -126,7 +139,8 @@ def rr_with_prior(
     """RR-with-prior (Ghazi et al. 2021, Alg. 2) on class indices ``y`` with per-row prior (n, K).
 
     The prior must not depend on the labels being randomised (e.g. a model trained on other
-    rows' noisy labels, or on public data); then the output is ε-label-DP.
+    rows' noisy labels, or on public data); then the output is ε-label-DP. ``random_state`` as in
+    :func:`randomized_response` (a seed warns).
     """
     eps = check_positive("epsilon", epsilon)
     prior = np.asarray(prior, dtype=np.float64)
@@ -137,7 +151,7 @@ def rr_with_prior(
         raise DataValidationError(f"prior has {len(prior)} rows but y has {len(y)}")
     if not np.all(np.isfinite(prior)) or (prior < 0).any():
         raise DataValidationError("prior must hold finite non-negative probabilities")
-    rng = random_state if isinstance(random_state, np.random.Generator) else make_streams(random_state).noise
+    rng = _label_noise_rng(random_state)
     order, k = optimal_top_k(prior, eps)
     return _rr_in_sets(y, order, k, eps, rng)
 

@@ -1,9 +1,10 @@
 """Classic differentially private mechanisms (numpy only).
 
 Each mechanism is built from (ε, δ, sensitivity), validates them before doing any work,
-and takes an explicit random source ``rng``: a ``numpy.random.Generator``, an integer
-seed (reproducible, for tests and examples), or ``None`` (fresh OS entropy — what a real
-release should use).
+and takes an explicit random source ``rng``: ``None`` (the default: fresh OS entropy — what a
+real release must use), a ``numpy.random.Generator``, or an integer seed. A seed makes the
+noise reproducible, so anyone who learns or guesses it subtracts the noise and gets the exact
+value back: it is for tests only and warns (``PrivacyRiskWarning``).
 
 * :class:`CoinFlipSurvey` — binary randomized response by coin flips (ε = ln 3 for a fair coin).
 * :class:`RandomizedResponse` — k-ary randomized response, keep probability e^ε/(e^ε + k − 1).
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 from scipy import optimize
 
-from featuredp._validate import check_int, check_nonnegative, check_open_unit, check_positive
+from featuredp._validate import check_int, check_nonnegative, check_open_unit, check_positive, warn_private_seed
 from featuredp.accounting._gaussian import gaussian_delta
 
 __all__ = [
@@ -38,13 +39,16 @@ __all__ = [
 RngLike = np.random.Generator | int | None
 
 
-def _rng(rng: RngLike) -> np.random.Generator:
+def _rng(rng: RngLike, *, stacklevel: int = 4) -> np.random.Generator:
+    """The generator for ``rng``; an integer seed warns. ``stacklevel`` 4 points at the caller of a public method."""
     if isinstance(rng, np.random.Generator):
         return rng
     if rng is None:
         return np.random.default_rng()
     if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
-        return np.random.default_rng(int(rng))
+        seed = check_int("rng", rng, minimum=0)
+        warn_private_seed("rng", seed, stacklevel=stacklevel)
+        return np.random.default_rng(seed)
     raise TypeError(f"rng must be a numpy.random.Generator, an integer seed or None, got {rng!r}")
 
 
@@ -131,7 +135,7 @@ class RandomizedResponse:
     >>> import math
     >>> RandomizedResponse(epsilon=math.log(3), k=2).keep_prob
     0.75
-    >>> RandomizedResponse(epsilon=1.0, k=4).randomize([0, 1, 2, 3], rng=0).shape
+    >>> RandomizedResponse(epsilon=1.0, k=4).randomize([0, 1, 2, 3]).shape
     (4,)
     """
 
@@ -283,7 +287,7 @@ class VectorMechanism:
     ‖b‖ ~ Gamma(shape d, scale 1/β) and b/‖b‖ is uniform on the sphere (Chaudhuri,
     Monteleoni & Sarwate 2011, output perturbation).
 
-    >>> VectorMechanism(epsilon=1.0).noise(3, size=2, rng=0).shape
+    >>> VectorMechanism(epsilon=1.0).noise(3, size=2).shape
     (2, 3)
     """
 
@@ -317,4 +321,4 @@ class VectorMechanism:
         v = _values("value", value)
         if v.ndim != 1:
             raise ValueError(f"value must be a 1-d vector, got shape {v.shape}")
-        return v + self.noise(v.shape[0], rng=rng)
+        return v + self.noise(v.shape[0], rng=_rng(rng))  # resolved here, so a seed's warning names this call

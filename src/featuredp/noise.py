@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 import os
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, NoReturn, SupportsIndex
 
 import numpy as np
 import torch
@@ -70,6 +70,11 @@ __all__ = [
     "normals_from_words",
 ]
 
+_NOT_COPIED = (
+    "ChaCha20Generator holds a secret noise key that must not be copied or pickled: a copy replays the same "
+    "noise; to share a privacy budget between processes, share one featuredp.accounting.BudgetLedger(path, ...) "
+    "instead"
+)
 _BLOCK = 64  # bytes of ChaCha20 keystream per block
 _COUNTER_SPAN = 1 << 32  # OpenSSL's ChaCha20 counter is 32 bits: never let one call cross its wrap-around
 
@@ -163,6 +168,12 @@ class ChaCha20Generator:
     given key makes the stream reproducible (tests, or a run the user seeded). The state is the key
     and the number of 64-byte blocks used; :meth:`state_dict` holds the key, so it belongs
     only in the private checkpoint.
+
+    The key never leaves the process by accident: pickling and ``copy``/``deepcopy`` raise
+    ``TypeError`` (a copy would replay the same noise), and a process forked from the one that
+    keyed the generator re-keys it from ``os.urandom`` before its first byte, so parent and child
+    never draw the same stream. Processes that must share one privacy budget share a
+    :class:`featuredp.accounting.BudgetLedger`, not a generator.
     """
 
     def __init__(self, key: bytes | None = None) -> None:
@@ -172,10 +183,21 @@ class ChaCha20Generator:
             raise ValueError(f"key must be 32 bytes, got {type(key).__name__} of length {len(key)}")
         self._key = bytes(key)
         self._position = 0
+        self._pid = os.getpid()  # the process the key belongs to
+
+    def _rekey_after_fork(self) -> None:
+        # A forked child inherits the key and position: without this it would emit the parent's next bytes.
+        # The child's stream is fresh OS entropy even for a given key (reproducibility ends at the fork).
+        pid = os.getpid()
+        if pid != self._pid:
+            self._key = os.urandom(32)
+            self._position = 0
+            self._pid = pid
 
     def bytes(self, n: int) -> bytes:
         """``n`` fresh keystream bytes (whole blocks are consumed; the unused tail is discarded)."""
         n = check_int("n", n, minimum=0)
+        self._rekey_after_fork()
         blocks = -(-n // _BLOCK)
         out = _keystream(self._key, self._position, blocks)
         self._position += blocks
@@ -197,6 +219,7 @@ class ChaCha20Generator:
 
     def state_dict(self) -> dict[str, Any]:
         """The key and position (tensors and ints only; secret)."""
+        self._rekey_after_fork()  # a forked child saves its own key, never the parent's
         return {"key": torch.frombuffer(bytearray(self._key), dtype=torch.uint8).clone(), "position": self._position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -206,6 +229,19 @@ class ChaCha20Generator:
             raise ValueError("a ChaCha20 generator state needs a 32-byte key")
         self._key = key
         self._position = int(state["position"])
+        self._pid = os.getpid()  # an explicit restore keys this process
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise TypeError(_NOT_COPIED)
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(_NOT_COPIED)
+
+    def __copy__(self) -> NoReturn:
+        raise TypeError(_NOT_COPIED)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> NoReturn:
+        raise TypeError(_NOT_COPIED)
 
     def __repr__(self) -> str:  # never show the key
         return f"ChaCha20Generator(position={self._position})"

@@ -300,6 +300,7 @@ class PATE:
         if seed is not None:
             warn_private_seed("seed", seed)
         aggregator = self._make_aggregator(len(y), q, seed)
+        aggregator.check_process()  # a forked copy of a given aggregator without a ledger: refused before training
         if aggregator.remaining_queries == 0:
             raise BudgetExceededError(f"the aggregator has no budget left for a query (epsilon {aggregator.epsilon:.4g}"
                                       f" of max_epsilon={aggregator.max_epsilon}); no teacher was trained")  # fmt: skip

@@ -17,7 +17,6 @@ a DataLoader.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +24,9 @@ import numpy as np
 import torch
 
 from featuredp._validate import check_int, check_sampling_rate
-from featuredp.errors import PrivacyRiskWarning
+
+# defined with the light checks so that numpy-only modules (featuredp.mechanisms) warn without importing torch
+from featuredp._validate import warn_private_seed as warn_private_seed
 from featuredp.noise import ChaCha20Generator
 
 STREAM_NAMES = ("private_sampling", "public_sampling", "noise", "private_draws", "public_draws", "init")
@@ -94,17 +95,6 @@ def make_streams(seed: int | None = None, *, public_seed: int | None = None, ran
     gens = {name: np.random.Generator(np.random.PCG64(c)) for name, c in zip(PRIVATE_STREAMS, private)}
     gens.update({name: np.random.Generator(np.random.PCG64(c)) for name, c in zip(PUBLIC_STREAMS, public)})
     return Streams(**gens, seeded=seed is not None)
-
-
-def warn_private_seed(parameter: str, seed: int, *, stacklevel: int = 3) -> None:
-    """Warn (``PrivacyRiskWarning``) that a user seed makes a mechanism's private randomness replayable."""
-    warnings.warn(
-        f"{parameter}={seed} makes the private randomness (noise, private sampling) reproducible: anyone who learns "
-        "or guesses the seed can replay the noise and undo the privacy guarantee. Keep it as secret as the data "
-        f"(featuredp never writes it out), or leave {parameter}=None for fresh OS entropy",
-        PrivacyRiskWarning,
-        stacklevel=stacklevel,
-    )
 
 
 def random_seed_from(generator: np.random.Generator) -> int:

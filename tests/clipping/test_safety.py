@@ -504,16 +504,34 @@ def test_a_parameter_written_by_the_forward_is_refused_and_restored_on_the_first
     assert_same_state(model, before)
 
 
-def test_a_parameter_written_on_a_later_call_is_refused_and_reported_as_not_restorable():
-    """After the first call parameters are not copied (that would cost a copy per step): the write is still
-    caught by its version counter, and the error says to discard the model."""
-    model = SelfRenorm()
+@pytest.mark.parametrize("via_data", [False, True], ids=["in_place", "through_data"])
+@pytest.mark.parametrize("strategy", [GhostGradients, lambda: VmapGradients(None)], ids=["ghost", "vmap"])
+def test_a_parameter_written_on_a_later_call_is_refused_and_restored(via_data, strategy):
+    """Every call is checked in full: a write through ``.data`` (no version bump) on the fifth call is seen and
+    undone, so a record's value never reaches the released model."""
+    model = SelfRenorm(via_data)
+    with torch.no_grad():
+        model.emb.weight.mul_(5)
     model.armed = False
-    s = GhostGradients()
-    s.clipped_sum(model, single, {"x": torch.randint(0, 10, (6, 3))}, {}, 1.0)
-    model.armed = True
-    with pytest.raises(ValueError, match=r"'emb\.weight'.*could NOT be fully restored.*discard"):
+    s = strategy()
+    for _ in range(4):
         s.clipped_sum(model, single, {"x": torch.randint(0, 10, (6, 3))}, {}, 1.0)
+    before = state(model)
+    model.armed = True
+    # vmap cannot even trace the write (a data-dependent unique); ghost runs it and must catch it
+    refused = ValueError if isinstance(s, GhostGradients) else (ValueError, RuntimeError)
+    with pytest.raises(refused, match=r"parameter 'emb\.weight'.*was restored|vmap"):
+        s.clipped_sum(model, single, {"x": torch.randint(0, 10, (6, 3))}, {}, 1.0)
+    assert_same_state(model, before)
+
+
+def test_above_the_copy_limit_a_write_is_still_seen_and_the_model_is_to_be_discarded(monkeypatch):
+    monkeypatch.setattr("featuredp.clipping.safety._COPY_LIMIT", 0)  # fingerprints instead of copies
+    model = SelfRenorm(via_data=True)
+    with torch.no_grad():
+        model.emb.weight.mul_(5)
+    with pytest.raises(ValueError, match=r"'emb\.weight'.*could NOT be fully restored.*discard"):
+        GhostGradients().clipped_sum(model, single, {"x": torch.randint(0, 10, (6, 3))}, {}, 1.0)
 
 
 def test_a_clean_model_passes_the_guard_and_keeps_its_state():

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from typing import Any
+from typing import Any, NoReturn, SupportsIndex
 
 import dp_accounting
 import numpy as np
@@ -55,6 +55,10 @@ MECHANISMS: tuple[str, ...] = ("gnmax", "lnmax")
 #: default σ₁/σ₂ of Confident-GNMax in :meth:`VoteAggregator.calibrate` (the threshold test costs ~2% of a query)
 DEFAULT_SIGMA_THRESHOLD_RATIO = 5.0
 _SQRT2 = math.sqrt(2.0)
+_NOT_COPIED = (
+    "VoteAggregator holds a noise key and a query budget; a copy would answer with the same noise under the same "
+    "budget: share one featuredp.accounting.BudgetLedger(path, ...) between processes instead"
+)
 # the most queries a budget search considers (a Gaussian at σ = 10⁴ affords ~10⁸ at ε = 1)
 _MAX_QUERIES = 10**9
 
@@ -232,6 +236,12 @@ class VoteAggregator:
         seed: research only: makes the noise reproducible, warns (``PrivacyRiskWarning``) and is
             never stored or written anywhere (only ``seeded`` is).
 
+    One aggregator, one process. It holds the noise key and counts the budget itself, so a copy
+    would answer with the same noise under a budget of its own: pickling and ``copy``/``deepcopy``
+    raise ``TypeError``, and in a process forked from the one that created it the aggregator
+    re-keys its noise from OS entropy and refuses to answer (``BudgetExceededError``) unless it has
+    a ``ledger``, which the processes then share (its file lock serialises the reservations).
+
     Attributes:
         queries_asked: queries charged so far (answered or not).
         queries_answered: queries that returned a label (all asked ones without a threshold).
@@ -284,6 +294,8 @@ class VoteAggregator:
             warn_private_seed("seed", seed)
         self.seeded = seed is not None  # whether, never the seed itself
         self._rng = _make_rng(secure_rng, seed)
+        # the process this aggregator's budget belongs to, and the one its noise key was last drawn in
+        self._pid = self._rng_pid = os.getpid()
         self.queries_asked = 0
         self.queries_answered = 0
         self._eps_cache: dict[int, float] = {0: 0.0}
@@ -398,6 +410,18 @@ class VoteAggregator:
             "seeded": self.seeded,
         }
 
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise TypeError(_NOT_COPIED)
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(_NOT_COPIED)
+
+    def __copy__(self) -> NoReturn:
+        raise TypeError(_NOT_COPIED)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> NoReturn:
+        raise TypeError(_NOT_COPIED)
+
     def __repr__(self) -> str:  # never the generator's state or a seed
         noise = f"sigma={self.sigma:.4g}" if self.sigma is not None else f"scale={self.scale:.4g}"
         thr = ("" if self.threshold is None
@@ -406,6 +430,30 @@ class VoteAggregator:
                 f"delta={self.delta:g}, queries_asked={self.queries_asked}, epsilon={self.epsilon:.4g})")  # fmt: skip
 
     # ------------------------------------------------------------------ answering
+    def check_process(self) -> None:
+        """Refuse (``BudgetExceededError``) to answer in a forked copy of this aggregator that has no ledger.
+
+        A fork copies the key and the count of queries asked: every child would spend the whole
+        budget again with the parent's noise. In a forked process the noise is re-keyed from OS
+        entropy first; with a ledger the shared file then bounds the total and answering goes on.
+        :meth:`answer` and :meth:`answer_all` call this before anything else is done for a query.
+        """
+        self._rekey_after_fork()
+        pid = os.getpid()
+        if pid != self._pid and self.ledger is None:
+            raise BudgetExceededError(
+                f"this VoteAggregator was created in process {self._pid} and is used in forked process {pid} "
+                "without a ledger: each copy would spend the whole budget again; nothing was released. Give "
+                "every process the same ledger=BudgetLedger(path, ...) to share one budget"
+            )
+
+    def _rekey_after_fork(self) -> None:
+        # Fresh OS entropy in a forked child, even for a seeded aggregator: the parent's stream must never repeat.
+        pid = os.getpid()
+        if pid != self._rng_pid:
+            self._rng = _make_rng(self.secure_rng, None)
+            self._rng_pid = pid
+
     def _refuse(self, wanted: int) -> BudgetExceededError:
         after = self.epsilon_after(self.queries_asked + wanted)
         return BudgetExceededError(
@@ -440,6 +488,7 @@ class VoteAggregator:
 
     def _answer_rows(self, hist: np.ndarray) -> np.ndarray:
         """Noisy argmax of each row (−1 where the threshold test failed); the only place noise is drawn."""
+        self._rekey_after_fork()
         n = hist.shape[0]
         answered = np.ones(n, dtype=bool)
         if self.threshold is not None:
@@ -450,6 +499,7 @@ class VoteAggregator:
 
     def _noisy_counts(self, hist: np.ndarray) -> np.ndarray:
         """The noisy histogram the argmax reads (internal: never released, tests estimate its std)."""
+        self._rekey_after_fork()
         if self.mechanism == "gnmax":
             assert self.sigma is not None
             return hist + self.sigma * _normal(self._rng, hist.shape)
@@ -462,8 +512,9 @@ class VoteAggregator:
         Returns the noisy-argmax label, or None when Confident-GNMax's threshold test failed (the
         query is charged either way). Raises ``BudgetExceededError`` — before any noise is drawn or
         anything is released — when the query would take ε above ``max_epsilon`` or does not fit
-        the ledger.
+        the ledger, or in a forked copy without a ledger (:meth:`check_process`).
         """
+        self.check_process()
         hist = vote_histogram(votes, self.n_classes)
         if hist.ndim != 1:
             raise DataValidationError(f"answer takes one query's votes of shape (n_members,), got {np.shape(votes)}; "
@@ -485,6 +536,7 @@ class VoteAggregator:
         ``BudgetExceededError`` is raised before any query of the batch when they do not all fit.
         The ledger gets one reservation for the whole batch, settled once it is answered.
         """
+        self.check_process()
         hist = vote_histogram(votes_matrix, self.n_classes)
         if hist.ndim != 2:
             raise DataValidationError(f"answer_all takes votes of shape (n_queries, n_members), got "

@@ -191,7 +191,7 @@ Inspect = Callable[[dict[str, Contribution], dict[str, list[Contribution]], torc
 _SEPARABILITY_RTOL = 1e-3
 _SEPARABILITY_TERM_TOL = 1e-4
 _SEPARABILITY_SCALE_TOL = 1e-6
-_SEPARABILITY_EXAMPLES = 4
+_SEPARABILITY_EXAMPLES = 2
 
 
 class GhostGradients:
@@ -242,7 +242,6 @@ class GhostGradients:
         self.reweight = check_choice("reweight", reweight, ("matmul", "backward"))
         self.fallback_batch_size = check_int("fallback_batch_size", fallback_batch_size, minimum=1)
         self._plans: weakref.WeakKeyDictionary[nn.Module, GhostPlan] = weakref.WeakKeyDictionary()
-        self._guarded: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models whose first call was checked
         self.fallback_layers: list[str] = []
         # Which examples the separability check compares: OS entropy, never a user's or a published seed, so
         # that neither the model nor anyone who knows the run's seeds can predict which rows are looked at.
@@ -337,10 +336,9 @@ class GhostGradients:
                 "remove dropout or use supported layers only"
             )
         # The forward runs on the real model with private data: it must leave parameters and buffers alone.
-        guard = ForwardStateGuard(model, first_call=model not in self._guarded) if self._guard_forward else None
+        guard = ForwardStateGuard(model) if self._guard_forward else None
         with guard if guard is not None else contextlib.nullcontext():
             out = self._clipped_sum(plan, model, loss_fn, batch, draws, C, params, n)
-        self._guarded.add(model)
         return out
 
     def _clipped_sum(
@@ -439,55 +437,54 @@ class GhostGradients:
         theirs computed alone."""
         # Rows with a non-finite gradient contribute zero and would make every comparison false: choose among
         # the others (if none is left there is nothing this step could leak through mixing that is summed).
-        finite = torch.isfinite(norms).nonzero().flatten().cpu().numpy()
-        k = min(_SEPARABILITY_EXAMPLES, len(finite))
-        if k == 0:
+        picked = self._pick(norms)
+        if picked is None:
             return
-        picked = np.sort(self._secret.choice(finite, size=k, replace=False))
+        k = len(picked)
         rows = torch.as_tensor(picked, dtype=torch.int64, device=norms.device)
         alone = self._alone(model, loss_fn, batch, draws, params, picked, twice=not plan.deterministic)
         plan.deterministic = True
-        bad: list[str] = []
-        ref_sq = torch.zeros(k, dtype=torch.float64, device=norms.device)
-        bound_sq = torch.zeros(k, dtype=torch.float64, device=norms.device)
-        checks = []
         with torch.no_grad():
+            # One comparison per example over all parameters at once: the sensitivity is about a whole example's
+            # gradient, and one (k, P) difference keeps this every-step check to a few operations (per-parameter
+            # differences are computed only to name the layers once a check has failed). The differences are in
+            # the gradients' own dtype (float32 rounding is ~1e-7 of the terms, far inside the tolerances).
+            diffs, refs, bounds = [], [], []
             for pname in params:
-                # The difference and the norms in the gradients' own dtype (float32 rounding is ~1e-7 of the
-                # terms, far inside the tolerances below); only the (k,) results are widened. This check runs on
-                # every step, and float64 copies of k full gradients would cost more than the rest of it.
                 ref = alone[pname].reshape(k, -1)
+                refs.append(ref)
                 if pname in combined:
-                    mine = combined[pname].examples(rows).reshape(k, -1).to(ref.dtype)
+                    diffs.append(combined[pname].examples(rows).reshape(k, -1).to(ref.dtype) - ref)
                     # Bound the terms over the separate calls (passes), whose sum is where cancellation happens.
-                    pieces = parts.get(pname) or [combined[pname]]
-                    bound = add_up([c.term_bounds(rows) for c in pieces])
-                    err = torch.linalg.vector_norm(mine.sub_(ref), dim=1).to(torch.float64)
+                    bounds.append(add_up([c.term_bounds(rows) for c in parts.get(pname) or [combined[pname]]]))
                 else:  # no gradient reached it through the ghost path
-                    bound = torch.zeros(k, dtype=torch.float64, device=ref.device)
-                    err = torch.linalg.vector_norm(ref, dim=1).to(torch.float64)
-                ref_norm = torch.linalg.vector_norm(ref, dim=1).to(torch.float64)
-                bound = torch.maximum(bound, ref_norm)
-                checks.append((pname, err, ref_norm, bound))
-                ref_sq += ref_norm.pow(2)
-                bound_sq += bound.pow(2)
-            scale = float(bound_sq.sqrt().max())
-            for pname, err, ref_norm, bound in checks:
-                tol = _SEPARABILITY_RTOL * ref_norm + _SEPARABILITY_TERM_TOL * bound + _SEPARABILITY_SCALE_TOL * scale
-                if bool((err > tol).any()):
-                    bad.append(pname)
+                    diffs.append(-ref)
+            err = torch.linalg.vector_norm(torch.cat(diffs, dim=1), dim=1).to(torch.float64)
+            ref_norms = torch.linalg.vector_norm(torch.cat(refs, dim=1), dim=1).to(torch.float64)
+            bound = ref_norms if not bounds else torch.maximum(torch.stack(bounds).pow(2).sum(0).sqrt(), ref_norms)
+            tol = (_SEPARABILITY_RTOL * ref_norms + _SEPARABILITY_TERM_TOL * bound
+                   + _SEPARABILITY_SCALE_TOL * bound.max())  # fmt: skip
             # The norms that set the clip factors (float64 Gram forms, fallback included) against the same norms.
-            ref_norms = ref_sq.sqrt()
-            tol = (
-                _SEPARABILITY_RTOL * ref_norms
-                + _SEPARABILITY_TERM_TOL * bound_sq.sqrt()
-                + _SEPARABILITY_SCALE_TOL * scale
-            )
-            norms_off = bool(((norms[rows].to(torch.float64) - ref_norms).abs() > tol).any())
+            off = (err > tol) | ((norms[rows].to(torch.float64) - ref_norms).abs() > tol)
             # A NaN from an example computed alone makes every comparison false: that is a failure, not a pass.
-            broken = not bool(torch.isfinite(ref_norms).all())
-        if bad or norms_off or broken:
+            failed = bool((off | ~torch.isfinite(ref_norms)).any())
+        if failed:
+            bad = [pname for pname, d, r in zip(params, diffs, refs)
+                   if bool((torch.linalg.vector_norm(d, dim=1) > _SEPARABILITY_RTOL * torch.linalg.vector_norm(r, dim=1)
+                            + _SEPARABILITY_TERM_TOL * bound.to(d.dtype)).any())]  # fmt: skip
             raise BatchMixingError(self._mixing_message(plan, model, bad))
+
+    def _pick(self, norms: torch.Tensor) -> np.ndarray | None:
+        """Up to ``_SEPARABILITY_EXAMPLES`` distinct rows with finite norms, uniformly at random (secret)."""
+        n, k = len(norms), min(_SEPARABILITY_EXAMPLES, len(norms))
+        for _ in range(8):  # the common case, every row finite: a few draws, no pass over the batch
+            picked = np.unique(self._secret.integers(0, n, size=k))
+            if len(picked) == k and bool(torch.isfinite(norms[torch.as_tensor(picked, device=norms.device)]).all()):
+                return picked
+        finite = torch.isfinite(norms).nonzero().flatten().cpu().numpy()
+        if len(finite) == 0:
+            return None
+        return np.sort(self._secret.choice(finite, size=min(k, len(finite)), replace=False))
 
     @staticmethod
     def _alone(

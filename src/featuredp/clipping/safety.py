@@ -13,6 +13,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
@@ -93,13 +94,19 @@ def check_no_batch_mixing(model: nn.Module) -> None:
             )
 
 
-# Buffers up to this many elements in total are copied before every private forward, so that a forward that
-# writes into them can be undone exactly (models usually hold a few small ones); larger buffers are copied on a
-# model's first private call only and are then checked by version and identity alone.
-_BUFFER_COPY_LIMIT = 1 << 22
+# Parameters, buffers and plain tensor attributes up to this many elements in total are copied before every
+# private forward, so that a write that bumps no version (through ``.data``) is seen and undone exactly. Above
+# it (large models) each tensor gets a float64 fingerprint instead (sum and sum of squares, one pass, no copy):
+# a write is still seen, but a parameter cannot be restored and the error says to discard the model.
+_COPY_LIMIT = 1 << 24
 
 
 _MISSING = object()
+# What every nn.Module keeps in its __dict__ (hook tables, registries, the training flag): the guard's own
+# subject (parameters, buffers, submodules) or torch's book-keeping, which hooks legitimately touch during a call.
+# An RNN's ``_flat_weights`` is a list of its own parameters (tracked as parameters), which torch.func rebinds
+# while it swaps them during a functional call.
+_MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"_flat_weights", "_flat_weights_names", "_all_weights"}
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -113,9 +120,56 @@ def _version(t: torch.Tensor) -> int:
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
         return False
-    if a.is_floating_point() or a.is_complex():
-        return bool(torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True))
-    return torch.equal(a, b)
+    if torch.equal(a, b):  # the every-call fast path; NaN never equals NaN here, hence the second look
+        return True
+    return (a.is_floating_point() or a.is_complex()) and bool(torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True))
+
+
+def _fingerprint(t: torch.Tensor) -> torch.Tensor:
+    """Sum and sum of squares in float64 (on the tensor's device): changes with any ordinary write."""
+    x = t.detach()
+    if x.is_complex():
+        x = torch.view_as_real(x)
+    x = x.to(torch.float64)
+    return torch.stack([x.sum(), x.pow(2).sum()])
+
+
+_NUMBER = (bool, int, float, complex, np.generic)
+
+
+def _holds_data(value: Any) -> bool:
+    return isinstance(value, (torch.Tensor, np.ndarray, *_NUMBER))
+
+
+def _plain(value: Any) -> tuple[Any, ...] | None:
+    """The contents of a plain attribute that holds data (a tensor, a number, an array, or a list, tuple or dict
+    of them, one level deep), or None for anything else (functions, strings, modules, configuration objects)."""
+    if _holds_data(value):
+        return (value,)
+    if isinstance(value, list | tuple) and any(_holds_data(v) for v in value):
+        return tuple(value)
+    if isinstance(value, dict) and any(_holds_data(v) for v in value.values()):
+        return tuple(value.items())
+    return None
+
+
+def _same_item(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 2:  # a dict entry
+        return a[0] == b[0] and _same_item(a[1], b[1])
+    if isinstance(a, _NUMBER) and isinstance(b, _NUMBER) and type(a) is type(b):
+        return bool(a == b) or (a != a and b != b)  # NaN equals NaN here
+    return False
+
+
+def _same_contents(before: tuple[Any, ...], now: tuple[Any, ...] | None) -> bool:
+    return now is not None and len(now) == len(before) and all(_same_item(a, b) for a, b in zip(before, now))
+
+
+def _tensors_in(contents: tuple[Any, ...]) -> list[torch.Tensor]:
+    values = [v[1] if isinstance(v, tuple) and len(v) == 2 else v for v in contents]
+    return [v for v in values if isinstance(v, torch.Tensor)]
 
 
 def _put_back(now: dict[str, Any], before: dict[str, Any]) -> None:
@@ -126,21 +180,23 @@ def _put_back(now: dict[str, Any], before: dict[str, Any]) -> None:
 
 
 class ForwardStateGuard:
-    """Refuses, and undoes, changes that a private forward makes to a model's parameters and buffers.
+    """Refuses, and undoes, changes that a private forward makes to a model's state, on every call.
 
-    ``with ForwardStateGuard(model, first_call=...):`` around everything that runs ``model`` on private data.
-    On entry it records, for every module, which tensors its ``_parameters``, ``_buffers`` and ``_modules``
-    hold, and each tensor's ``_version`` and data pointer (identity and version checks: microseconds). It
-    also copies the buffers (when they total at most 4M elements, or on the first call) and, on the first
-    call only, the parameters. On exit — normal or by an exception — anything rebound, added, removed, modified
-    in place (a version bump or a changed data pointer) or, where a copy exists, changed in value (a write
-    through ``.data``) is put back from the records and copies, and :class:`ForwardSideEffectError` is raised
-    naming the tensor and its module: such state (a running statistic, a renormalised embedding row) would
-    carry private-batch information into the released model outside the accounted mechanism.
+    ``with ForwardStateGuard(model):`` around everything that runs ``model`` on private data. On entry it
+    records, for every module, which tensors its ``_parameters``, ``_buffers`` and ``_modules`` hold, and the
+    plain attributes of its ``__dict__`` that hold data (tensors, numbers, numpy arrays, and lists, tuples or
+    dicts of them one level deep: a hand-written running mean or a cache); for every such tensor its
+    ``_version``, data pointer and a copy of its values (or, above ``_COPY_LIMIT`` elements in all, a float64
+    fingerprint). On exit — normal or by an exception — anything rebound, added, removed, modified in place (a
+    version bump or a changed data pointer) or changed in value (a write through ``.data``, which bumps no
+    version) is put back, and :class:`ForwardSideEffectError` is raised naming the attribute and its module:
+    such state would carry private-batch information into the released model (``state_dict`` or a pickled
+    model) outside the accounted mechanism.
 
-    Limits: after the first call, a parameter written through ``.data`` (which bumps no version) is not seen,
-    and a parameter modified in place cannot be restored (there is no copy; the error says to discard the
-    model). Plain tensor attributes that are neither parameters nor buffers are not tracked.
+    Limits: objects that are neither tensors, arrays nor numbers (a custom class holding a statistic) and
+    containers nested more than one level are not looked into; a tensor above the copy limit that changed
+    cannot be restored (the error says to discard the model). ``first_call`` is accepted for compatibility and
+    changes nothing: every call is checked in full.
     """
 
     def __init__(self, model: nn.Module, *, first_call: bool = True) -> None:
@@ -149,24 +205,39 @@ class ForwardStateGuard:
 
     def __enter__(self) -> ForwardStateGuard:
         self._modules = [(m, dict(m._parameters), dict(m._buffers), dict(m._modules)) for m in self.model.modules()]
-        tensors: dict[int, tuple[torch.Tensor, bool]] = {}
+        self._plain: list[tuple[nn.Module, dict[str, tuple[Any, tuple[Any, ...]]]]] = []
+        tensors: dict[int, tuple[torch.Tensor, str]] = {}
+        arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         # Uninitialised lazy tensors have no data yet (their materialisation depends on shapes, not values).
-        for _, params, buffers, _ in self._modules:
+        for m, params, buffers, _ in self._modules:
             for p in params.values():
                 if p is not None and not is_lazy(p):
-                    tensors[id(p)] = (p, True)
+                    tensors[id(p)] = (p, "parameter")
             for b in buffers.values():
                 if b is not None and not is_lazy(b):
-                    tensors.setdefault(id(b), (b, False))
+                    tensors.setdefault(id(b), (b, "buffer"))
+            plain = {}
+            for attr, value in vars(m).items():
+                if attr in _MODULE_INTERNALS:
+                    continue
+                contents = _plain(value)
+                if contents is None:
+                    continue
+                plain[attr] = (value, contents)
+                for item in contents:
+                    item = item[1] if isinstance(value, dict) else item
+                    if isinstance(item, torch.Tensor) and not is_lazy(item):
+                        tensors.setdefault(id(item), (item, "attribute"))
+                    elif isinstance(item, np.ndarray):
+                        arrays[id(item)] = (item, item.copy())
+            if plain:
+                self._plain.append((m, plain))
         self._state = [(t, _version(t), _ptr(t)) for t, _ in tensors.values()]
-        buffer_size = sum(t.numel() for t, is_param in tensors.values() if not is_param)
-        copy_buffers = self.first_call or buffer_size <= _BUFFER_COPY_LIMIT
+        self._arrays = list(arrays.values())
+        small = sum(t.numel() for t, _ in tensors.values()) <= _COPY_LIMIT
         with torch.no_grad():
-            self._copies = {
-                id(t): t.detach().clone()
-                for t, is_param in tensors.values()
-                if (copy_buffers and not is_param) or (self.first_call and is_param)
-            }
+            self._copies = {id(t): t.detach().clone() for t, _ in tensors.values()} if small else {}
+            self._prints = {} if small else {id(t): _fingerprint(t) for t, _ in tensors.values()}
         return self
 
     def __exit__(
@@ -188,7 +259,7 @@ class ForwardStateGuard:
             f"the model's forward changed its state during a private step ({what}); that state would carry "
             f"private-batch information into the released model, outside the privacy accounting. {after}. "
             "Keep the forward free of side effects: compute statistics and renormalise weights outside the "
-            "private forward (or on public data)"
+            "private forward (or on public data), or use strategy='vmap' for a model that needs them"
         ) from exc
 
     def _names(self) -> dict[int, str]:
@@ -220,11 +291,30 @@ class ForwardStateGuard:
                     elif now[k] is not v:
                         out.append(f"{where(m, k, kind)} was reassigned")
                 out.extend(f"{where(m, k, kind)} was added" for k in now if k not in before)
+        # Plain attributes: rebound to other data, changed in their items, added (holding data) or removed.
+        self._plain_changed: list[tuple[nn.Module, dict[str, Any], list[str]]] = []
+        recorded = {id(m): plain for m, plain in self._plain}
+        for m, *_ in self._modules:
+            plain = recorded.get(id(m), {})
+            now = vars(m)
+            bad = [a for a, (_, contents) in plain.items() if a not in now or not _same_contents(contents,
+                                                                                               _plain(now[a]))]
+            added = [a for a, v in now.items() if a not in plain and a not in _MODULE_INTERNALS
+                     and _plain(v) is not None]  # fmt: skip
+            out.extend(f"{where(m, a, 'attribute')} was {'removed' if a not in now else 'changed'}" for a in bad)
+            out.extend(f"{where(m, a, 'attribute')} was added" for a in added)
+            if bad or added:
+                self._plain_changed.append((m, plain, added))
         changed = {id(t) for t, version, ptr in self._state if _version(t) != version or _ptr(t) != ptr}
-        for t, _, _ in self._state:
-            copy = self._copies.get(id(t))
-            if id(t) not in changed and copy is not None and not _same_values(t, copy):
-                changed.add(id(t))  # a write that bumps no version (through .data)
+        with torch.no_grad():
+            for t, _, _ in self._state:
+                if id(t) in changed:
+                    continue
+                copy = self._copies.get(id(t))
+                if copy is not None and not _same_values(t, copy):
+                    changed.add(id(t))  # a write that bumps no version (through .data)
+                elif copy is None and not torch.equal(_fingerprint(t), self._prints[id(t)]):
+                    changed.add(id(t))
         self._changed = changed
         if changed:
             for m, params, buffers, _ in self._modules:
@@ -234,15 +324,37 @@ class ForwardStateGuard:
                         for k, t in d.items()
                         if t is not None and id(t) in changed
                     )
+            for m, plain in self._plain:
+                out.extend(
+                    f"{where(m, a, 'attribute')} was modified in place"
+                    for a, (_, contents) in plain.items()
+                    if any(id(t) in changed for t in _tensors_in(contents))
+                )
+        for array, saved in self._arrays:
+            if not np.array_equal(array, saved, equal_nan=array.dtype.kind in "fc"):
+                out.append(f"a numpy array held in an attribute (shape {array.shape}) was modified in place")
         return out
 
     def _restore(self) -> list[str]:
-        """Put every dict entry and every changed tensor back; the tensors that could not be restored."""
+        """Put every dict entry, plain attribute and changed tensor back; the tensors that could not be restored."""
         for m, params, buffers, mods in self._modules:
             _put_back(m._parameters, params)
             _put_back(m._buffers, buffers)
             _put_back(m._modules, mods)
-        unrestored = []
+        for m, plain, added in self._plain_changed:
+            now = vars(m)
+            for a in added:
+                del now[a]
+            for a, (value, contents) in plain.items():
+                now[a] = value  # the original object, with its original items (one level deep)
+                if isinstance(value, list):
+                    value[:] = list(contents)
+                elif isinstance(value, dict):
+                    value.clear()
+                    value.update(contents)
+        for array, saved in self._arrays:
+            array[...] = saved
+        unrestored: list[str] = []
         names = None
         with torch.no_grad():
             for t, _, ptr in self._state:
@@ -253,9 +365,10 @@ class ForwardStateGuard:
                     if names is None:
                         names = {id(v): n for n, v in self.model.named_parameters(remove_duplicate=False)}
                         names.update({id(v): n for n, v in self.model.named_buffers(remove_duplicate=False)})
-                    unrestored.append(repr(names.get(id(t), "?")))
+                    unrestored.append(repr(names.get(id(t), "a tensor attribute")))
                 elif _ptr(t) == ptr and t.shape == copy.shape and t.dtype == copy.dtype:
                     t.copy_(copy)
                 else:
                     t.data = copy
         return unrestored
+

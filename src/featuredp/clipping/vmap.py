@@ -10,8 +10,6 @@ refused (:func:`featuredp.clipping.check_no_batch_mixing`), as by every strategy
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch import nn
 
@@ -55,7 +53,6 @@ class VmapGradients:
         self.physical_batch_size = None if physical_batch_size is None else check_int(
             "physical_batch_size", physical_batch_size, minimum=1
         )
-        self._guarded: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models whose first call was checked
 
     def __repr__(self) -> str:
         return f"VmapGradients(physical_batch_size={self.physical_batch_size})"
@@ -82,7 +79,7 @@ class VmapGradients:
         was_training = model.training
         # torch.func already refuses in-place writes to captured parameters and buffers and undoes rebinding,
         # but a tensor registered during the forward escapes vmap and stays in the model: guard this path too.
-        with ForwardStateGuard(model, first_call=model not in self._guarded):
+        with ForwardStateGuard(model):
             for start in range(0, n, chunk):
                 sl = slice(start, min(start + chunk, n))
                 g = self.per_example_grads(model, loss_fn, slice_batch(batch, sl), slice_batch(draws, sl))
@@ -98,5 +95,4 @@ class VmapGradients:
                     sums[k] += torch.einsum("b,b...->...", factors.to(t.dtype), t)
                 all_norms.append(norms.detach())
             model.train(was_training)
-        self._guarded.add(model)
         return sums, torch.cat(all_norms)

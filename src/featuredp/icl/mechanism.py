@@ -33,9 +33,10 @@ that reports ε = ∞. ``prompts=1`` with ``epsilon=inf`` is ordinary (non-priva
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn, SupportsIndex
 
 import numpy as np
 
@@ -47,6 +48,11 @@ from featuredp.icl.predictors import Demonstration, Predictor, check_labels, pre
 from featuredp.sampling import warn_private_seed
 
 __all__ = ["DPICLClassifier", "partition_demonstrations"]
+
+_NOT_COPIED = (
+    "DPICLClassifier holds the secret partition, a noise key and a query budget; a copy would answer with the same "
+    "noise under the same budget: share one featuredp.accounting.BudgetLedger(path, ...) between processes instead"
+)
 
 
 def partition_demonstrations(n: int, prompts: int, shots: int, rng: np.random.Generator) -> np.ndarray:
@@ -92,6 +98,12 @@ class DPICLClassifier:
 
     After :meth:`fit`, ``partition_`` (shape (M, N), indices into the demonstrations) is the secret
     assignment of demonstrations to prompts: for tests and audits, never to be released.
+
+    One classifier, one process: it holds the secret partition, the noise key and the budget, so
+    pickling and ``copy``/``deepcopy`` raise ``TypeError``. In a process forked from the one that
+    created it, its random streams are re-keyed from OS entropy and a private classifier refuses
+    to answer (``BudgetExceededError``, before any vote is computed) unless it has a ``ledger``,
+    which then bounds the spend of all the processes together.
     """
 
     def __init__(
@@ -132,6 +144,7 @@ class DPICLClassifier:
         part, ties, noise = np.random.SeedSequence(seed).spawn(3)  # seed None: 128 bits of OS entropy
         self._partition_rng = np.random.default_rng(part)
         self._tie_rng = np.random.default_rng(ties)
+        self._rng_pid = os.getpid()  # the process the streams above were drawn for
         self.aggregator: VoteAggregator | None = None
         self._asked = 0
         self._answered = 0
@@ -153,6 +166,29 @@ class DPICLClassifier:
         self.partition_: np.ndarray | None = None
         self._demos: list[Demonstration] = []
 
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise TypeError(_NOT_COPIED)
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(_NOT_COPIED)
+
+    def __copy__(self) -> NoReturn:
+        raise TypeError(_NOT_COPIED)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> NoReturn:
+        raise TypeError(_NOT_COPIED)
+
+    def _check_process(self) -> None:
+        """Re-key the streams in a forked process; refuse there (no vote computed) without a shared ledger."""
+        pid = os.getpid()
+        if pid != self._rng_pid:
+            # a forked child must neither repeat the parent's partition draw nor its tie-breaks
+            self._partition_rng = np.random.default_rng()
+            self._tie_rng = np.random.default_rng()
+            self._rng_pid = pid
+        if self.aggregator is not None:
+            self.aggregator.check_process()
+
     # ------------------------------------------------------------------ the private data
     def fit(self, demonstrations: Sequence[Demonstration]) -> DPICLClassifier:
         """Take the private demonstrations and draw the prompts (secretly). Once per classifier.
@@ -163,6 +199,7 @@ class DPICLClassifier:
         if self.partition_ is not None:
             raise ValueError("fit was already called: a DPICLClassifier answers from one partition and one budget; "
                              "create a new one for new demonstrations (and record both spends in a ledger)")
+        self._check_process()
         demos = list(demonstrations)
         n = len(demos)
         if n == 0:
@@ -230,6 +267,7 @@ class DPICLClassifier:
         fit raises ``BudgetExceededError`` before any vote is computed or released.
         """
         self._check_fitted()
+        self._check_process()
         q = len(queries)
         out = np.full(q, -1, dtype=np.int64)
         room = self.remaining_queries
