@@ -254,6 +254,33 @@ class Trainer:
             "precision": self.performance.precision,
         }
 
+    def check_model(self, data: Any, *, records: int = 3, batch_size: int = 32) -> list[Any]:
+        """Run the replay self-test (:func:`featuredp.testing.replay_step`) on this Trainer's model, method,
+        strategy and settings: for each of ``records`` records of ``data``, one private step on a batch of
+        ``batch_size`` other records and on that batch plus the record, with identical randomness. Returns the
+        :class:`featuredp.testing.ReplayReport` of each; :func:`featuredp.testing.verdict` sums them up
+        (for ghost clipping: whether it is safe for this model, or was refused and ``strategy="vmap"`` is needed).
+
+        Call it before :meth:`fit`; the model and the Trainer are left as they were. The rows are chosen with
+        OS entropy. The verdict is computed from ``data`` and is not covered by ε: use public or synthetic
+        records of the same shape where you can.
+        """
+        import numpy as np
+
+        from featuredp.testing import replay_step
+
+        records = check_int("records", records, minimum=1)
+        batch_size = check_int("batch_size", batch_size, minimum=1)
+        n = int(next(iter(as_batch(data).values())).shape[0])
+        if n < 2:
+            raise DataValidationError(f"check_model needs at least 2 records, got {n}")
+        rng = np.random.default_rng()
+        reports = []
+        for _ in range(records):
+            rows = rng.choice(n, size=min(batch_size, n - 1) + 1, replace=False)
+            reports.append(replay_step(self, data, record=int(rows[0]), batch=[int(i) for i in rows[1:]]))
+        return reports
+
     def make_plan(self, n: int) -> PrivacyPlan:
         """The privacy plan for a dataset of ``n`` records (calibrates σ when only a target is given)."""
         n = check_int("dataset_size", n, minimum=1)

@@ -1,0 +1,409 @@
+"""The replay self-test: one private step on D and on D plus one record, with identical secret randomness.
+
+Following Cebere et al. (2026), who found 13 violations in 12 DP libraries this way: if every random draw of a
+step is held fixed, the only difference between the step on D (the record's private term left out) and on
+D ∪ {x} is the record's own clipped contribution, so every released quantity may move by at most the stated
+sensitivity:
+
+* the clipped sum by at most C (whatever the model does with the rest of the batch);
+* the gradient handed to the optimizer by exactly α·(that difference)/m, with m the *expected* batch size (a
+  divisor taken from the realised batch would add a term that depends on the batch);
+* nothing else: buffers, frozen parameters and the noise draw itself must be identical.
+
+The noise is checked too: the std the engine asks for (summed over ranks) must be σ·C, the draw's empirical
+std must match it, and the source must state a cut tail of at most 2⁻¹⁰⁰ per pair
+(:mod:`featuredp.accounting.sampler`).
+
+The harness drives the engine's own step (:meth:`featuredp.engine.Trainer._step`), with the private sampler
+replaced by the given batch and every stream restored between the two runs from the run's own checkpoint state;
+it observes the step through the strategy, the noise source and an optimizer pre-step hook. A model that the
+strategy refuses (mixing examples, side effects in the forward, shapes vmap cannot batch) is reported as
+``refused``: nothing would be released, which is safe. The trainer and its model are left as they were found.
+
+This is a test of the implementation on given inputs, not a proof: it checks the records and batches it is
+given. Its verdict is computed from the data it is given and is not covered by ε: run it on public or synthetic
+records of the same shape where the data is sensitive.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from featuredp.batches import as_batch, to_device
+from featuredp.clipping import trainable_parameters
+from featuredp.methods import get_method
+
+__all__ = ["ReplayCheck", "ReplayReport", "replay_step", "replay_votes", "verdict"]
+
+# Float32 sums of |B| terms of norm <= C, computed on batches of different sizes, differ by rounding of about
+# |B|·2⁻²⁴·C; the rest of the tolerance is far below a bfloat16 rounding of a clip factor (2⁻⁹ = 2e-3 relative).
+_RTOL = 2e-4
+_ROUNDING = 2.0**-22
+# A noise source must state a cut tail at least this small per pair of coordinates.
+_TAIL_LIMIT = 2.0**-100
+# Below this many noised coordinates the empirical std says too little: only the requested std is checked.
+_MIN_COORDINATES = 200
+
+
+@dataclass(frozen=True)
+class ReplayCheck:
+    """One comparison of the replay: ``value`` against ``bound`` (``ok`` when within)."""
+
+    name: str
+    value: float
+    bound: float
+    ok: bool
+    what: str
+
+
+@dataclass
+class ReplayReport:
+    """The outcome of one replay: ``"passed"``, ``"refused"`` (the strategy refused the model: nothing would be
+    released) or ``"failed"`` (a released quantity moved by more than the stated sensitivity)."""
+
+    method: str
+    strategy: str
+    precision: str
+    secure_rng: bool
+    world_size: int
+    outcome: str
+    checks: list[ReplayCheck] = field(default_factory=list)
+    refusal: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Not failed: every check held, or the model was refused."""
+        return self.outcome != "failed"
+
+    def failures(self) -> list[ReplayCheck]:
+        """The checks that did not hold."""
+        return [c for c in self.checks if not c.ok]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary (public quantities of the replay only)."""
+        return {
+            "method": self.method, "strategy": self.strategy, "precision": self.precision,
+            "secure_rng": self.secure_rng, "world_size": self.world_size, "outcome": self.outcome,
+            "refusal": self.refusal,
+            "checks": [{"name": c.name, "value": c.value, "bound": c.bound, "ok": c.ok, "what": c.what}
+                       for c in self.checks],
+        }  # fmt: skip
+
+    def __str__(self) -> str:
+        head = (f"{self.method} / {self.strategy} / {self.precision}{' / secure' if self.secure_rng else ''}"
+                f"{f' / {self.world_size} processes' if self.world_size > 1 else ''}: {self.outcome}")  # fmt: skip
+        if self.refusal:
+            return f"{head} ({self.refusal})"
+        lines = [head] + [f"  {'ok  ' if c.ok else 'FAIL'} {c.name}: {c.value:.4g} (bound {c.bound:.4g}) {c.what}"
+                          for c in self.checks]  # fmt: skip
+        return "\n".join(lines)
+
+
+class _RefusedError(Exception):
+    """The strategy refused the private step (raised from inside clipped_sum)."""
+
+
+@dataclass
+class _Draws:
+    """The private batch's per-record draws of the run with x, and whether x was among this rank's rows."""
+
+    values: dict[str, torch.Tensor] = field(default_factory=dict)
+    has_x: bool = False
+
+
+@dataclass
+class _Run:
+    clipped: dict[str, torch.Tensor] = field(default_factory=dict)  # the clipped sum (total over ranks)
+    noisy: dict[str, torch.Tensor] = field(default_factory=dict)  # the noisy sum as released (total over ranks)
+    noise_state: Any = None
+    stds: list[float] = field(default_factory=list)
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    after: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def replay_step(trainer: Any, data: Any, *, record: int, batch: Sequence[int]) -> ReplayReport:
+    """Replay one private step of ``trainer`` on ``batch`` and on ``batch`` plus ``record``, with every random
+    draw held fixed, and check that the released quantities move by at most the stated sensitivity.
+
+    Args:
+        trainer: a :class:`featuredp.engine.Trainer` with a private method that has not started its run.
+        data: the records (a TabularDataset or a dict of batch-first tensors), ``record`` among them. For the
+            FDP methods the public batch draws from all of them in both runs (x's public part is public).
+        record: the index of the added record x.
+        batch: the indices of the private batch without x (in a data-parallel run, global indices: each rank
+            takes those of its shard).
+
+    Returns a :class:`ReplayReport`. The trainer's model, strategy and run are restored afterwards.
+    """
+    method = get_method(trainer.method)
+    if not method.private:
+        raise ValueError(f"replay_step needs a private method, got method={trainer.method!r}")
+    if getattr(trainer, "_state", None) is not None:
+        raise ValueError("replay_step needs a Trainer whose run has not started (build a fresh one)")
+    batch_all = as_batch(data)
+    n = int(next(iter(batch_all.values())).shape[0])
+    base = sorted({int(i) for i in batch})
+    record = int(record)
+    if not 0 <= record < n or record in base or any(not 0 <= i < n for i in base):
+        raise ValueError(f"record={record} must be an index of data (0..{n - 1}) outside batch")
+    dist = trainer.dist
+    world = 1 if dist is None else dist.world_size
+    report = ReplayReport(method.name, trainer.strategy.name, trainer.performance.precision,
+                          bool(trainer.privacy.secure_rng), world, "passed")  # fmt: skip
+    model = trainer.model
+    saved_model = copy.deepcopy(model.state_dict())
+    state, split = trainer._run_state(data, batch_all, n, None)
+    batch_all = to_device(batch_all, trainer.device)
+    params = trainable_parameters(model)
+    snapshot = copy.deepcopy(state.state_dict(model))
+    try:
+        runs: list[_Run] = []
+        draws = _Draws()
+        for with_x in (True, False):  # with x first: its run's per-record draws are reused without x
+            state.load_state_dict(copy.deepcopy(snapshot), model)
+            rows = [*base, record] if with_x else base
+            runs.insert(0, _observed_step(trainer, state, split, batch_all, params, rows, draws, with_x))
+    except _RefusedError as exc:
+        cause = exc.__cause__
+        report.outcome = "refused"
+        report.refusal = f"{type(cause).__name__}: {str(cause).splitlines()[0][:300]}"
+        return report
+    finally:
+        trainer._state = None
+        model.load_state_dict(saved_model)
+    report.checks = _compare(state.plan, method.public_batch, state.noise, runs[0], runs[1])
+    report.outcome = "passed" if all(c.ok for c in report.checks) else "failed"
+    return report
+
+
+def _observed_step(trainer: Any, state: Any, split: Any, batch_all: Any, params: dict[str, torch.Tensor],
+                   rows: list[int], draws: _Draws, with_x: bool) -> _Run:  # fmt: skip
+    """One step of the engine with the private batch ``rows`` (this rank's share of them, x last), observed.
+
+    The loss split's per-record draws of the private batch are coupled by record, not by position: a
+    generator's stream does not give a prefix of a longer draw the same values (torch fills normals in blocks),
+    and the records of the batch must see the same draws with and without x. The run with x records them in
+    ``draws``; the run without x gets them back without x's row."""
+    run = _Run()
+    sampler = state.private_sampler
+    lo, hi = sampler.offset, sampler.offset + sampler.dataset_size
+    mine = np.asarray([i for i in rows if lo <= i < hi], dtype=np.int64)
+    draw = None if split is None else split.draws
+
+    def coupled(batch: Any, generator: torch.Generator) -> Any:
+        assert draw is not None
+        if generator is not state.private_draws:  # the public batch's draws: the same stream in both runs
+            return draw(batch, generator)
+        if with_x:
+            out = draw(batch, generator)
+            draws.values = {k: v.detach().clone() for k, v in out.items()}
+            draws.has_x = len(mine) > 0 and int(mine[-1]) == rows[-1]
+            return out
+        return {k: (v[:-1] if draws.has_x else v).clone() for k, v in draws.values.items()}
+
+    strategy, noise = trainer.strategy, state.noise
+    clipped_sum, add = strategy.clipped_sum, noise.add
+
+    def clipped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            sums, norms = clipped_sum(*args, **kwargs)
+        except Exception as exc:
+            raise _RefusedError() from exc
+        run.clipped = {k: v.detach().clone() for k, v in sums.items()}
+        return sums, norms
+
+    def noisy(sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
+        run.noise_state = copy.deepcopy(noise.state_dict())
+        run.stds.append(float(std))
+        out = add(sums, std)
+        run.noisy = {k: v.detach().clone() for k, v in out.items()}
+        return out
+
+    def grads(optimizer: Any, args: Any, kwargs: Any) -> None:
+        run.grads = {k: p.grad.detach().clone() for k, p in params.items() if p.grad is not None}
+
+    sampler.sample = lambda: mine
+    strategy.clipped_sum, noise.add = clipped, noisy
+    if split is not None:
+        split.draws = coupled
+    hook = state.optimizer.register_step_pre_hook(grads)
+    try:
+        trainer._step(state, split, batch_all, params, False)
+    finally:
+        hook.remove()
+        del sampler.sample, strategy.clipped_sum, noise.add  # the instances' own methods again
+        if split is not None:
+            del split.draws
+    run.after = {k: v.detach().clone() for k, v in trainer.model.state_dict().items() if k not in params}
+    if trainer.dist is not None:  # the released quantities are the totals over the ranks
+        from featuredp.distributed import all_reduce_sum
+
+        # Each rank's share of the all-reduced noisy sum: its noisy sum if it drew noise, else its clipped sum.
+        share = run.noisy if run.noisy else run.clipped
+        run.noisy = all_reduce_sum(share)
+        run.clipped = all_reduce_sum(run.clipped)
+        gathered: list[Any] = [None] * trainer.dist.world_size
+        torch.distributed.all_gather_object(gathered, run.stds)
+        run.stds = [s for stds in gathered for s in stds]
+    return run
+
+
+def _flat(tensors: dict[str, torch.Tensor], keys: Sequence[str]) -> torch.Tensor:
+    return torch.cat([tensors[k].detach().reshape(-1).to(torch.float64).cpu() for k in keys])
+
+
+def _compare(plan: Any, public_batch: bool, noise: Any, a: _Run, b: _Run) -> list[ReplayCheck]:
+    C, sigma, m = float(plan.max_grad_norm), float(plan.noise_multiplier), float(plan.expected_batch_size)
+    alpha = float(plan.alpha) if public_batch else 1.0
+    keys = sorted(a.clipped)
+    out = []
+    size = len(keys) and int(sum(a.clipped[k].numel() for k in keys))
+    rounding = _ROUNDING * max(1.0, m) * 4
+    # The noisy sum and the gradient are rounded to the parameters' dtype once, near the noise's own size.
+    noise_rounding = _ROUNDING * sigma * math.sqrt(size) * 2
+    # 1. the randomness really was held fixed (else the replay proves nothing)
+    same_noise = _same_state(a.noise_state, b.noise_state) and len(a.stds) == len(b.stds)
+    out.append(ReplayCheck("identical randomness", 0.0 if same_noise else 1.0, 0.0, same_noise,
+                           "the noise source's state before the draw, in both runs"))  # fmt: skip
+    # 2. the clipped sum moves by at most C
+    d_clip = _flat(b.clipped, keys) - _flat(a.clipped, keys)
+    moved = float(d_clip.norm())
+    bound = C * (1 + _RTOL + rounding)
+    out.append(ReplayCheck("clipped sum sensitivity", moved, bound, moved <= bound,
+                           "‖Σ clip(g) with x − without x‖ <= C"))  # fmt: skip
+    # 3. the gradient the optimizer gets moves by exactly α·Δ(noisy sum)/m (the expected batch size)
+    d_noisy = _flat(b.noisy, keys) - _flat(a.noisy, keys)
+    gkeys = sorted(set(a.grads) & set(b.grads))
+    if gkeys == keys:
+        d_grad = _flat(b.grads, keys) - _flat(a.grads, keys)
+        off = float((d_grad - alpha * d_noisy / m).norm())
+        scale = alpha * C / m
+        tol = scale * (_RTOL + rounding + noise_rounding)
+        out.append(ReplayCheck("update divisor", off, tol, off <= tol,
+                               f"Δgrad = α·Δ(noisy sum)/m with m = {m:g} (the expected batch size)"))  # fmt: skip
+        g_moved = float(d_grad.norm())
+        g_bound = alpha * C / m * (1 + 2 * (_RTOL + rounding + noise_rounding))
+        out.append(ReplayCheck("update sensitivity", g_moved, g_bound, g_moved <= g_bound,
+                               "‖Δ gradient handed to the optimizer‖ <= α·C/m"))  # fmt: skip
+    else:
+        out.append(ReplayCheck("update sensitivity", math.inf, 0.0, False,
+                               "the optimizer did not receive a gradient for every trainable parameter"))
+    # 4. nothing else moved: buffers and frozen parameters after the step
+    others = sorted(set(a.after) | set(b.after))
+    differ = [k for k in others if k not in a.after or k not in b.after or not _equal(a.after[k], b.after[k])]
+    out.append(ReplayCheck("nothing else changed", float(len(differ)), 0.0, not differ,
+                           f"buffers and frozen parameters identical{': ' + ', '.join(differ[:5]) if differ else ''}"))
+    # 5. the noise: the std asked for (over all ranks), the draw's std, the sampler's stated tail
+    target = sigma * C
+    asked = math.sqrt(sum(s * s for s in a.stds))
+    out.append(ReplayCheck("noise std requested", asked, target, abs(asked - target) <= 1e-9 * max(target, 1e-300),
+                           "sqrt(Σ over ranks of the std added) = σ·C"))  # fmt: skip
+    if size >= _MIN_COORDINATES and target > 0:
+        drawn = _flat(a.noisy, keys) - _flat(a.clipped, keys)
+        realised = float(drawn.std())
+        tol = 6.0 / math.sqrt(2.0 * size) + 1e-3  # six standard errors of an estimated std
+        out.append(ReplayCheck("noise std drawn", realised / target, 1 + tol, abs(realised / target - 1) <= tol,
+                               f"empirical std of the {size} noise coordinates / σ·C"))  # fmt: skip
+    tail = float(getattr(noise, "tail_mass_per_pair", 1.0))
+    out.append(ReplayCheck("noise tail", tail, _TAIL_LIMIT, tail <= _TAIL_LIMIT,
+                           "the source's stated cut tail per pair of coordinates"))
+    return out
+
+
+def _equal(x: torch.Tensor, y: torch.Tensor) -> bool:
+    return x.shape == y.shape and bool(torch.equal(x, y) or torch.allclose(x, y, rtol=0, atol=0, equal_nan=True))
+
+
+def _same_state(x: Any, y: Any) -> bool:
+    if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+        return _equal(x, y)
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_same_state(x[k], y[k]) for k in x)
+    if isinstance(x, list | tuple) and isinstance(y, list | tuple):
+        return len(x) == len(y) and all(_same_state(u, v) for u, v in zip(x, y))
+    return bool(x == y)
+
+
+def replay_votes(make: Callable[[], Any], votes: Any, *, member: int) -> ReplayReport:
+    """Replay a vote aggregator's noisy histogram with and without one member's votes, with identical noise.
+
+    Args:
+        make: builds the :class:`featuredp.aggregation.VoteAggregator` under test (called twice).
+        votes: the members' votes, shape (queries, members), class indices or −1 (abstain).
+        member: the column of the member (teacher, prompt) that is added.
+
+    The noisy histogram may move by at most the mechanism's sensitivity per query (1 in L2 for GNMax, 1 in L1
+    for LNMax: one member adds one vote), and the noise must have the stated scale.
+    """
+    votes = np.asarray(votes)
+    if votes.ndim != 2 or not 0 <= member < votes.shape[1]:
+        raise ValueError(f"member={member} must be a column of votes of shape (queries, members), got {votes.shape}")
+    a, b = make(), make()
+    _copy_generator(a._rng, b._rng)
+    seen = [_observe_counts(a), _observe_counts(b)]
+    a.answer_all(np.delete(votes, member, axis=1))  # the aggregator's own path: histogram, threshold, noise
+    b.answer_all(votes)
+    del a._noisy_counts, b._noisy_counts
+    (without, noisy_a), (_, noisy_b) = seen[0][-1], seen[1][-1]
+    report = ReplayReport(a.mechanism, "votes", "fp64", bool(a.secure_rng), 1, "passed")
+    order = 2 if a.mechanism == "gnmax" else 1
+    moved = float(np.linalg.norm(noisy_b - noisy_a, ord=order, axis=1).max())
+    report.checks.append(ReplayCheck("histogram sensitivity", moved, 1 + 1e-9, moved <= 1 + 1e-9,
+                                     f"max over queries of ‖Δ noisy histogram‖_{order} <= 1"))  # fmt: skip
+    noise = (noisy_a - without).ravel()
+    target = float(a.sigma) if a.mechanism == "gnmax" else math.sqrt(2.0) * float(a.scale)
+    if noise.size >= _MIN_COORDINATES:
+        tol = 6.0 / math.sqrt(2.0 * noise.size) * (1.0 if a.mechanism == "gnmax" else 2.0) + 1e-3
+        ratio = float(noise.std()) / target
+        report.checks.append(ReplayCheck("noise std drawn", ratio, 1 + tol, abs(ratio - 1) <= tol,
+                                         f"empirical std of {noise.size} noise draws / the stated std"))  # fmt: skip
+    report.outcome = "passed" if all(c.ok for c in report.checks) else "failed"
+    return report
+
+
+def _observe_counts(aggregator: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Record every (histogram, noisy histogram) the aggregator computes."""
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
+    real = aggregator._noisy_counts
+
+    def observed(hist: np.ndarray) -> np.ndarray:
+        out = real(hist)
+        seen.append((np.array(hist, dtype=np.float64), np.array(out, dtype=np.float64)))
+        return out
+
+    aggregator._noisy_counts = observed
+    return seen
+
+
+def _copy_generator(source: Any, target: Any) -> None:
+    """Give ``target`` the state of ``source`` (numpy Generator or ChaCha20Generator): identical noise."""
+    if isinstance(source, np.random.Generator):
+        target.bit_generator.state = source.bit_generator.state
+    else:
+        target.load_state_dict(source.state_dict())
+
+
+def verdict(reports: Sequence[ReplayReport]) -> str:
+    """One line summing up replays of one configuration: safe, refused (and what to do), or UNSAFE."""
+    if not reports:
+        raise ValueError("verdict needs at least one ReplayReport")
+    failed = [r for r in reports if r.outcome == "failed"]
+    refused = [r for r in reports if r.outcome == "refused"]
+    first = reports[0]
+    where = f"{first.method} with strategy={first.strategy!r}"
+    if failed:
+        names = sorted({c.name for r in failed for c in r.failures()})
+        return (f"UNSAFE: {where} let one record move a released quantity by more than its sensitivity in "
+                f"{len(failed)} of {len(reports)} replays ({', '.join(names)}); do not train with it")
+    if refused:
+        hint = "; use strategy='vmap'" if first.strategy == "ghost" else ""
+        return f"refused: {where} refuses this model ({refused[0].refusal}){hint}"
+    return (f"safe: {where} kept every released quantity within its sensitivity in {len(reports)} replays "
+            "(on these records; not a proof for all inputs)")
