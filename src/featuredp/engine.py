@@ -52,6 +52,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
@@ -87,6 +88,7 @@ from featuredp.noise import SecureNoise, TorchNoise
 from featuredp.plan import PrivacyPlan, TrainResult, inf_to_str
 from featuredp.run_state import ModelRuns, RunState, data_fingerprint, open_ledger, reserve, settle
 from featuredp.sampling import make_streams, random_seed_from, warn_private_seed
+from featuredp.testing import replay_step
 
 __all__ = [
     "METHODS",
@@ -265,10 +267,6 @@ class Trainer:
         OS entropy. The verdict is computed from ``data`` and is not covered by ε: use public or synthetic
         records of the same shape where you can.
         """
-        import numpy as np
-
-        from featuredp.testing import replay_step
-
         records = check_int("records", records, minimum=1)
         batch_size = check_int("batch_size", batch_size, minimum=1)
         n = int(next(iter(as_batch(data).values())).shape[0])

@@ -38,6 +38,7 @@ import torch
 
 from featuredp.batches import as_batch, to_device
 from featuredp.clipping import trainable_parameters
+from featuredp.distributed import all_reduce_sum
 from featuredp.methods import get_method
 
 __all__ = ["ReplayCheck", "ReplayReport", "replay_step", "replay_votes", "verdict"]
@@ -243,8 +244,6 @@ def _observed_step(trainer: Any, state: Any, split: Any, batch_all: Any, params:
             del split.draws
     run.after = {k: v.detach().clone() for k, v in trainer.model.state_dict().items() if k not in params}
     if trainer.dist is not None:  # the released quantities are the totals over the ranks
-        from featuredp.distributed import all_reduce_sum
-
         # Each rank's share of the all-reduced noisy sum: its noisy sum if it drew noise, else its clipped sum.
         share = run.noisy if run.noisy else run.clipped
         run.noisy = all_reduce_sum(share)
