@@ -1,13 +1,17 @@
 """Atomic file writes: a crash or a repeated run never leaves a half-written file.
 
-Write to a temporary file in the same directory, fsync, then ``os.replace``.
+Write to a temporary file in the same directory, fsync, then ``os.replace``. Names that come from
+data (column names, categories, dataset names) become file names only through :func:`safe_filename`,
+and :func:`inside` refuses a path that would land outside its folder.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +44,47 @@ def atomic_path(path: str | os.PathLike[str], *, private: bool = False) -> Itera
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+#: what :func:`safe_filename` keeps; everything else becomes ``_``
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+#: hex digits of the SHA-256 suffix :func:`safe_filename` adds to a name it had to change
+_DIGEST_CHARS = 10
+
+
+def safe_filename(name: str, *, max_length: int = 64) -> str:
+    """``name`` as one safe path component: only ``[A-Za-z0-9._-]``, no leading dot, 1 to ``max_length`` chars.
+
+    A name that is already safe is returned as it is. Any other (``a/b``, ``..``, ``""``, a name too long)
+    gets its unsafe characters replaced by ``_`` and a suffix from the SHA-256 of the original name, so
+    that two names that differ only where characters were replaced (``a/b``, ``a?b``) keep different files.
+
+    >>> safe_filename("age"), safe_filename("a/b") == safe_filename("a?b"), safe_filename("..")[0] != "."
+    ('age', False, True)
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    if max_length < 2 * _DIGEST_CHARS:
+        raise ValueError(f"max_length must be >= {2 * _DIGEST_CHARS}, got {max_length}")
+    cleaned = _UNSAFE.sub("_", name).lstrip(".")
+    if cleaned == name and 0 < len(name) <= max_length:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST_CHARS]
+    stem = cleaned[: max_length - _DIGEST_CHARS - 1]
+    return f"{stem}-{digest}" if stem else digest
+
+
+def inside(folder: str | os.PathLike[str], name: str) -> Path:
+    """``folder / name``, refused (ValueError naming both) unless it resolves to a place inside ``folder``.
+
+    The last check before a write: ``name`` should already be a :func:`safe_filename`; this also catches
+    a symbolic link in ``folder`` that points elsewhere.
+    """
+    base = Path(folder)
+    target = base / name
+    if not target.resolve().is_relative_to(base.resolve()) or target.resolve() == base.resolve():
+        raise ValueError(f"refusing to write {str(target)!r}: the file name {name!r} leads outside {str(base)!r}")
+    return target
 
 
 def private_dir(path: str | os.PathLike[str]) -> Path:

@@ -72,6 +72,7 @@ from featuredp.batches import as_batch, evaluate, forward, gather, resolve_devic
 from featuredp.clipping import GradientStrategy, check_no_batch_mixing, get_strategy, trainable_parameters
 from featuredp.clipping.base import AutocastLoss, LossFn, check_precision
 from featuredp.config import PerformanceConfig, PrivacyConfig, ScheduleConfig, split_settings
+from featuredp.data.tabular import warn_record_level_statistics
 from featuredp.distributed import (
     DistContext,
     agree_across_ranks,
@@ -80,7 +81,7 @@ from featuredp.distributed import (
     context,
     rank_checkpoint_path,
 )
-from featuredp.errors import DataValidationError, PrivacyLeakWarning
+from featuredp.errors import DataValidationError
 from featuredp.features import Batch, PublicFeatureMap
 from featuredp.losses import LabelDPSplit, LossSplit, default_split
 from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS, Method, get_method
@@ -499,7 +500,7 @@ class Trainer:
             check_no_batch_mixing(self.model)
         record = get_method(plan.method)
         if record.private and not record.needs_feature_map:  # record-level DP (dpsgd)
-            _warn_record_level_statistics(data)
+            warn_record_level_statistics(data, "dpsgd", stacklevel=4)
         rank, world = (0, 1) if self.dist is None else (self.dist.rank, self.dist.world_size)
         state = RunState.start(
             plan, {"data": data_print, "psi": self._psi_fingerprint(split)},
@@ -839,21 +840,6 @@ def _model_device(model: nn.Module) -> torch.device:
 
 def _plain_cross_entropy(model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
     return nn.functional.cross_entropy(forward(model, batch), batch["y"], reduction="none")
-
-
-def _warn_record_level_statistics(data: Any) -> None:
-    """DP-SGD claims record-level DP, so *every* column's encoding statistic read from the data escapes it
-    (for FDP only the private columns' do; ``Columns.bind`` checks those)."""
-    from_data = getattr(data, "statistics_from_data", None) or {}
-    if from_data:
-        listed = ", ".join(f"{col} ({what})" for col, what in sorted(from_data.items()))
-        warnings.warn(
-            f"dpsgd protects whole records, but these encoding statistics were computed from the training data "
-            f"and are outside its guarantee: {listed}; declare them in a schema (featuredp data schema, "
-            "docs/own-data.md) or pass public bounds=/categories=/classes= to the loader",
-            PrivacyLeakWarning,
-            stacklevel=4,
-        )
 
 
 @torch.no_grad()

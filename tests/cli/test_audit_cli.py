@@ -113,3 +113,29 @@ def test_audit_out_naming_a_file_is_refused(runs, tmp_path, capsys):
     (tmp_path / "f").write_text("x")
     assert main(["audit", str(runs / "np"), "--attack", "membership", "--out", str(tmp_path / "f")]) == 2
     assert "--out must be a folder" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 24: stdout names the attribute, the success, the baseline's interval, the bound and the verdict;
+# an audit too small to bound anything says "inconclusive" and why instead of printing a bound as a result
+# ---------------------------------------------------------------------------------------------------------
+def test_attribute_stdout_names_success_baseline_interval_bound_and_verdict(runs, tmp_path, capsys):
+    assert main(["audit", str(runs / "fdp"), "--attribute", "sex", "--targets", "300", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    res = json.loads((tmp_path / "attribute.json").read_text())
+    assert "[attribute] sex: success of the best attack" in out and f"{100 * res['accuracy']:.1f}%" in out
+    assert (f"baseline without the model ({res['baseline_imputer']}, 5-fold cross-fitted on "
+            f"{res['imputer_rows']:,} rows): {100 * res['baseline_accuracy']:.1f}%, 95% interval "
+            f"[{100 * res['baseline_lcl']:.1f}%, {100 * res['baseline_ucl']:.1f}%]") in out  # fmt: skip
+    assert f"Theorem 4 bound from the baseline's upper limit: {res['bound']:.3f}" in out
+    assert res["bound_verdict"] in ("within", "exceeds") and f"verdict: {res['bound_verdict']}\n" in out
+    assert res["ball"] == res["baseline_ucl"] and res["baseline_lcl"] <= res["baseline_accuracy"] <= res["ball"]
+
+
+def test_attribute_audit_with_30_targets_is_inconclusive(runs, tmp_path, capsys):
+    assert main(["audit", str(runs / "fdp"), "--attribute", "sex", "--targets", "30", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: inconclusive: 30 targets per group (fewer than 100)" in out
+    assert "within Theorem 4's bound" not in out and "INCONCLUSIVE" in out
+    res = json.loads((tmp_path / "attribute.json").read_text())
+    assert res["bound_verdict"] == "inconclusive" and res["groups"]["members"]["within_bound"] is None

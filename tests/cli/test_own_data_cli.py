@@ -124,3 +124,62 @@ def test_bad_data_flags_exit_2_naming_the_flag_and_value(people, tmp_path, capsy
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1 and "Traceback" not in err, (command, err)
     assert not (tmp_path / "o").exists()
+
+
+# -- issue #24: a raw file (missing values, identifiers, copies of the label) -------------------------------
+
+
+@pytest.fixture
+def raw(people, tmp_path):
+    df = pd.read_csv(people)
+    n = len(df)
+    rng = np.random.default_rng(5)
+    df.loc[rng.choice(n, 30, replace=False), "hours"] = np.nan
+    df.loc[rng.choice(n, 20, replace=False), "job"] = np.nan
+    df["name"] = [f"Person {i:05d}" for i in range(n)]
+    df["record"] = np.arange(n)
+    df["income_band"] = np.where(df["income"] == ">50K", "high", "low")
+    path = tmp_path / "raw.csv"
+    df.to_csv(path, index=False)
+    return path
+
+
+def test_raw_file_missing_values_are_one_error_then_handled_by_missing(raw, capsys) -> None:
+    data = ["--data", str(raw), "--label", "income", "--private", "sex"]
+    assert main(["data", "info", *data]) == 2
+    err = capsys.readouterr().err.splitlines()
+    error = [line for line in err if "error" in line]
+    assert len(error) == 1 and "hours (30 missing)" in error[0] and "job (20 missing)" in error[0]
+    assert "--missing" in error[0]
+    with pytest.warns(UserWarning):
+        assert main(["data", "info", *data, "--missing", "impute", "--json"]) == 0
+    info = _json(capsys)
+    assert info["train_rows"] + info["test_rows"] == 1500
+    assert set(info["flagged_columns"]) == {"name", "record", "income_band"}
+    assert main(["data", "info", "--missing", "drop"]) == 2
+    assert "--missing describes your own table" in capsys.readouterr().err
+
+
+def test_train_warns_about_identifiers_and_keeps_them_out_of_run_json(raw, tmp_path, capsys) -> None:
+    run = tmp_path / "run"
+    with pytest.warns(UserWarning, match=r"--drop name,record,income_band"):
+        rc = main(["train", "--data", str(raw), "--label", "income", "--private", "sex", "--missing", "impute",
+                   "--epsilon", "2", "--epochs", "1", "--out", str(run), "--json"])  # fmt: skip
+    assert rc == 0
+    capsys.readouterr()
+    recorded = (run / "run.json").read_text()
+    assert json.loads(recorded)["dataset"]["options"]["missing"] == "impute"
+    assert "identifier" not in recorded and "by itself" not in recorded
+
+
+def test_data_schema_drops_identifiers_and_copies_no_names(raw, tmp_path, capsys) -> None:
+    out = tmp_path / "s.json"
+    with pytest.warns(UserWarning, match="look like identifiers"):
+        assert main(["data", "schema", str(raw), "--label", "income", "--private", "sex", "--out", str(out),
+                     "--json"]) == 0  # fmt: skip
+    printed = _json(capsys)
+    assert set(printed["flagged"]) == {"name", "record", "income_band"}
+    text = out.read_text()
+    assert "Person 00001" not in text  # before: every name was listed as a category
+    spec = json.loads(text)
+    assert spec["columns"]["name"]["type"] == "drop" and spec["columns"]["record"]["type"] == "drop"

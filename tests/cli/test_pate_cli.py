@@ -28,6 +28,33 @@ def test_json_prints_one_object_with_the_documented_keys(capsys):
     assert "teachers fitted 20/20" in captured.err  # progress on stderr, not in the JSON
 
 
+def test_the_documented_command_needs_no_queries_flag(capsys):
+    # issue 24: `featuredp pate --dataset adult --epsilon 1 --json` must work as typed (≈ 5 s here)
+    rc = main(["pate", "--dataset", "adult", "--epsilon", "1", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    out = json.loads(captured.out)
+    # the documented default: 1000 queries (capped at the 6,512-input pool), all charged within ε = 1
+    assert out["queries"] == 1000 == out["queries_asked"] and out["teachers"] == 250
+    assert 0.99 <= out["epsilon"] <= 1.0 and out["delta"] == 1e-5
+    assert "1000 of 6,512 public queries" in captured.err
+
+
+def test_default_queries_are_capped_at_the_public_pool(capsys, monkeypatch):
+    import featuredp.cli.pate as cli
+
+    monkeypatch.setattr(cli, "DEFAULT_QUERIES", 10**9)  # more than any pool: every pool input is asked once
+    assert main(["pate", "--teachers", "10", "--epsilon", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["queries"] == out["n_public"] == 6_512 == out["queries_asked"]
+
+
+def test_help_documents_the_queries_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["pate", "--help"])
+    assert "default 1000 or the whole public pool" in " ".join(capsys.readouterr().out.split())
+
+
 def test_the_seed_warns_and_is_never_written(tmp_path, capsys):
     seed = 918_273_645
     with pytest.warns(PrivacyRiskWarning, match="makes the private randomness"):
@@ -47,7 +74,7 @@ def test_the_seed_warns_and_is_never_written(tmp_path, capsys):
         (["--epsilon", "0", "--queries", "10"], "--epsilon must be > 0, got 0.0"),
         (["--epsilon", "-1", "--queries", "10"], "--epsilon must be > 0, got -1.0"),
         (["--epsilon", "1", "--queries", "0"], "--queries must be >= 1, got 0"),
-        (["--epsilon", "1"], "--queries is required"),
+        (["--epsilon", "1", "--queries", "5,6"], "--queries takes one number without --compare, got 5,6"),
         (["--queries", "10"], "--epsilon is required"),
         (["--epsilon", "1", "--queries", "10", "--delta", "1"], "--delta must be in (0, 1), got 1.0"),
         (["--epsilon", "1", "--queries", "10", "--mechanism", "lnmax", "--threshold", "5"], "needs --mechanism gnmax"),

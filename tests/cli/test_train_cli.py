@@ -406,3 +406,31 @@ def test_train_run_folder_and_output_never_list_a_private_category_read_from_the
     assert described["private_encoded_columns"] == [f"diag=<category {i} of 4>" for i in (1, 2, 3, 4)]
     assert described["private_categories"] == {"diag": "4 read from the data (not listed: private)"}
     assert load_run(run).model is not None  # the model is still rebuilt from run.json
+
+
+# ---------------------------------------------------------------------------------------------------------
+# `train --ledger` reports where the ledger stands after the run (issue 24)
+# ---------------------------------------------------------------------------------------------------------
+def test_train_ledger_prints_spent_and_left(capsys, tmp_path):
+    from featuredp.accounting import BudgetLedger
+
+    path = tmp_path / "budget.json"
+    assert main(["ledger", "create", str(path), "--total-epsilon", "5", "--delta", "1e-5"]) == 0
+    BudgetLedger(path).spend("an earlier count", epsilon=0.5)
+    capsys.readouterr()
+    assert main([*_SHORT, "--ledger", str(path)]) == 0
+    book = json.loads(capsys.readouterr().out)["ledger"]
+    ledger = BudgetLedger(path)
+    assert book["path"] == str(path) and book["total_epsilon"] == 5.0 and book["delta"] == 1e-5
+    # the earlier spend and this run together, as the ledger itself counts them
+    assert book["spent_epsilon"] == pytest.approx(ledger.spent()) and book["spent_epsilon"] > 0.5
+    assert book["left_epsilon"] == pytest.approx(ledger.remaining()) and book["left_epsilon"] < 4.5
+    assert main([s for s in _SHORT if s != "--json"] + ["--quiet", "--ledger", str(path)]) == 0
+    text = capsys.readouterr().out
+    spent, left = BudgetLedger(path).spent(), BudgetLedger(path).remaining()
+    assert f"ledger            {path}: epsilon spent {spent:.4g}, left {left:.4g} of 5" in text
+
+
+def test_train_without_ledger_has_no_ledger_key(capsys):
+    assert main(_SHORT) == 0
+    assert "ledger" not in json.loads(capsys.readouterr().out)

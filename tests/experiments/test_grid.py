@@ -228,3 +228,56 @@ def test_threads_note_reads_the_cells() -> None:
     assert _threads_note([{"cpu_s": 1.0}]) == ""
     assert _threads_note([{"torch_threads": 2}, {"torch_threads": 2}]) == "; 2 torch thread(s) per run"
     assert _threads_note([{"torch_threads": 1}, {"torch_threads": 2}]) == "; 1–2 torch thread(s) per run"
+
+
+def test_a_file_changed_at_the_same_path_is_recomputed_never_mixed(tmp_path, tiny_csv) -> None:
+    # The stale-compare attack of issue 24: the cells were keyed by the path and the settings, so after the
+    # CSV changed in place the old accuracies came back next to the new data.
+    run_grid(_cfg(tmp_path, tiny_csv), trainer_fn=FakeTrainer())
+    df = pd.read_csv(tiny_csv["path"])
+    df.loc[:40, "label"] = "hi"  # the same path, other contents
+    df.to_csv(tiny_csv["path"], index=False)
+    again = FakeTrainer()
+    run_grid(_cfg(tmp_path, tiny_csv, overwrite=True), trainer_fn=again)
+    assert len(again.calls) == 16  # every cell recomputed on the new contents
+    unchanged = FakeTrainer()
+    run_grid(_cfg(tmp_path, tiny_csv), trainer_fn=unchanged)
+    assert unchanged.calls == []  # and reused while the contents stay the same
+
+
+def test_the_cache_key_reveals_no_plain_hash_of_the_data(tmp_path, tiny_csv) -> None:
+    import hashlib
+    import os
+
+    from featuredp.batches import as_batch
+    from featuredp.experiments.data_key import data_key
+    from featuredp.experiments.runs import private_root
+    from featuredp.run_state import data_fingerprint
+
+    runner = GridRunner(_cfg(tmp_path, tiny_csv))
+    train, test = runner.data
+    plain = {data_fingerprint(as_batch(train)), hashlib.sha256(data_fingerprint(as_batch(train)).encode()).hexdigest()}
+    key = data_key(train, test)
+    assert all(key not in p for p in plain)  # an HMAC under a private key, not a hash anyone could recompute
+    secret = private_root() / "cache-key"
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_bytes()) == 32
+    assert data_key(train, test) == key  # stable on this machine
+    os.remove(secret)
+    assert data_key(train, test) != key  # a new key: old caches are recomputed, never wrongly reused
+
+
+def test_one_seed_tables_show_no_spread(tmp_path, tiny_csv) -> None:
+    cfg = _cfg(tmp_path, tiny_csv, seeds=[0])
+    run_grid(cfg, trainer_fn=FakeTrainer())
+    md = (cfg.out / "summary.md").read_text()
+    assert "± 0.0" not in md and "one seed (no spread" in md
+    assert "| FDP (Alg. 1) | 61.0 | 64.0 |" in md
+
+
+def test_summary_states_the_majority_class_reference(tmp_path, tiny_csv) -> None:
+    cfg = _cfg(tmp_path, tiny_csv, seeds=[0])
+    out = run_grid(cfg, trainer_fn=FakeTrainer())
+    test = GridRunner(cfg).data[1]
+    share = np.bincount(test.y).max() / test.n
+    assert out["meta"]["majority"] == pytest.approx(share)
+    assert f"Majority class of the test set: {100 * share:.1f}%" in (cfg.out / "summary.md").read_text()

@@ -27,8 +27,10 @@ still untouched. A record's ``status`` is
 A reserved event is composed like any other event (tightly, with the other events).
 Records without a ``status`` (written before reservations existed) are settled spends.
 
-Writes are atomic (temporary file + rename) and serialised with a lock file, and the file
-is re-read under the lock before every change, so several processes can share one ledger
+Writes are atomic (temporary file + rename) and serialised with an ``flock`` on
+``<path>.lock`` (removed again after each change; a crashed process's left-over lock file
+never blocks, as the kernel drops the lock with its holder), and the file is re-read under
+the lock before every change, so several processes can share one ledger
 (and a reservation made by one can be settled by another, by its ``id``). A spend or
 reservation that would take the total above ``total_epsilon`` raises
 ``BudgetExceededError`` and records nothing.
@@ -79,18 +81,57 @@ _STATUSES = (RESERVED, SETTLED, CANCELLED)
 _AMOUNT_KEYS = ("event", "epsilon", "delta", "total_epsilon_after")
 
 
+def lock_path(path: str | os.PathLike[str]) -> Path:
+    """The lock file next to the ledger ``path`` (``<path>.lock``; present only while a process holds it)."""
+    path = Path(path)
+    return path.with_name(path.name + ".lock")
+
+
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    lock = path.with_name(path.name + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a+") as fh:
-        try:
-            import fcntl
+    """Hold the ledger's exclusive lock; the lock file is removed again on the way out.
 
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        except ImportError:  # pragma: no cover - non-POSIX: single-process use only
-            pass
+    The lock is ``flock`` on ``<path>.lock``, never the file's existence or content: the kernel
+    releases it when its holder exits, however it dies, so a lock file left by a killed process (or
+    one holding anything, e.g. a dead pid) never blocks. The holder unlinks the file before
+    unlocking, so a normal exit leaves nothing behind. A waiter may then hold a lock on the unlinked
+    file, so after locking it checks that the path still names the file it locked, and starts over
+    if not: whoever holds the lock on the file at ``<path>.lock`` is the only holder.
+    """
+    lock = lock_path(path)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX: no lock, single-process use only
         yield
+        return
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = os.fstat(fd)
+            try:
+                current = os.stat(lock)
+            except FileNotFoundError:
+                current = None
+        except BaseException:
+            os.close(fd)
+            raise
+        if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+            break
+        os.close(fd)  # the holder before us removed this file: lock the new one
+    try:
+        yield
+    finally:
+        # unlink while still holding the lock (see above), then release it by closing
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        os.close(fd)
+
+
+def _new_data(total_epsilon: float, delta: float, relation: str, accountant: str) -> dict[str, Any]:
+    return {"version": _VERSION, "total_epsilon": total_epsilon, "delta": delta, "relation": relation,
+            "accountant": accountant, "spends": []}
 
 
 def _now() -> str:
@@ -148,16 +189,38 @@ class BudgetLedger:
                         f"ledger {self.path} does not exist: give total_epsilon and delta to create it "
                         f"(got total_epsilon={total_epsilon}, delta={delta})"
                     )
-                data = {
-                    "version": _VERSION,
-                    "total_epsilon": total_epsilon,
-                    "delta": delta,
-                    "relation": relation,
-                    "accountant": accountant,
-                    "spends": [],
-                }
+                data = _new_data(total_epsilon, delta, relation, accountant)
                 atomic_write_json(self.path, data)
         self._data = data
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        total_epsilon: float,
+        delta: float,
+        *,
+        relation: str = "add-remove",
+        accountant: str = "pld",
+        overwrite: bool = False,
+    ) -> BudgetLedger:
+        """Declare a new, empty budget in ``path`` (written atomically) and open it.
+
+        Unlike the constructor, which opens an existing ledger, this refuses one that exists
+        (``FileExistsError``) unless ``overwrite``: replacing a ledger forgets every spend in it,
+        which silently hands the spent budget out again.
+        """
+        path = Path(path)
+        total_epsilon = check_positive("total_epsilon", total_epsilon)
+        delta = check_open_unit("delta", delta)
+        relation = check_relation(relation)
+        accountant = check_accountant(accountant)
+        with _locked(path):
+            if path.exists() and not overwrite:
+                raise FileExistsError(f"ledger {path} already exists; replacing it forgets every spend in it "
+                                      "(overwrite=True to do so)")
+            atomic_write_json(path, _new_data(total_epsilon, delta, relation, accountant))
+        return cls(path)
 
     # ------------------------------------------------------------------ reading
     def _read(self) -> dict[str, Any]:

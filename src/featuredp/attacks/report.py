@@ -1,5 +1,10 @@
 """Audit reports: ROC curves on log axes, bar plots, Markdown — all written atomically.
 
+A name that comes from the data (an attribute's column name) enters a file name only through
+:func:`~featuredp._io.safe_filename`, and every report file is checked to land inside ``out_dir``:
+a column named ``../../x`` or ``a/b`` must not write outside the run folder or create folders.
+The reports' text still names the original column.
+
 matplotlib is imported lazily with the Agg backend (no display needed).
 """
 
@@ -10,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from featuredp._io import atomic_save_png, atomic_write_text
+from featuredp._io import atomic_save_png, atomic_write_text, inside, safe_filename
 from featuredp.attacks.metrics import roc_curve
 
 
@@ -117,7 +122,7 @@ def write_attribute_report(result: dict, out_dir: str | os.PathLike[str], *, tit
 
     out = Path(out_dir)
     attr = result["attribute"]
-    stem = f"attribute_{attr}"
+    stem = f"attribute_{safe_filename(str(attr))}"
     mem = result["groups"]["members"]
     labels, vals, errs = [], [], []
     for group in ("members", "non-members"):
@@ -125,7 +130,7 @@ def write_attribute_report(result: dict, out_dir: str | os.PathLike[str], *, tit
             labels.append(f"{a['attack']} ({group[:3]})")
             vals.append(a["accuracy"])
             errs.append(tuple(a["accuracy_ci"]))
-    plot_bars(out / f"{stem}.png", labels, vals, errors=errs,
+    plot_bars(inside(out, f"{stem}.png"), labels, vals, errors=errs,
               hlines={"Theorem 4 bound": result["bound"], "Ball (upper)": result["ball"]},
               ylabel="attack accuracy", title=f"Attribute inference of {attr!r}")  # fmt: skip
     rows = []
@@ -147,15 +152,21 @@ def write_attribute_report(result: dict, out_dir: str | os.PathLike[str], *, tit
                 f"- Ball (best success without the model): estimate {ball['estimate']:.4f}, CI "
                 f"[{ball['lower']:.4f}, {ball['upper']:.4f}], imputation accuracy {ball['imputation_accuracy']:.4f}; "
                 f"method: {result['ball_method']}",
-                f"- Theorem 4 bound on attack success (members): **{result['bound']:.4f}** "
-                f"({mem['bound_method']})",
+                f"- Imputers' cross-fitted accuracy on {result.get('imputer_rows', '?')} rows: "
+                + ", ".join(f"{k} {v:.4f}" for k, v in result.get("imputer_cv_accuracy", {}).items())
+                + f"; baseline: {result.get('baseline_imputer', '?')}",
+                f"- Theorem 4 bound on attack success (members), from the baseline's upper limit: "
+                f"**{result['bound']:.4f}** ({mem['bound_method']})",
+                f"- Theorem 4 verdict: **{result.get('bound_verdict', '?')}**"
+                + (f" ({result['reason']})" if result.get("reason") else "")
+                + " (\"exceeds\" needs the best attack's lower 95% limit above the bound)",
                 f"- Hidden from the adversary: {result['hidden_columns']}; label public: {result['label_public']}",
                 f"- Advantage = attack accuracy − imputation accuracy on the same {result['n_targets']} targets.",
             ]
         ),
         f"![bars]({stem}.png)",
     ]
-    write_markdown(out / f"{stem}.md", md)
+    write_markdown(inside(out, f"{stem}.md"), md)
     return [f"{stem}.md", f"{stem}.png"]
 
 
@@ -166,7 +177,8 @@ def write_membership_report(result: dict, out_dir: str | os.PathLike[str], *, ti
     out = Path(out_dir)
     arrays = result["_arrays"]
     curves = {k: (v, arrays["labels"]) for k, v in arrays.items() if k != "labels"}
-    plot_roc(out / "membership_roc.png", curves, title="Membership inference ROC" + (f" ({title})" if title else ""))
+    plot_roc(inside(out, "membership_roc.png"), curves,
+             title="Membership inference ROC" + (f" ({title})" if title else ""))
     rows = []
     for name, m in result["metrics"].items():
         t = m["tpr_at_fpr"]
@@ -183,7 +195,7 @@ def write_membership_report(result: dict, out_dir: str | os.PathLike[str], *, ti
         f"1/{result['n_nonmembers']} is not measurable.",
         "![roc](membership_roc.png)",
     ]
-    write_markdown(out / "membership.md", md)
+    write_markdown(inside(out, "membership.md"), md)
     return ["membership.md", "membership_roc.png"]
 
 
@@ -192,7 +204,7 @@ def write_canary_report(result: dict, out_dir: str | os.PathLike[str], *, title:
     from pathlib import Path
 
     out = Path(out_dir)
-    stem = f"canary_{result['kind']}"
+    stem = f"canary_{safe_filename(str(result['kind']))}"
     scores, bits = result["_arrays"]["scores"], result["_arrays"]["bits"]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -203,7 +215,7 @@ def write_canary_report(result: dict, out_dir: str | os.PathLike[str], *, title:
     ax.set_ylabel("canaries")
     ax.set_title(f"{result['kind']} canaries: ε_lb = {result['epsilon_lower_bound']:.3f}")
     ax.legend(fontsize=8)
-    atomic_save_png(fig, out / f"{stem}.png")
+    atomic_save_png(fig, inside(out, f"{stem}.png"))
     one = result["one_run"]
     if one is not None:
         grid = markdown_table(["guesses r", "correct v", "ε lower bound"],
@@ -231,5 +243,5 @@ def write_canary_report(result: dict, out_dir: str | os.PathLike[str], *, title:
         mr = result["multi_run"]
         md.insert(3, f"Multi-run (Clopper–Pearson, threshold chosen on half the runs): ε_lb = "
                      f"{mr['epsilon_lower_bound']:.4f}, ceiling {mr['ceiling']:.3f}.")  # fmt: skip
-    write_markdown(out / f"{stem}.md", md)
+    write_markdown(inside(out, f"{stem}.md"), md)
     return [f"{stem}.md", f"{stem}.png"]

@@ -67,8 +67,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"featuredp {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"featuredp {args.command}: interrupted", file=sys.stderr)
+        print(f"featuredp {args.command}: interrupted{_resume_hint(args)}", file=sys.stderr)
         return 130
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    """How to go on after Ctrl-C, for the commands that can."""
+    out = getattr(args, "out", None)
+    if args.command == "train" and out:
+        return (f"; its private checkpoint is kept: run the same command with --resume to continue from the last "
+                f"checkpoint (--out {out})")
+    if args.command == "compare" and out:
+        return "; finished cells are kept: run the same command again to continue (only unfinished cells run)"
+    return ""
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -17,7 +17,7 @@ from typing import Any
 #: datasets read from a file the user names with --data
 _FILE_DATASETS = ("csv", "purchase100", "criteo")
 #: flags that only describe a CSV/Parquet table (not purchase100/criteo files)
-_TABLE_FLAGS = ("label", "categorical", "numeric", "drop", "schema", "test_data")
+_TABLE_FLAGS = ("label", "categorical", "numeric", "drop", "schema", "test_data", "missing")
 
 
 def _columns(text: str) -> list[str]:
@@ -27,8 +27,32 @@ def _columns(text: str) -> list[str]:
     return cols
 
 
+#: what a --dataset value that names a file ends with (a hint to --data, not a dataset name)
+_FILE_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".tsv.gz", ".parquet", ".pq")
+
+
+def check_dataset_name(value: str) -> str:
+    """``value`` if it can be a dataset name; a path-like value is a one-line error pointing to --data.
+
+    A file given to --dataset would otherwise be looked up as a name (an "unknown dataset" error, or
+    argparse's list of choices) and never read.
+    """
+    text = str(value)
+    if any(sep in text for sep in {"/", "\\", os.sep}) or text.lower().endswith(_FILE_SUFFIXES):
+        raise ValueError(f"--dataset takes a dataset name; for your own file use --data {text} --label COL")
+    return text
+
+
+def dataset_name(value: str) -> str:
+    """An argparse ``type`` for --dataset: :func:`check_dataset_name`, before the command's ``choices``."""
+    try:
+        return check_dataset_name(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add --data, --label, --private, --categorical, --numeric, --drop, --schema, --test-data, --offline.
+    """Add --data, --label, --private, --categorical, --numeric, --drop, --missing, --schema, --test-data, --offline.
 
     Flags the command already has (``compare``'s ``--label``, ``train``'s ``--private``) are kept
     as they are; their values are read the same way. A ``--dataset`` default becomes None here
@@ -54,6 +78,10 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
         help="columns to one-hot encode (others are typed from the schema or their dtypes)")
     add("--numeric", metavar="A,B", type=_columns, default=None, help="columns to scale as numbers")
     add("--drop", metavar="A,B", type=_columns, default=None, help="columns to leave out")
+    add("--missing", choices=("drop", "impute", "category"), default=None,
+        help="missing values: drop the rows, impute (numbers: the schema's public fill value, else the median of "
+        "a public column; categories: their own) or give categorical ones their own category (default: an error "
+        "naming every column with missing values)")
     add("--schema", metavar="FILE", default=None,
         help="column types, public bounds, categories and classes (write one with `featuredp data schema`)")
     add("--test-data", metavar="FILE", default=None, help="a test file (default: a fixed 80/20 split of --data)")
@@ -89,6 +117,9 @@ def resolve_data(
     from featuredp.data.files import read_header
     from featuredp.data.schema import read_schema
 
+    for typed in (getattr(args, "dataset", None), dataset):
+        if typed is not None:
+            check_dataset_name(typed)
     if getattr(args, "offline", False):
         os.environ[OFFLINE_ENV] = "1"
     opts = dict(options or {})
@@ -148,6 +179,8 @@ def resolve_data(
     for key in ("private", "categorical", "numeric", "drop"):
         if getattr(args, key, None):
             opts[key] = list(getattr(args, key))
+    if getattr(args, "missing", None):
+        opts["missing"] = args.missing
     if getattr(args, "test_data", None):
         opts["test"] = _file("--test-data", args.test_data)
     return name, opts

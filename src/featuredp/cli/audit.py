@@ -96,14 +96,17 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from featuredp._io import atomic_write_json
+    from featuredp._io import atomic_write_json, inside, safe_filename
     from featuredp.attacks import report, tabular
-    from featuredp.experiments.runs import load_run
+    from featuredp.experiments.runs import check_data_fingerprint, load_run
     from featuredp.experiments.train_one import retrain_like
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     run_ = load_run(run_dir)
     use_data_args_for_run(run_, args)  # --data FILE ... or the files run.json names: checked before any attack
+    if not (args.attack == "canary" and args.canary_kind == "gradient"):  # gradient canaries read no data
+        # Other records at the same path would be audited as the run's members: refused before any attack.
+        check_data_fingerprint(run_)
     out_dir = Path(args.out) if args.out else run_dir / "audit"
     method = run_.info.get("method")
     eps = run_.epsilon
@@ -163,15 +166,35 @@ def run(args: argparse.Namespace) -> int:
     payload: dict[str, Any] = plain[0] if len(plain) == 1 else {"attack": args.attack, "results": plain}
     payload["report_files"] = [str(out_dir / f) for f in files]
     name = args.attack if args.attack != "canary" else f"canary_{args.canary_kind}"
-    atomic_write_json(out_dir / f"{name}.json", payload)
+    atomic_write_json(inside(out_dir, f"{safe_filename(name)}.json"), payload)
     if args.json:
         json.dump(payload, sys.stdout, indent=2, default=str)
         print()
     else:
         for r in plain:
+            if r["attack"] == "attribute":
+                _print_attribute(r)
             print(f"[{r['attack']}] {r['verdict']}")
         print(f"reports: {out_dir}")
     return 0
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f}%"
+
+
+def _print_attribute(r: dict[str, Any]) -> None:
+    """The numbers behind an attribute audit's verdict, one per line."""
+    conf = f"{r.get('confidence', 0.95):.0%}"
+    lo = r["groups"]["members"]["best_accuracy_ci"][0]
+    print(f"[attribute] {r['attribute']}: success of the best attack ({r['best_attack']}) on {r['n_targets']:,} "
+          f"training records {_pct(r['accuracy'])} (lower {conf} limit {_pct(lo)})")  # fmt: skip
+    print(f"  baseline without the model ({r['baseline_imputer']}, {r['imputer_folds']}-fold cross-fitted on "
+          f"{r['imputer_rows']:,} rows): {_pct(r['baseline_accuracy'])}, {conf} interval "
+          f"[{_pct(r['baseline_lcl'])}, {_pct(r['baseline_ucl'])}]")  # fmt: skip
+    print(f"  Theorem 4 bound from the baseline's upper limit: {r['bound']:.3f}")
+    verdict = r["bound_verdict"] + (f": {r['reason']}" if r["reason"] else "")
+    print(f"  verdict: {verdict}")
 
 
 #: targets per group when --targets is not given

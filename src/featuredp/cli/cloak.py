@@ -9,6 +9,10 @@ Examples::
     featuredp cloak --dataset adult --json
     featuredp cloak --dataset adult --lambdas 0.3,1,3,10,30,100 --compare-fdp --public-seed 0 --out results/cloak
     featuredp cloak --dataset fashion-mnist --lambda 3 --dataset-path DIR --out results/cloak
+    featuredp cloak --data people.csv --label income --private sex --epochs 2 --json
+
+Your own table (--data FILE --label COL --private A,B): the classifier predicts --label and the attribute
+inference is measured for each --private column (categorical ones; --attributes picks some of them).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from featuredp.cli._data_args import add_data_arguments, dataset_name, resolve_data
 from featuredp.cli._flags import check_epochs, check_epsilon, check_out_dir
 
 DATASETS = ("adult", "fashion-mnist")
@@ -37,9 +42,11 @@ def register(subparsers: Any) -> None:
         "guarantee); suppression ratio, accuracy loss, attribute inference on cloaked queries",
         description=__doc__.split("Examples::")[0].strip() + "\n\n" + NO_GUARANTEE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # --dat, --data: never silently taken as --dataset or --dataset-path
     )
-    p.add_argument("--dataset", choices=DATASETS, required=True,
-                   help="adult (bundled) or fashion-mnist (`featuredp data fetch fashion-mnist`, or --dataset-path)")
+    p.add_argument("--dataset", type=dataset_name, choices=DATASETS, default=None,
+                   help="adult (bundled) or fashion-mnist (`featuredp data fetch fashion-mnist`, or --dataset-path); "
+                   "this or --data FILE is required")
     p.add_argument("--lambda", dest="lam", type=float, default=10.0, metavar="L",
                    help="λ, the weight of the cross-entropy against the noise term: the cloak reported in detail "
                    "(default 10; larger keeps more features)")
@@ -49,8 +56,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--epochs", type=float, default=None,
                    help="epochs of fitting each cloak (default: adult 5, fashion-mnist 2)")
     p.add_argument("--attributes", default=None, metavar="A,B",
-                   help="adult: the attributes whose inference from the cloaked query is measured, comma-separated "
-                   "(default sex,race); the imputation baseline sees every other column")
+                   help="the attributes whose inference from the cloaked query is measured, comma-separated "
+                   "(adult: default sex,race; --data: default the --private columns); the imputation baseline sees "
+                   "every other column")
     p.add_argument("--threshold", type=float, default=2.0,
                    help="relative noise σ/std at or above which a feature is suppressed (masked; default 2)")
     p.add_argument("--max-noise", type=float, default=4.0, help="the largest relative noise σ/std (default 4)")
@@ -73,7 +81,9 @@ def register(subparsers: Any) -> None:
                    "population/target split (default: OS entropy; the split then uses 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="write <dataset>.json, <dataset>_sweep.csv, plots and summary.md into DIR")
+                   help="write <dataset>.json, <dataset>_sweep.csv, plots and summary.md into DIR (--data: csv.json, "
+                   "...)")
+    add_data_arguments(p)  # --data FILE --label COL --private A,B ... (your own table; docs/own-data.md)
     p.set_defaults(func=run)
 
 
@@ -108,12 +118,21 @@ def _check(args: argparse.Namespace) -> tuple[list[float], list[str] | None]:
     if not args.threshold < args.max_noise:
         raise ValueError(f"--threshold must be < --max-noise {args.max_noise:g} (else nothing can be suppressed), "
                          f"got {args.threshold!r}")  # fmt: skip
+    if args.dataset is None and args.data is None:
+        raise ValueError("--dataset NAME or --data FILE is required (the data the classifier is trained on)")
     attributes = None
     if args.attributes is not None:
         attributes = [a.strip() for a in args.attributes.split(",") if a.strip()]
         if not attributes:
             raise ValueError(f"--attributes must name columns, comma-separated, got {args.attributes!r}")
-        if args.dataset != "adult":
+        if args.data is not None:
+            if args.private is None:
+                args.private = attributes  # the attributes measured are the sensitive ones
+            unknown = [a for a in attributes if a not in args.private]
+            if unknown:
+                raise ValueError(f"--attributes {args.attributes}: {unknown[0]!r} is not one of the --private columns "
+                                 f"{','.join(args.private)}")  # fmt: skip
+        elif args.dataset != "adult":
             raise ValueError(f"--attributes applies to --dataset adult only (Fashion-MNIST has no attributes), "
                              f"got --attributes {args.attributes}")  # fmt: skip
         from featuredp.data.adult import ADULT_CATEGORIES
@@ -122,7 +141,7 @@ def _check(args: argparse.Namespace) -> tuple[list[float], list[str] | None]:
             if a not in ADULT_CATEGORIES:
                 raise ValueError(f"--attributes must be categorical Adult columns ({', '.join(ADULT_CATEGORIES)}), "
                                  f"got {a!r}")  # fmt: skip
-    if args.compare_fdp and args.dataset != "adult":
+    if args.compare_fdp and (args.data is not None or args.dataset != "adult"):
         raise ValueError("--compare-fdp applies to --dataset adult only")
     check_epsilon("--fdp-epsilon", args.fdp_epsilon)
     if args.dataset_path is not None:
@@ -148,7 +167,7 @@ def _print(result: dict[str, Any]) -> None:
           f"({r['features'] - round(r['suppression_ratio'] * r['features'])}/{r['features']} features kept), accuracy "
           f"{100 * r['clean_accuracy']:.2f}% clean -> {100 * r['cloaked_accuracy']:.2f}% cloaked "
           f"(accuracy loss {100 * r['accuracy_loss']:.2f} points)")  # fmt: skip
-    if r["dataset"] == "adult":
+    if r["dataset"] != "fashion-mnist":
         kept = [f"{t['column']}" + (f" ({', '.join(t['kept'])})" if t["status"] == "partly kept" else "")
                 for t in r["feature_table"] if t["status"] != "suppressed"]  # fmt: skip
         gone = [t["column"] for t in r["feature_table"] if t["status"] == "suppressed"]
@@ -193,11 +212,17 @@ def run(args: argparse.Namespace) -> int:
 
     # The models are small (MLP 64 / 256): a second thread buys nothing and slows a shared machine down.
     torch.set_num_threads(1)
-    data = load_cloak_data(args.dataset, args.dataset_path)  # Fashion-MNIST missing: one line naming the fetch command
+    args.dataset, options = resolve_data(args, args.dataset)  # bad --data/--label/--private: exit 2, no work
+    # Fashion-MNIST missing: one line naming the fetch command
+    data = (load_cloak_data(args.dataset, args.dataset_path, dataset_options=options) if options
+            else load_cloak_data(args.dataset, args.dataset_path))  # fmt: skip
     result = run_cloak(args.dataset, lam=args.lam, lambdas=lambdas, epochs=args.epochs, attributes=attributes,
                        seed=args.seed, public_seed=args.public_seed, compare_fdp=args.compare_fdp,
                        fdp_epsilon=args.fdp_epsilon, threshold=args.threshold, max_noise=args.max_noise,
                        repeats=args.repeats, data=data)  # fmt: skip
+    if options:
+        result["data"] = {"path": options["path"], "label": data[0].label_name, "train_rows": data[0].n,
+                          "test_rows": data[1].n}  # fmt: skip
     if args.out:
         result["files"] = write_results(result, args.out)
     if args.json:

@@ -42,6 +42,7 @@ def register(subparsers: Any) -> None:
     """Add the ``compare`` subcommand."""
     p = subparsers.add_parser(
         "compare",
+        allow_abbrev=False,
         help="run method × ε × seed and write results.csv, summary.md, privacy_utility.png",
         description=f"Compare {', '.join(METHOD_NAMES)} at several ε on one dataset. "
         "Resumable: a rerun with the same settings and --out skips finished cells (cells are keyed by their "

@@ -5,10 +5,14 @@ Examples::
     featuredp convex --dataset breast_cancer --method objective --epsilon 1 --lam 1e-4
     featuredp convex --dataset adult --method noisy-sgd --label-private --epsilon 1 --delta 1e-5
     featuredp convex --dataset digits --method lp-2st --epsilon 2 --ledger budget.json --json
+    featuredp convex --data people.csv --label income --method objective --epsilon 1 --json
 
 Rows are L2-normalised (a per-row map, no privacy cost) so ``data_norm = 1`` holds exactly.
 The class list comes from the dataset's definition (public), never from the training labels.
 With ``--ledger`` the spend is reserved before training: an overspend exits 2 with the data unused.
+Your own table (--data FILE --label COL): output/objective/noisy-sgd protect whole records, so
+--private is optional (default: the label); rr, lp-2st and --label-private protect only the label,
+so a --private that names another column is refused (its values would be unprotected).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 from typing import Any
+
+from featuredp.cli._data_args import add_data_arguments, dataset_name, resolve_data
 
 METHODS = ("output", "objective", "noisy-sgd", "rr", "lp-2st")
 DATASETS = ("breast_cancer", "digits", "adult")
@@ -28,8 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="DP logistic regression / Huber SVM (output, objective perturbation, noisy SGD) and label-DP baselines",
         description=__doc__.split("Examples::")[0].strip(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # --dat, --data: never silently taken as --dataset
     )
-    p.add_argument("--dataset", choices=DATASETS, required=True, help="bundled dataset (rows L2-normalised)")
+    p.add_argument("--dataset", type=dataset_name, choices=DATASETS, default=None,
+                   help="bundled dataset (rows L2-normalised); this or --data FILE is required")
     p.add_argument("--method", choices=METHODS, required=True, help="training method")
     p.add_argument("--epsilon", type=float, required=True, help="privacy epsilon (> 0)")
     p.add_argument("--delta", type=float, default=None,
@@ -46,12 +54,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ledger", metavar="PATH",
                    help="reserve the spend in this existing budget ledger before training (exit 2 if it does not fit)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_data_arguments(p)  # --data FILE --label COL ... (your own table; docs/own-data.md)
     p.set_defaults(func=run)
 
 
-def _data(name: str) -> tuple[Any, Any, Any, Any, list[int]]:
+def _data(name: str, options: dict[str, Any] | None = None) -> tuple[Any, Any, Any, Any, list[int]]:
     """(X_train, y_train, X_test, y_test, classes): rows L2-normalised, y as class indices, and the
-    class list the dataset *defines* (fixed by its schema, so declaring it leaks nothing)."""
+    class list the dataset *defines* (fixed by its schema, so declaring it leaks nothing).
+
+    ``options`` go to :func:`featuredp.data.load_dataset` (``--data FILE``: ``name`` is ``csv``)."""
     import numpy as np
 
     def unit(X: Any) -> Any:
@@ -59,10 +70,12 @@ def _data(name: str) -> tuple[Any, Any, Any, Any, list[int]]:
         nrm = np.linalg.norm(X, axis=1, keepdims=True)
         return X / np.where(nrm > 0, nrm, 1.0)
 
-    if name == "adult":
+    if name not in ("breast_cancer", "digits"):
         from featuredp.data import load_dataset
+        from featuredp.data.tabular import warn_record_level_statistics
 
-        train, test = load_dataset("adult")
+        train, test = load_dataset(name, **(options or {}))
+        warn_record_level_statistics(train, "featuredp convex (DP-ERM or label-DP)")
         # The loader fixes the classes by its spec (ADULT_CLASSES) and encodes y as their indices.
         return unit(train.X), train.y, unit(test.X), test.y, list(range(len(train.classes)))
     from sklearn.datasets import load_breast_cancer, load_digits
@@ -128,6 +141,23 @@ def _accuracy_note(args: argparse.Namespace, est: Any, n: int, d: int, n_classes
     )
 
 
+def _check_label_only(args: argparse.Namespace, options: dict[str, Any]) -> None:
+    """rr, lp-2st and --label-private protect only the label: refuse other private columns of --data."""
+    if not (args.method in ("rr", "lp-2st") or args.label_private):
+        return
+    from featuredp.data.schema import read_schema
+
+    schema = read_schema(options["schema"]) if options.get("schema") else None
+    label = options.get("label") or (schema.label if schema else None)
+    private = args.private or (schema.private if schema else [])
+    others = [c for c in private if c != label]
+    if others:
+        what = "--label-private" if args.label_private else f"--method {args.method}"
+        flag = f"--private {','.join(args.private)}" if args.private else f"--schema {args.schema}"
+        raise ValueError(f"{flag}: {what} protects only the label {label!r}, not the private column {others[0]!r}; "
+                         "use --method output, objective or noisy-sgd (whole records)")
+
+
 def run(args: argparse.Namespace) -> int:
     """Fit, score on the test split, print the accuracy and the privacy spent."""
     from featuredp._validate import check_positive
@@ -136,6 +166,13 @@ def run(args: argparse.Namespace) -> int:
     from featuredp.cli._flags import check_epsilon
 
     check_epsilon("--epsilon", args.epsilon)
+    if args.dataset is None and args.data is None:
+        raise ValueError("--dataset NAME or --data FILE is required (the data to train on)")
+    if args.data is not None and args.private is None and args.schema is None and args.label is not None:
+        args.private = [args.label]  # the label is private under every method
+    args.dataset, dataset_options = resolve_data(args, args.dataset)  # bad --data/--label/...: exit 2, no work
+    if args.data is not None:
+        _check_label_only(args, dataset_options)
     if args.label_private and args.method in ("output", "objective"):  # rr and lp-2st are label-DP anyway
         raise ValueError(f"--label-private does not apply to --method {args.method} (it protects whole records); it "
                          "selects noisy-sgd's label-DP loss split, and rr / lp-2st are label-DP methods")
@@ -148,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         if not Path(args.ledger).exists():
             raise FileNotFoundError(f"--ledger {args.ledger} does not exist: create it with a total budget first")
         ledger = BudgetLedger(args.ledger)
-    Xtr, ytr, Xte, yte, classes = _data(args.dataset)
+    Xtr, ytr, Xte, yte, classes = _data(args.dataset, dataset_options)
     # ledger=: the estimator reserves its spend before its mechanism runs, so an overspend raises
     # BudgetExceededError (exit 2) before training; recording after fit would refuse too late.
     common = {"random_state": args.seed, "classes": classes, "ledger": ledger}
@@ -175,6 +212,9 @@ def run(args: argparse.Namespace) -> int:
     est.fit(Xtr, ytr)
     out = {"dataset": args.dataset, "method": args.method, "test_accuracy": float(est.score(Xte, yte)),
            "epsilon": float(est.epsilon_), "delta": float(est.delta_), "privacy": est.privacy_}
+    if args.data is not None:
+        out["data"] = {"path": dataset_options["path"], "label": args.label or dataset_options.get("label"),
+                       "train_rows": len(Xtr), "test_rows": len(Xte)}  # fmt: skip
     if ledger is not None:
         out["ledger_spent_epsilon"] = ledger.spent()
     out["accuracy_note"] = _accuracy_note(args, est, len(Xtr), Xtr.shape[1] + 1, len(classes))  # +1: intercept

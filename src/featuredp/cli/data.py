@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from typing import Any
 
 from featuredp.cli._data_args import _columns, add_data_arguments, resolve_data
@@ -100,7 +101,16 @@ def run(args: argparse.Namespace) -> int:
     name, options = resolve_data(args, args.name)
     if args.name is None and not args.data:
         raise ValueError("give a dataset NAME or --data FILE")
-    train, test = load_dataset(name, **options)
+    from featuredp.data.files import ColumnWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train, test = load_dataset(name, **options)
+    flagged: dict[str, str] = {}
+    for w in caught:  # shown as they came; the flagged columns are also listed below
+        if isinstance(w.message, ColumnWarning):
+            flagged.update(w.message.columns)
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     out: dict[str, Any] = {
         "name": train.name,
         "train_rows": train.n,
@@ -115,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         "column_types": train.column_types,
         "inferred_types": train.inferred_types,
         "statistics_from_data": train.statistics_from_data,
+        "flagged_columns": flagged,
     }
     if args.json:
         print(json.dumps(out, indent=2))
@@ -131,6 +142,10 @@ def run(args: argparse.Namespace) -> int:
                 continue
             if k == "statistics_from_data":
                 v = ", ".join(f"{c} ({s})" for c, s in (v or {}).items()) or "none (all public knowledge)"
+            if k == "flagged_columns":
+                if not v:
+                    continue
+                v = "; ".join(f"{c} ({why})" for c, why in v.items()) + f" (--drop {','.join(v)})"
             print(f"{k:20s} {v}")
     return 0
 
@@ -186,8 +201,10 @@ def _schema(args: argparse.Namespace) -> int:
     schema, todo = schema_for_table(args.file, label=args.label, private=args.private, numeric=args.numeric,
                                     categorical=args.categorical, drop=args.drop)  # fmt: skip
     atomic_write_text(out, schema_text(schema))
+    # The notes schema_for_table wrote (identifiers it left out, copies of the label); a warning said so too.
+    flagged = {c: e["note"] for c, e in schema["columns"].items() if isinstance(e, dict) and "note" in e}
     if args.json:
-        print(json.dumps({"out": str(out), "fill_in": todo, "schema": schema}, indent=2))
+        print(json.dumps({"out": str(out), "fill_in": todo, "flagged": flagged, "schema": schema}, indent=2))
         return 0
     print(f"wrote {out}: {len(schema['columns'])} columns, label {args.label!r}")
     if todo:

@@ -7,6 +7,7 @@ Examples::
     featuredp icl --dataset breast_cancer --learner logreg --epsilon 3
     featuredp icl --learner hf --model-dir ./my-local-llm --prompts 20 --shots 2 --queries 50 --epsilon 8
     featuredp icl --table --epsilons 1,3,8,inf --repeats 5 --diagnostics --out results/icl
+    featuredp icl --data people.csv --label income --learner logreg --epsilon 3 --json
 
 The private data are the demonstrations (the dataset's 70% split); the queries come from the public
 30%. One run answers --queries test queries from M disjoint prompts of N shots within the budget
@@ -14,6 +15,10 @@ The private data are the demonstrations (the dataset's 70% split); the queries c
 same settings. The model (or offline learner) and the queries are public; only labels are released.
 Baselines computed from the demonstrations without noise (non-private learner, one noiseless prompt)
 are shown only with --diagnostics, marked "not covered by epsilon".
+
+Your own table (--data FILE --label COL): its encoded training rows are the private demonstrations and
+its test split (--test-data, else a fixed 20% of the file) the public queries; --label gives the classes.
+The whole demonstration is private, so --private is optional (default: the label).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import json
 import math
 from typing import Any
 
+from featuredp.cli._data_args import add_data_arguments, dataset_name, resolve_data
 from featuredp.cli._flags import whole_number
 
 DATASETS = ("digits", "breast_cancer")
@@ -44,8 +50,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="DP in-context learning: disjoint prompts vote, noisy argmax; accuracy and a membership attack",
         description=__doc__.split("Examples::")[0].strip(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # --dat, --data: never silently taken as --dataset
     )
-    p.add_argument("--dataset", choices=DATASETS, default="digits", help="offline dataset (default digits)")
+    p.add_argument("--dataset", type=dataset_name, choices=DATASETS, default="digits",
+                   help="offline dataset (default digits; your own table: --data FILE)")
     p.add_argument("--learner", choices=LEARNERS, default="knn",
                    help="in-context learner: knn (1-NN, default), logreg, or hf (a local causal LM, --model-dir)")
     p.add_argument("--model-dir", metavar="DIR",
@@ -77,6 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=whole_number, metavar="R", help="--table: repeats (default 5)")
     p.add_argument("--prompt-sweep", metavar="M1,M2,...",
                    help="--table: also run every epsilon with each of these numbers of prompts (e.g. 1,3,10,30,100)")
+    add_data_arguments(p)  # --data FILE --label COL ... (your own table; docs/own-data.md)
     p.set_defaults(func=run)
 
 
@@ -167,7 +176,10 @@ def run(args: argparse.Namespace) -> int:
     from featuredp.cli._flags import flag_names
     from featuredp.experiments.icl_runs import load_icl_data, make_predictor, run_icl, run_table
 
-    data = load_icl_data(args.dataset)
+    if args.data is not None and args.private is None and args.schema is None and args.label is not None:
+        args.private = [args.label]  # the whole demonstration is private: nothing more to declare
+    args.dataset, options = resolve_data(args, args.dataset or "digits")  # bad --data/--label/...: exit 2, no work
+    data = load_icl_data(args.dataset, dataset_options=options)
     n, n_test = len(data.y_pool), len(data.y_test)
     check_delta(args.delta, n, name="--delta")
     prompts = args.prompts if args.prompts is not None else n // args.shots
@@ -203,6 +215,9 @@ def run(args: argparse.Namespace) -> int:
         from featuredp._io import atomic_write_json
 
         atomic_write_json(Path(args.out) / "result.json", result)
+    if options:
+        result["data"] = {"path": options["path"], "label": args.label or options.get("label"),
+                          "demonstrations": n, "query_pool": n_test}  # fmt: skip
     if args.json:
         print(json.dumps(result))
         return 0

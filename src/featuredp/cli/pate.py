@@ -2,16 +2,24 @@
 
 Examples::
 
+    featuredp pate --dataset adult --epsilon 1 --json
     featuredp pate --dataset adult --teachers 250 --epsilon 1 --queries 200 --json
     featuredp pate --dataset adult --epsilon 2 --queries 500 --mechanism lnmax
     featuredp pate --dataset adult --epsilon 4 --queries 1000 --threshold 180
     featuredp pate --dataset adult --compare --epsilons 0.5,1,2,4 --queries 100,1000 --diagnostics --out results/pate
+    featuredp pate --data people.csv --label income --teachers 50 --epsilon 1 --json
 
 The training split is cut (by --public-seed, a permutation of row indices) into private teacher
 data (80%) and a public query pool (20%: inputs public, labels treated as unknown and used only to
-score the aggregated labels). The first --queries pool inputs are asked; the test split is for
-evaluation only. delta defaults to min(1e-5, 1/(2N)), N = private records. Everything printed or written
-is covered by epsilon unless --diagnostics asks for the noiseless numbers (marked "not covered by epsilon").
+score the aggregated labels). The first --queries pool inputs are asked (default 1000, or the whole
+pool if smaller); the test split is for evaluation only. delta defaults to min(1e-5, 1/(2N)),
+N = private records. Everything printed or written is covered by epsilon unless --diagnostics asks
+for the noiseless numbers (marked "not covered by epsilon").
+
+Your own table (--data FILE --label COL): the same split of its training rows (--test-data, else a
+fixed 80/20 split of the file, gives the test split). PATE protects whole records, every column and
+the label, so --private is optional (default: the label). Statistics the loader computes from the
+file (bounds, categories, classes) are outside epsilon: give them public in a --schema.
 """
 
 from __future__ import annotations
@@ -21,9 +29,14 @@ import json
 import sys
 from typing import Any
 
+from featuredp.cli._data_args import add_data_arguments, dataset_name, resolve_data
 from featuredp.cli._flags import number_list, whole_number
 
 DATASETS = ("adult", "census-income", "fashion-mnist")
+#: public inputs a single run labels when --queries is not given (capped at the public pool). A fixed
+#: number rather than the whole pool because ε is split over the asked queries: every extra query adds
+#: noise to all the others. 1000 is the larger of --compare's default query counts (100, 1000).
+DEFAULT_QUERIES = 1000
 #: library parameter → flag (errors raised inside the library name the flag the user typed)
 PATE_FLAGS = {
     "n_teachers": "--teachers",
@@ -55,12 +68,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="PATE: teachers on disjoint private parts, GNMax/LNMax vote aggregation, a student on public inputs",
         description=__doc__.split("Examples::")[0].strip(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # --dat, --data: never silently taken as --dataset
     )
-    p.add_argument("--dataset", choices=DATASETS, default="adult", help="dataset (default adult)")
+    p.add_argument("--dataset", type=dataset_name, choices=DATASETS, default="adult",
+                   help="dataset (default adult; your own file: --data FILE)")
     p.add_argument("--teachers", type=whole_number, default=250, help="number of teachers (default 250)")
     p.add_argument("--epsilon", type=float, default=None, help="privacy epsilon of all queries together (> 0)")
     p.add_argument("--queries", type=_whole_numbers, default=None,
-                   help="public inputs to label (one number; with --compare a list, default 100,1000)")
+                   help=f"public inputs to label (one number, default {DEFAULT_QUERIES} or the whole public pool "
+                        "if smaller; with --compare a list, default 100,1000)")
     p.add_argument("--delta", type=float, default=None,
                    help="delta (default min(1e-5, 1/(2N)), N = private records; --compare: 1e-5)")
     p.add_argument("--mechanism", choices=("gnmax", "lnmax"), default="gnmax",
@@ -89,6 +105,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--epsilons", type=number_list, default=None, help="comma-separated epsilons (default 0.5,1,2,4)")
     g.add_argument("--repeats", type=whole_number, default=3, help="repeats per cell (default 3)")
     g.add_argument("--quick", action="store_true", help="a small subsample (seconds; for CI)")
+    add_data_arguments(p)  # --data FILE --label COL ... (your own table; docs/own-data.md)
     p.set_defaults(func=run)
 
 
@@ -110,7 +127,9 @@ def _check(args: argparse.Namespace) -> None:
                          f"{args.mechanism}")
     check_out_dir("--out", args.out)
     if args.compare:
-        if args.dataset != "adult":
+        if args.data is not None:
+            raise ValueError(f"--compare runs on --dataset adult only, got --data {args.data}")
+        if args.dataset not in (None, "adult"):
             raise ValueError(f"--compare runs on --dataset adult only, got --dataset {args.dataset}")
         for flag, given in (("--epsilon", args.epsilon), ("--mechanism", args.mechanism != "gnmax" or None),
                             ("--threshold", args.threshold), ("--seed", args.seed), ("--ledger", args.ledger)):
@@ -128,15 +147,16 @@ def _check(args: argparse.Namespace) -> None:
     if args.epsilon is None:
         raise ValueError("--epsilon is required (the privacy epsilon of all queries together)")
     check_epsilon("--epsilon", args.epsilon)
-    if not args.queries:
-        raise ValueError("--queries is required (how many public inputs to label)")
-    if len(args.queries) != 1:
+    if args.queries is not None and len(args.queries) != 1:
         raise ValueError(f"--queries takes one number without --compare, got {','.join(map(str, args.queries))}")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run PATE (or the comparison) and print the summary."""
     _check(args)
+    if args.data is not None and args.private is None and args.schema is None and args.label is not None:
+        args.private = [args.label]  # PATE protects whole records: nothing more to declare
+    args.dataset, args.dataset_options = resolve_data(args, args.dataset)  # bad --data/--label/...: exit 2, no work
     from featuredp.cli._flags import flag_names
 
     with flag_names(PATE_FLAGS):
@@ -158,19 +178,25 @@ def _single(args: argparse.Namespace) -> int:
         if not Path(args.ledger).exists():
             raise FileNotFoundError(f"--ledger {args.ledger} does not exist: create it with a total budget first")
         ledger = BudgetLedger(args.ledger)
-    data = load_pate_data(args.dataset, public_seed=args.public_seed)
+    data = load_pate_data(args.dataset, public_seed=args.public_seed, dataset_options=args.dataset_options)
     n_private, n_public = len(data.y_private), len(data.y_public)
     if args.teachers > n_private:
         raise ValueError(f"--teachers must be <= the number of private records ({n_private:,}), got {args.teachers}")
-    if args.queries[0] > n_public:
+    if args.queries is None:
+        queries = min(DEFAULT_QUERIES, n_public)
+    elif args.queries[0] > n_public:
         raise ValueError(f"--queries must be <= the public query pool ({n_public:,} inputs), got {args.queries[0]}")
+    else:
+        queries = args.queries[0]
     print(f"featuredp pate: {args.dataset}: {n_private:,} private records, {args.teachers} teachers "
-          f"(≈ {n_private / args.teachers:.0f} records each), {args.queries[0]} of {n_public:,} public queries",
+          f"(≈ {n_private / args.teachers:.0f} records each), {queries} of {n_public:,} public queries",
           file=sys.stderr, flush=True)  # fmt: skip
-    summary = run_pate(data, teachers=args.teachers, epsilon=args.epsilon, queries=args.queries[0], delta=args.delta,
+    summary = run_pate(data, teachers=args.teachers, epsilon=args.epsilon, queries=queries, delta=args.delta,
                        mechanism=args.mechanism, threshold=args.threshold, seed=args.seed, secure_rng=args.secure_rng,
                        ledger=ledger, progress=True, public_seed=args.public_seed,
                        diagnostics=args.diagnostics)  # fmt: skip
+    if args.dataset_options:
+        summary["data"] = _data_summary(args.dataset_options, data)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -181,6 +207,12 @@ def _single(args: argparse.Namespace) -> int:
         return 0
     _print_table(summary)
     return 0
+
+
+def _data_summary(options: dict[str, Any], data: Any) -> dict[str, Any]:
+    """Which file was read, its label, and how many of its rows each part got (--data)."""
+    return {"path": options.get("path"), "label": data.label_name, "description": data.description,
+            "rows": len(data.y_private) + len(data.y_public) + len(data.y_test)}  # fmt: skip
 
 
 def _fmt(value: Any) -> str:

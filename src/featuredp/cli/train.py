@@ -31,6 +31,7 @@ def register(subparsers: Any) -> None:
     """Add the ``train`` subcommand."""
     p = subparsers.add_parser(
         "train",
+        allow_abbrev=False,
         help="train a model with feature DP (or a baseline) and report accuracy and epsilon",
         description=f"Train {' | '.join(METHOD_NAMES)} on a tabular dataset whose --private columns are "
         "protected. Unset hyperparameters use tuned per-method defaults (docs/engine.md).",
@@ -85,6 +86,8 @@ def register(subparsers: Any) -> None:
     add_device_argument(p)
     add_precision_argument(p)
     add_data_arguments(p)  # --data FILE --label COL --schema ... (your own table)
+    p.add_argument("--no-baselines", action="store_true",
+                   help="skip the references (majority class; public only, a second, free training run on Ψ alone)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -119,6 +122,7 @@ def _train(args: argparse.Namespace) -> int:
         seed=args.seed, public_seed=args.public_seed, secure_rng=args.secure_rng, ledger=args.ledger,
         model=args.model, hidden=args.hidden, loss_split=args.loss_split, out=args.out,
         resume=args.resume, keep_checkpoint=args.keep_checkpoint, progress=not (args.quiet or args.json),
+        baselines=not args.no_baselines,
         device=args.device,
         precision=args.precision,
         epochs=args.epochs, noise_multiplier=args.noise_multiplier, max_grad_norm=args.max_grad_norm,
@@ -145,6 +149,12 @@ def _train(args: argparse.Namespace) -> int:
     if summary["stopped_early"]:
         lines.append(f"stopped early     {summary['stop_reason']}")
     lines.append(f"guarantee         {summary['guarantee']}")
+    lines.extend(_reference_lines(summary))
+    if summary.get("ledger"):
+        book = summary["ledger"]
+        spent = "inf" if book["spent_epsilon"] is None else f"{book['spent_epsilon']:.4g}"
+        lines.append(f"ledger            {book['path']}: epsilon spent {spent}, left {book['left_epsilon']:.4g} of "
+                     f"{book['total_epsilon']:g} (delta={book['delta']:g})")
     if summary.get("out"):
         lines.append(f"saved             {summary['out']}")
     if summary["checkpoint"]:
@@ -152,6 +162,30 @@ def _train(args: argparse.Namespace) -> int:
         lines.append(f"checkpoint        {summary['checkpoint']} (private, {fate})")
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
+
+
+def _reference_lines(summary: dict[str, Any]) -> list[str]:
+    """The majority-class and public-only references, the last training loss shown, and advice when the
+    private model falls below the public-only one (Ψ(S) alone already gets that accuracy, at no privacy cost)."""
+    refs = summary.get("baselines")
+    if not refs:
+        return []
+    parts = []
+    if refs.get("majority") is not None:
+        parts.append(f"majority class {refs['majority']:.4f}")
+    if refs.get("public_only") is not None:
+        parts.append(f"public only {refs['public_only']:.4f} (Ψ alone: free)")
+    lines = [f"references        {', '.join(parts)}"] if parts else []
+    loss = summary.get("train_loss")
+    if loss:
+        what = "public loss ℓ_pub on public batches" if loss["kind"] == "public_loss" else "loss on training batches"
+        lines.append(f"training loss     {loss['value']:.4g} ({what}, last log point)")
+    acc, public = summary.get("accuracy"), refs.get("public_only")
+    if acc is not None and public is not None and acc < public:
+        lines.append(f"note              the private model ({acc:.4f}) is below the public-only reference "
+                     f"({public:.4f}): train longer (--epochs) or with a larger --lr, pre-train on the public "
+                     "view (--pretrain-epochs), or raise --epsilon; featuredp compare --tune tries settings")
+    return lines
 
 
 def _check_flags(args: argparse.Namespace) -> None:

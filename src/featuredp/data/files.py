@@ -15,12 +15,20 @@ cover is computed from the training data and recorded in ``statistics_from_data`
 (a ``PrivacyLeakWarning`` when the column is private, now or when Ψ is bound for
 training). :func:`schema_for_table` writes a starting schema without reading the
 private columns. Without ``test``, a fixed seeded split holds out ``test_fraction``.
+
+Raw files: every column with missing values is named in one error until ``missing=``
+(``--missing drop|impute|category``, or ``"missing"`` in the schema) says what to do; a
+repeated column name in the header is an error; and columns that look like identifiers
+(names, dates, record numbers, free text) or like copies of the label are reported in one
+:class:`ColumnWarning` (never recorded in the datasets: it is for the analyst).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import warnings
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +41,7 @@ from featuredp.data.schema import (
     BOUNDS_PLACEHOLDER,
     CATEGORIES_PLACEHOLDER,
     CLASSES_PLACEHOLDER,
+    MISSING_MODES,
     SCHEMA_FORMAT,
     TYPE_PLACEHOLDER,
     Schema,
@@ -49,7 +58,7 @@ from featuredp.data.tabular import (
     seeded_split,
     validate_frame,
 )
-from featuredp.errors import DataValidationError
+from featuredp.errors import DataValidationError, PrivacyLeakWarning
 
 
 def _kind(path: str | os.PathLike[str]) -> str:
@@ -136,8 +145,24 @@ def read_header(path: str | os.PathLike[str]) -> list[str]:
     if kind == "parquet":
         import pyarrow.parquet as pq
 
-        return [str(c) for c in pq.read_schema(p).names]
-    return [str(c) for c in pd.read_csv(p, sep="\t" if kind == "tsv" else ",", nrows=0).columns]
+        names = [str(c) for c in pq.read_schema(p).names]
+        _check_unique(p, names)
+        return names
+    sep = "\t" if kind == "tsv" else ","
+    # pandas renames a repeated name ("x", "x.1"): read the header line as values to see it as written.
+    first = pd.read_csv(p, sep=sep, header=None, nrows=1, dtype=str, keep_default_na=False)
+    _check_unique(p, [str(c).strip() for c in first.iloc[0].tolist()] if len(first) else [])
+    return [str(c) for c in pd.read_csv(p, sep=sep, nrows=0).columns]
+
+
+def _check_unique(path: Path, names: Sequence[str]) -> None:
+    counts = Counter(names)
+    dups = [c for c in counts if counts[c] > 1]
+    if dups:
+        raise DataValidationError(
+            f"path {str(path)!r} repeats the column name(s) {dups} in its header: every column needs its own "
+            "name (rename or remove the copies)"
+        )
 
 
 #: a column declared private whose values are at most this many distinct integers is typed categorical
@@ -195,6 +220,116 @@ def infer_column_type(
     return "categorical", f"dtype {series.dtype}"
 
 
+#: what a missing categorical value becomes under ``missing="category"`` (or ``"impute"``)
+MISSING_CATEGORY = "(missing)"
+#: the checks for identifier-like columns and copies of the label need at least this many values
+FLAG_MIN_ROWS = 50
+#: a text column with more than this share of distinct values is identifier-like
+ID_DISTINCT_SHARE = 0.9
+#: a public column that predicts the label this well by itself (value -> majority class) is a copy of it
+LABEL_COPY_ACCURACY = 0.98
+_DATE = re.compile(r"^\d{1,4}[-/.]\d{1,2}[-/.]\d{1,4}([ T]\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?)?(Z|[+-]\d{2}:?\d{2})?$")
+
+
+class ColumnWarning(UserWarning):
+    """Columns that look like identifiers or copies of the label; ``columns`` maps each to why.
+
+    Shown to the analyst only: nothing of it is recorded in a dataset or a run.
+    """
+
+    def __init__(self, message: str, columns: Mapping[str, str]) -> None:
+        super().__init__(message)
+        self.columns = dict(columns)
+
+
+def identifier_reason(series: pd.Series) -> str | None:
+    """Why a column looks like an identifier rather than a feature, or None.
+
+    With at least :data:`FLAG_MIN_ROWS` values: text that is date-like, free text (a median of
+    four or more words), or more than :data:`ID_DISTINCT_SHARE` distinct; integers that are all
+    distinct and in order (record numbers). The reason names counts, never values.
+    """
+    present = series.dropna()
+    n = len(present)
+    if n < FLAG_MIN_ROWS or pd.api.types.is_bool_dtype(series):
+        return None
+    if pd.api.types.is_numeric_dtype(series):
+        values = present.to_numpy(dtype=np.float64)
+        if not np.all(np.isfinite(values) & (values == np.round(values))) or np.unique(values).size < n:
+            return None
+        if present.is_monotonic_increasing or present.is_monotonic_decreasing:
+            return f"record numbers: {n} distinct integers in order"
+        return None
+    text = present.astype(str).str.strip()
+    sample = text.iloc[:2000]  # enough to tell a date or a sentence, and cheap on a large file
+    if sample.str.fullmatch(_DATE).mean() >= ID_DISTINCT_SHARE:
+        return "date-like text"
+    if sample.str.split().str.len().median() >= 4:
+        return "free text"
+    distinct = int(text.nunique())
+    if distinct > ID_DISTINCT_SHARE * n:
+        return f"identifier-like: {distinct} distinct values in {n} rows"
+    return None
+
+
+def label_copy_accuracy(series: pd.Series, labels: pd.Series) -> float | None:
+    """How well ``series`` alone predicts ``labels`` (each value, or numeric bin, to its majority class).
+
+    None when it cannot say (fewer than :data:`FLAG_MIN_ROWS` rows, or so many distinct values
+    that the mapping would only memorise: more than one per 10 rows). Numbers with many values
+    are cut into up to 50 quantile bins, which catches a threshold of the label.
+    """
+    mask = series.notna().to_numpy() & labels.notna().to_numpy()
+    n = int(mask.sum())
+    if n < FLAG_MIN_ROWS:
+        return None
+    x, y = series[mask], labels[mask].astype(str).to_numpy()
+    distinct = int(x.nunique())
+    if distinct > n // 10:
+        if not pd.api.types.is_numeric_dtype(x) or pd.api.types.is_bool_dtype(x):
+            return None
+        keys = pd.qcut(x.to_numpy(dtype=np.float64), min(50, n // 10), labels=False, duplicates="drop")
+    else:
+        keys = x.astype(str).to_numpy()
+    counts = pd.DataFrame({"k": keys, "y": y}).value_counts()
+    return float(counts.groupby(level=0).max().sum()) / n
+
+
+def flag_columns(df: pd.DataFrame, label: str, columns: Sequence[str], *, public: Sequence[str] = ()) -> dict[str, str]:
+    """The columns of ``columns`` that look like identifiers, or (the ``public`` ones) copies of the label.
+
+    Maps each to why (:func:`identifier_reason`; "predicts ... by itself" when
+    :func:`label_copy_accuracy` is at least :data:`LABEL_COPY_ACCURACY` and errs at most a quarter
+    as often as always guessing the majority class). Pass ``public=()`` when the label is private.
+    """
+    flags: dict[str, str] = {}
+    base_error: float | None = None
+    for c in columns:
+        why = identifier_reason(df[c])
+        if why is not None:
+            flags[c] = why
+            continue
+        if c not in public:
+            continue
+        acc = label_copy_accuracy(df[c], df[label])
+        if acc is None or acc < LABEL_COPY_ACCURACY:
+            continue
+        if base_error is None:
+            shares = df[label].dropna().astype(str).value_counts(normalize=True)
+            base_error = 1.0 - float(shares.iloc[0]) if len(shares) else 0.0
+        if 1.0 - acc <= 0.25 * base_error:
+            flags[c] = f"predicts {label!r} with {acc:.1%} accuracy by itself"
+    return flags
+
+
+def _flag_text(where: str, flags: Mapping[str, str]) -> str:
+    return (
+        f"{where}: column(s) that look like identifiers or copies of the label (a model memorises them, and its "
+        f"accuracy then means little): {'; '.join(f'{c} ({why})' for c, why in flags.items())}. Check them and "
+        f'leave them out with --drop {",".join(flags)} (drop= in Python, "type": "drop" in a schema)'
+    )
+
+
 def _as_list(name: str, value: Sequence[str] | str | None) -> list[str] | None:
     if value is None:
         return None
@@ -236,6 +371,8 @@ def load_table(
     encoding: CategoricalEncoding = "onehot",
     name: str | None = None,
     rows: tuple[int, int] | None = None,
+    missing: str | Mapping[str, str] | None = None,
+    fill: Mapping[str, float] | None = None,
 ) -> tuple[TabularDataset, TabularDataset]:
     """Load a user table as ``(train, test)``; errors name the column and the problem.
 
@@ -254,6 +391,17 @@ def load_table(
     docs/distributed.md). Every rank must then encode alike, so every column's type and public
     statistics must be declared (schema, bounds, categories, classes): one computed from the shard,
     or a type read from its dtypes, is a DataValidationError.
+
+    Missing values (in the file or ``test``) are a DataValidationError naming every such column
+    and its count, until ``missing`` says what to do: ``"drop"`` the rows (a warning says how
+    many; a PrivacyLeakWarning when a private value decided), ``"impute"`` (a numeric column
+    gets its ``fill`` value, public knowledge; without one the median of the data, which for a
+    private column is a PrivacyLeakWarning; a categorical column gets its own category
+    :data:`MISSING_CATEGORY`) or ``"category"`` (categorical columns only). ``missing`` is one
+    mode or a mapping of column to mode; a schema's per-column ``"missing"``/``"fill"`` and
+    top-level ``"missing"`` apply where the arguments say nothing. Rows with a missing label
+    are dropped under every mode. A header that repeats a column name is a DataValidationError;
+    columns that look like identifiers or copies of the label are one :class:`ColumnWarning`.
     """
     sch = None if schema is None else read_schema(schema)
     if label is None and sch is not None:
@@ -264,6 +412,7 @@ def load_table(
         raise DataValidationError(f"label {label!r} differs from the label {sch.label!r} of the {sch.where}")
     check_open_unit("test_fraction", test_fraction)
     check_int("seed", seed, minimum=0)
+    read_header(path)  # a repeated column name is an error (read_table would rename the copy)
     df = read_table(path, rows=rows)
     if df.empty:
         raise DataValidationError(f"path {str(path)!r} has no rows")
@@ -277,9 +426,9 @@ def load_table(
     if unknown:
         raise DataValidationError(f"unknown column(s) {unknown}; available columns: {list(df.columns)}")
     if sch is not None:
-        missing = [c for c in sch.columns if c not in df.columns]
-        if missing:
-            raise DataValidationError(f"the {sch.where} lists column(s) {missing} that {str(path)!r} does not have")
+        absent = [c for c in sch.columns if c not in df.columns]
+        if absent:
+            raise DataValidationError(f"the {sch.where} lists column(s) {absent} that {str(path)!r} does not have")
         unlisted = [c for c in df.columns if c != label and c not in sch.columns and c not in [*num, *cat, *dropped]]
         if unlisted:
             raise DataValidationError(
@@ -310,6 +459,11 @@ def load_table(
                     f"neither lists {unassigned}"
                 )
     priv = check_private_set(priv or [], features, label)
+    # Read to warn the analyst only (nothing of it is recorded): the private label is not compared.
+    flags = flag_columns(df, label, features,
+                         public=[] if label in priv else [c for c in features if c not in priv])  # fmt: skip
+    if flags:
+        warnings.warn(ColumnWarning(_flag_text(Path(path).name, flags), flags), stacklevel=2)
 
     # Types and public statistics: the arguments, then the schema, then the dtypes.
     bounds_all: dict[str, tuple[float, float]] = {}
@@ -370,6 +524,18 @@ def load_table(
         )
     bounds_all.update(bounds or {})
     cats_all.update(categories or {})
+    if test is not None:
+        read_header(test)
+        test_df = read_table(test)
+        test_df.columns = [str(c) for c in test_df.columns]
+    modes, fills = _missing_modes(missing, fill, sch, [*features, label])
+    data_key, test_key = repr(Path(path).name), f"the test file {Path(test).name!r}" if test is not None else ""
+    frames = {data_key: df, **({test_key: test_df} if test is not None else {})}
+    frames, computed_fills = _handle_missing(frames, label=label, types=types, private=priv, modes=modes,
+                                             fills=fills, categories=cats_all, sharded=rows is not None)  # fmt: skip
+    df = frames[data_key]
+    if test is not None:
+        test_df = frames[test_key]
     if inferred and (num or cat):
         warnings.warn(
             f"{Path(path).name}: column(s) not listed in numeric=/categorical= were typed from their dtypes: "
@@ -393,7 +559,9 @@ def load_table(
         undeclared = [f"{c} (type)" for c in inferred] + [
             f"{c} ({'bounds' if types.get(c) == 'numeric' else 'categories'})"
             for c in features if c not in bounds_all and c not in cats_all
-        ] + ([f"{label} (classes)"] if classes_given is None else [])  # fmt: skip
+        ] + ([f"{label} (classes)"] if classes_given is None else []) + [
+            f"{c} (fill)" for c in computed_fills
+        ]  # fmt: skip
         if undeclared:
             raise DataValidationError(
                 f"rows={rows!r} loads one shard, and every shard must be encoded alike, but these are not declared "
@@ -403,8 +571,6 @@ def load_table(
     # Rows are counted in the whole file here (the split below renumbers them).
     validate_frame(df, spec, where=repr(Path(path).name))
     if test is not None:
-        test_df = read_table(test)
-        test_df.columns = [str(c) for c in test_df.columns]
         train_df = df
     else:
         tr_idx, te_idx = seeded_split(len(df), test_fraction, seed)
@@ -415,6 +581,144 @@ def load_table(
     if inferred:
         desc += f"; typed from dtypes: {_types_text(types, inferred)}"
     return encode_frames(train_df, test_df, spec, name=name or Path(path).stem, description=desc, categorical=encoding)
+
+
+def _missing_modes(
+    missing: str | Mapping[str, str] | None,
+    fill: Mapping[str, float] | None,
+    sch: Schema | None,
+    columns: Sequence[str],
+) -> tuple[dict[str, str | None], dict[str, float]]:
+    """Each column's missing-value mode (None: not handled) and the public fill values given."""
+    if isinstance(missing, Mapping):
+        per_column, default = dict(missing), None
+    elif missing is None or isinstance(missing, str):
+        per_column, default = {}, missing
+    else:
+        raise TypeError(f"missing must be one of {list(MISSING_MODES)} or a dict of column to mode, got {missing!r}")
+    odd = {c: m for c, m in [*per_column.items(), ("", default)] if m is not None and m not in MISSING_MODES}
+    if odd:
+        raise ValueError(f"missing must be one of {list(MISSING_MODES)}, got {next(iter(odd.values()))!r}")
+    unknown = [c for c in [*per_column, *(fill or {})] if c not in columns]
+    if unknown:
+        raise DataValidationError(f"missing=/fill= name unknown column(s) {unknown}; known columns: {list(columns)}")
+    given: dict[str, float] = {}
+    for c, v in (fill or {}).items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v):
+            raise ValueError(f"fill[{c!r}] must be a finite number, got {v!r}")
+        given[c] = float(v)
+    modes: dict[str, str | None] = {}
+    for c in columns:
+        entry = None if sch is None else sch.columns.get(c)
+        if entry is not None and entry.fill is not None and c not in given:
+            given[c] = entry.fill
+        modes[c] = (
+            per_column.get(c) or (entry.missing if entry is not None else None)
+            or ("impute" if c in given else None) or default or (sch.missing if sch is not None else None)
+        )  # fmt: skip
+    return modes, given
+
+
+def _handle_missing(
+    frames: dict[str, pd.DataFrame],
+    *,
+    label: str,
+    types: Mapping[str, str],
+    private: Sequence[str],
+    modes: Mapping[str, str | None],
+    fills: Mapping[str, float],
+    categories: dict[str, Sequence[str]],
+    sharded: bool,
+) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """Apply the missing-value modes to the frames (the --data file first); the columns whose fill was computed.
+
+    Declared category lists of columns that give missing values their own category get
+    :data:`MISSING_CATEGORY` whether or not a value is missing, so that the encoding of a
+    private column does not depend on its values.
+    """
+    for c, kind in types.items():
+        if (
+            kind == "categorical" and modes.get(c) in ("impute", "category") and c in categories
+            and MISSING_CATEGORY not in [category_string(v) for v in categories[c]]
+        ):  # fmt: skip
+            categories[c] = [*categories[c], MISSING_CATEGORY]
+    used = [*types, label]
+    counts = {c: sum(int(f[c].isna().sum()) for f in frames.values() if c in f.columns) for c in used}
+    counts = {c: k for c, k in counts.items() if k}
+    if not counts:
+        return frames, []
+    where = " and ".join(frames)
+    unhandled = [c for c in counts if modes.get(c) is None]
+    if unhandled:
+        raise DataValidationError(
+            f"{where} has missing values in {len(unhandled)} column(s): "
+            f"{', '.join(f'{c} ({counts[c]} missing)' for c in unhandled)}; say what to do with them: --missing "
+            "drop (the rows), impute (numbers: a public fill value; categories: their own) or category (missing= in "
+            'Python, "missing" in a schema; docs/own-data.md), or leave the columns out with --drop'
+        )
+    numeric_category = [c for c in counts if c != label and types[c] == "numeric" and modes[c] == "category"]
+    if numeric_category:
+        raise DataValidationError(
+            f"missing 'category' gives categorical columns their own category, but the numeric column(s) "
+            f"{numeric_category} have missing values: impute them (a fill value) or drop the rows"
+        )
+    drop_cols = [c for c in counts if c == label or modes[c] == "drop"]
+    impute = [c for c in counts if c != label and types[c] == "numeric" and modes[c] == "impute"]
+    own = [c for c in counts if c != label and types[c] == "categorical" and modes[c] in ("impute", "category")]
+    out: dict[str, pd.DataFrame] = {}
+    report: list[str] = []
+    for key, f in frames.items():
+        cols = [c for c in drop_cols if c in f.columns]
+        if cols:
+            gone = f[cols].isna().any(axis=1).to_numpy()
+            if gone.any():
+                report.append(f"{int(gone.sum())} of {len(f)} rows of {key}")
+                f = f[~gone].reset_index(drop=True)
+            if f.empty:
+                raise DataValidationError(f"{key} has no rows left after dropping those with a missing value in {cols}")
+        out[key] = f
+    if report:
+        decided = [c for c in drop_cols if c in private]
+        text = f"dropped {' and '.join(report)} with a missing value in {drop_cols}"
+        if decided:
+            warnings.warn(
+                f"{text}: whether a record is used then depends on its private value of {decided}, which the "
+                "feature-DP guarantee does not cover; impute those columns with a public fill value or give them "
+                "their own category instead",
+                PrivacyLeakWarning,
+                stacklevel=3,
+            )
+        else:
+            warnings.warn(text, UserWarning, stacklevel=3)
+    first = next(iter(out.values()))
+    values: dict[str, float] = {}
+    computed: list[str] = []
+    for c in impute:
+        if c in fills:
+            values[c] = fills[c]
+            continue
+        present = pd.to_numeric(first[c], errors="coerce").dropna()
+        values[c] = float(present.median()) if len(present) else 0.0
+        computed.append(c)
+    leaked = [c for c in computed if c in private]
+    if leaked and not sharded:  # sharded: an error names them instead
+        warnings.warn(
+            f"the fill value (median) of private column(s) {leaked} was computed from the data: it is not covered "
+            'by the privacy guarantee; give a public one ("fill" in the schema, fill= in Python) to avoid this',
+            PrivacyLeakWarning,
+            stacklevel=3,
+        )
+    for key, f in out.items():
+        f = f.copy()
+        for c, v in values.items():
+            if c in f.columns:
+                f[c] = f[c].fillna(v)
+        for c in own:
+            if c in f.columns:
+                gaps = f[c].isna()
+                f[c] = f[c].map(category_string).where(~gaps, MISSING_CATEGORY)
+        out[key] = f
+    return out, computed
 
 
 def _types_text(types: Mapping[str, str], why: Mapping[str, str]) -> str:
@@ -438,6 +742,11 @@ def schema_for_table(
     their type (unless declared with ``numeric``/``categorical``), bounds and categories (and
     the classes of a private label) are ``"FILL IN ..."`` placeholders that loading refuses
     until you write public values (:mod:`featuredp.data.schema`).
+
+    A public column that looks like an identifier (:func:`identifier_reason`: names, dates, record
+    numbers, free text) is written ``"type": "drop"`` with a ``"note"`` saying why, and its values
+    are not copied into the schema; a public column that predicts a public label by itself gets a
+    ``"note"``. Both are reported in one :class:`ColumnWarning`.
     """
     header = read_header(path)
     if label not in header:
@@ -460,6 +769,7 @@ def schema_for_table(
     line_offset = None if _kind(path) == "parquet" else 2
     columns: dict[str, Any] = {}
     todo: list[str] = []
+    flags: dict[str, str] = {}
     for c in header:
         if c == label:
             continue
@@ -478,6 +788,13 @@ def schema_for_table(
             todo.append(f"{c} ({', '.join(fields)})")
             continue
         s = df[c]
+        why = identifier_reason(s)
+        if why is not None:
+            # Never copy an identifier's values (names, record numbers) into a file meant to be shared.
+            flags[c] = why
+            columns[c] = {"type": "drop", "note": f"{why}: left out (a model memorises identifiers); to use it, "
+                                                  "write its type and public bounds or categories"}  # fmt: skip
+            continue
         kind = "numeric" if c in num else "categorical" if c in cat else infer_column_type(
             s, c, line_offset=line_offset)[0]  # fmt: skip
         if kind == "numeric":
@@ -488,6 +805,14 @@ def schema_for_table(
         else:
             cats = sorted({category_string(v) for v in s.dropna().tolist()})
             columns[c] = {"type": "categorical", "private": False, "categories": cats, "from_data": True}
+    if not label_private:
+        kept = [c for c in public_cols if c not in flags]
+        for c, why in flag_columns(df, label, kept, public=kept).items():
+            flags[c] = why
+            columns[c]["note"] = f"{why}: a copy of the label? Make it \"type\": \"drop\" unless it is known at " \
+                                 "prediction time"  # fmt: skip
+    if flags:
+        warnings.warn(ColumnWarning(_flag_text(Path(path).name, flags), flags), stacklevel=2)
     label_entry: dict[str, Any] = {"name": label, "private": label_private}
     if label_private:
         label_entry["classes"] = CLASSES_PLACEHOLDER

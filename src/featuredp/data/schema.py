@@ -32,6 +32,12 @@ Rules:
   Remove the flag when you replace the value by public knowledge (a codebook).
 * ``"log1p": true`` on a numeric column applies ``log(1 + x)`` before scaling (``bounds``
   stay on the raw scale).
+* ``"missing"`` says what to do with missing values: ``"drop"`` (the rows), ``"impute"`` (a
+  numeric column is filled with its ``"fill"`` value, public knowledge; a categorical one gets
+  its own category) or ``"category"`` (a categorical column's own category). Per column, or at
+  the top level for every column; ``"fill": 0`` alone implies ``"impute"``. Without a ``"fill"``,
+  a public column is filled with its median and a private one warns (``PrivacyLeakWarning``).
+* ``"note"`` is free text for you (``featuredp data schema`` explains there why it dropped a column).
 
 >>> s = read_schema({"featuredp_schema": 1, "label": {"name": "y", "classes": ["no", "yes"]},
 ...                  "columns": {"age": {"type": "numeric", "bounds": [0, 120]},
@@ -56,7 +62,9 @@ SCHEMA_FORMAT = 1
 #: every value the user still has to write starts with this
 PLACEHOLDER = "FILL IN"
 COLUMN_TYPES = ("numeric", "categorical", "drop")
-_COLUMN_KEYS = {"type", "private", "bounds", "categories", "log1p", "from_data", "note"}
+#: what to do with a column's missing values (``missing=``, ``--missing``, ``"missing"`` in a schema)
+MISSING_MODES = ("drop", "impute", "category")
+_COLUMN_KEYS = {"type", "private", "bounds", "categories", "log1p", "from_data", "note", "missing", "fill"}
 _LABEL_KEYS = {"name", "private", "classes", "from_data", "note"}
 
 TYPE_PLACEHOLDER = f"{PLACEHOLDER}: numeric or categorical"
@@ -84,6 +92,8 @@ class ColumnSchema:
     log1p: bool = False
     from_data: bool = False
     pending: tuple[str, ...] = ()
+    missing: str | None = None
+    fill: float | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,7 @@ class Schema:
     classes_from_data: bool = False
     label_pending: bool = False
     where: str = "schema"
+    missing: str | None = None  # the top-level "missing": every column's unless it says otherwise
 
     @property
     def private(self) -> list[str]:
@@ -184,10 +195,28 @@ def _parse_column(where: str, col: str, spec: object) -> ColumnSchema:
         raise _fail(where, f"column {col!r} is numeric but lists categories; give bounds, or make it categorical")
     if kind == "categorical" and bounds is not None:
         raise _fail(where, f"column {col!r} is categorical but gives bounds; give categories, or make it numeric")
+    missing = _parse_missing(where, f"column {col!r}: missing", spec.get("missing"))
+    fill = spec.get("fill")
+    if fill is not None:
+        if not isinstance(fill, (int, float)) or isinstance(fill, bool) or fill != fill:
+            raise _fail(where, f"column {col!r}: fill must be a number (the public value of a missing entry), "
+                               f"got {fill!r}")  # fmt: skip
+        if kind == "categorical":
+            raise _fail(where, f"column {col!r} is categorical but gives fill; use \"missing\": \"category\"")
+        if missing not in (None, "impute"):
+            raise _fail(where, f"column {col!r}: fill applies to \"missing\": \"impute\", got missing {missing!r}")
+        missing = "impute"
     return ColumnSchema(
         name=col, type=kind, private=private, bounds=bounds, categories=cats, log1p=bool(spec.get("log1p", False)),
-        from_data=bool(spec.get("from_data", False)), pending=tuple(pending),
+        from_data=bool(spec.get("from_data", False)), pending=tuple(pending), missing=missing,
+        fill=None if fill is None else float(fill),
     )  # fmt: skip
+
+
+def _parse_missing(where: str, what: str, value: object) -> str | None:
+    if value is None or value in MISSING_MODES:
+        return None if value is None else str(value)
+    raise _fail(where, f"{what} must be one of {list(MISSING_MODES)} (or null), got {value!r}")
 
 
 def read_schema(source: str | os.PathLike[str] | Mapping[str, Any] | Schema) -> Schema:
@@ -232,7 +261,7 @@ def read_schema(source: str | os.PathLike[str] | Mapping[str, Any] | Schema) -> 
     return Schema(
         label=label["name"], columns=parsed, classes=None if classes is None else list(classes),
         label_private=label_private, classes_from_data=bool(label.get("from_data", False)),
-        label_pending=label_pending, where=where,
+        label_pending=label_pending, where=where, missing=_parse_missing(where, "'missing'", data.get("missing")),
     )  # fmt: skip
 
 

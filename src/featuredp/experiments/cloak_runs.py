@@ -68,12 +68,15 @@ __all__ = [
 ]
 
 DATASETS = ("adult", "fashion-mnist")
+#: your own table (``featuredp cloak --data FILE``): handled as Adult is (a tabular classifier, per-column tables)
+TABLE = "csv"
 #: the λ whose cloak is reported in detail when none is given
 DEFAULT_LAMBDA = 10.0
 #: epochs of fitting the cloak (Fashion-MNIST: 60,000 images, so fewer passes)
-DEFAULT_EPOCHS = {"adult": 5.0, "fashion-mnist": 2.0}
+DEFAULT_EPOCHS = {"adult": 5.0, "fashion-mnist": 2.0, TABLE: 5.0}
 #: the classifier f: train_one arguments per dataset (non-private: Cloak cloaks queries to a given model)
-CLASSIFIER: dict[str, dict[str, Any]] = {"adult": {"hidden": [64]}, "fashion-mnist": {"hidden": [256], "epochs": 2}}
+CLASSIFIER: dict[str, dict[str, Any]] = {"adult": {"hidden": [64]}, "fashion-mnist": {"hidden": [256], "epochs": 2},
+                                         TABLE: {"hidden": [64]}}  # fmt: skip
 #: the command that puts Fashion-MNIST where :func:`load_cloak_data` finds it
 FETCH_COMMAND = "featuredp data fetch fashion-mnist"
 #: the attributes audited on Adult by default, which are also what the imputation baseline does not see
@@ -96,15 +99,20 @@ def _images_as_table(images: Any, name: str) -> TabularDataset:
 
 
 def load_cloak_data(
-    dataset: str, data_dir: str | os.PathLike[str] | None = None
+    dataset: str, data_dir: str | os.PathLike[str] | None = None, dataset_options: dict[str, Any] | None = None
 ) -> tuple[TabularDataset, TabularDataset]:
     """``(train, test)`` as tables: Adult as bundled; Fashion-MNIST flattened to 784 pixels in [0, 1].
 
     Fashion-MNIST comes from :func:`featuredp.data.images.load_fashion_mnist` (``data_dir``, else
     the folders it knows, else its fetch into the cache); when it is not there (e.g. offline): a
-    one-line ``FileNotFoundError`` naming :data:`FETCH_COMMAND`.
+    one-line ``FileNotFoundError`` naming :data:`FETCH_COMMAND`. ``dataset="csv"`` is your own
+    table: ``dataset_options`` go to :func:`featuredp.data.load_dataset` (``path``, ``label``, ...).
     """
-    dataset = check_choice("dataset", dataset, DATASETS)
+    dataset = check_choice("dataset", dataset, (*DATASETS, TABLE))
+    if dataset == TABLE:
+        if not dataset_options:
+            raise ValueError("dataset 'csv' needs dataset_options with its path and label (--data FILE --label COL)")
+        return load_dataset(TABLE, **dataset_options)
     if dataset == "adult":
         return load_dataset("adult")
     try:
@@ -374,15 +382,22 @@ def run_cloak(
     and with :data:`AVERAGED_QUERIES` averaged queries. ``compare_fdp`` adds the attribute audit of an
     FDP model at ``fdp_epsilon`` (Adult only). ``repeats`` > 0 adds ``repeats``: that many further
     classifiers and cloaks at ``lam`` (the run-to-run spread, :func:`repeat_runs`). ``data`` replaces the
-    loaded ``(train, test)`` (tests).
+    loaded ``(train, test)`` (tests; needed for ``dataset="csv"``, your own table, whose default
+    ``attributes`` are its private columns).
     """
-    dataset = check_choice("dataset", dataset, DATASETS)
+    dataset = check_choice("dataset", dataset, (*DATASETS, TABLE))
+    tabular = dataset != "fashion-mnist"
     lam = check_positive("lam", lam)
     sweep = sorted({lam, *(check_positive("lambdas", v) for v in (lambdas or []))})
     epochs = DEFAULT_EPOCHS[dataset] if epochs is None else check_positive("epochs", epochs)
+    if dataset == TABLE and data is None:
+        raise ValueError("dataset 'csv' needs data=(train, test) (load_cloak_data('csv', dataset_options=...))")
+    if attributes is None and dataset == TABLE:
+        assert data is not None
+        attributes = [c for c in data[0].default_private or [] if c != data[0].label_name]
     attrs = list(DEFAULT_ATTRIBUTES if attributes is None and dataset == "adult" else attributes or [])
-    if attrs and dataset != "adult":
-        raise ValueError(f"attributes apply to adult only (Fashion-MNIST has no attributes), got {attrs}")
+    if attrs and not tabular:
+        raise ValueError(f"attributes apply to tables only (Fashion-MNIST has no attributes), got {attrs}")
     if compare_fdp and dataset != "adult":
         raise ValueError("compare_fdp applies to adult only")
     repeats = check_int("repeats", repeats, minimum=0)
@@ -420,7 +435,7 @@ def run_cloak(
                 "kept_features": kept_features(cloak, train),
                 "mean_relative_noise": float(cloak.relative_noise.detach().mean())})  # fmt: skip
     out.setdefault("attribute_inference", {})
-    if dataset == "adult":
+    if tabular:
         out["feature_table"] = adult_feature_table(cloak, train)
         if variants and attrs:
             # What withholding costs: f's accuracy on cloaked queries whose hidden columns hold the population mean.
@@ -638,7 +653,7 @@ def summary_markdown(result: dict[str, Any]) -> str:
                  *[f"{r[f'{a}_columns_kept']} / {_pct(r[f'{a}_attack_accuracy'])}" for a in attrs]]
                 for r in rep["rows"]]  # fmt: skip
         lines += [markdown_table(head, body), ""]
-    if ds == "adult":
+    if ds != "fashion-mnist":
         lines += [f"### What the cloak keeps (λ = {result['lambda']:g})", ""]
         body = [[r["column"], f"{r['kept_columns']}/{r['encoded_columns']}", f"{r['mean_relative_noise']:.2f}",
                  f"{r['min_relative_noise']:.2f}", r["status"], ", ".join(r["kept"])]
@@ -695,18 +710,18 @@ def write_results(result: dict[str, Any], out: str | os.PathLike[str]) -> list[s
     atomic_write_json(files[0], _plain({k: v for k, v in result.items() if k not in ("examples", "files")}))
     atomic_write_text(files[1], _csv(result["sweep"]))
     plot_curve(result, files[2])
-    if ds == "adult":
-        files.append(out / "adult_features.csv")
+    if ds != "fashion-mnist":
+        files.append(out / f"{ds}_features.csv")
         table = [{**r, "kept": " ".join(r["kept"]), "relative_noise": " ".join(f"{v:.4g}" for v in r["relative_noise"])}
                  for r in result["feature_table"]]  # fmt: skip
         atomic_write_text(files[-1], _csv(table))
-        files.append(out / "adult_features.png")
+        files.append(out / f"{ds}_features.png")
         plot_feature_table(result, files[-1])
     else:
         files.append(out / f"{ds}_heatmap.png")
         plot_heatmap(result, files[-1])
     sections = []
-    for name in DATASETS:
+    for name in (*DATASETS, TABLE):
         p = out / f"{name}.json"
         if p.exists():
             sections.append(summary_markdown(result if name == ds else json.loads(p.read_text())))

@@ -49,6 +49,7 @@ from featuredp._io import atomic_path, atomic_write_json, atomic_write_text
 from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
 from featuredp.batches import resolve_device
 from featuredp.data import load_dataset
+from featuredp.experiments.data_key import data_key
 from featuredp.experiments.plots import privacy_utility_plot
 from featuredp.experiments.presets import PRESETS, preset_for
 from featuredp.experiments.train_one import train_cell
@@ -198,6 +199,7 @@ class GridRunner:
         self._train = trainer_fn if trainer_fn is not None else train_cell
         self._data: tuple[Any, Any] | None = None
         self._val: tuple[Any, Any] | None = None
+        self._data_key: str | None = None
         self.tuned: dict[str, dict[str, Any]] = {}
 
     def _shrink_for_quick(self) -> None:
@@ -247,10 +249,18 @@ class GridRunner:
             **({} if self.cfg.device is None else {"device": self.cfg.device}), **params,
         )  # fmt: skip
 
+    @property
+    def data_key(self) -> str:
+        """A keyed digest of the loaded data's contents (:func:`~featuredp.experiments.data_key.data_key`): cells
+        and tuning files are keyed by what the data is, so a file changed at the same path is never mixed in."""
+        if self._data_key is None:
+            self._data_key = data_key(*self.data)
+        return self._data_key
+
     def cell_config(self, cell: Cell) -> dict[str, Any]:
         """Everything that determines a cell's result (its hash decides whether a stored cell is reused)."""
         return {
-            "dataset": self.cfg.dataset, "load": self.load_options, "private": self.cfg.private,
+            "dataset": self.cfg.dataset, "load": self.load_options, "data": self.data_key, "private": self.cfg.private,
             "model": self.preset.get("model"), "hidden": self.preset.get("hidden"),
             "loss_split": self.preset.get("loss_split"), "padding_scale": self.preset.get("padding_scale"),
             "delta": self.delta, "method": cell.method,
@@ -416,7 +426,8 @@ class GridRunner:
             return None
         base = dict(self.preset["methods"].get(method, {}))
         candidates = [dict(zip(space, values)) for values in itertools.product(*space.values())]
-        tag = _hash({"base": base, "candidates": candidates, "load": self.load_options, "delta": self.delta,
+        tag = _hash({"base": base, "candidates": candidates, "load": self.load_options, "data": self.data_key,
+                     "delta": self.delta,
                      "val_fraction": self.cfg.val_fraction, "private": self.cfg.private})
         return self.cfg.out / "tuning" / f"{_tune_key(method, eps)}__{tag}.json", tag, base, candidates
 
@@ -494,7 +505,10 @@ class GridRunner:
     def report_facts(self) -> dict[str, Any]:
         """What summary.md says of the data, the private part, the model and the split (the image grid: of images)."""
         train, test = self.data
-        return {"description": train.description, "train_rows": train.n, "test_rows": test.n,
+        labels = np.asarray(getattr(test, "y", []), dtype=np.int64)
+        # Always predicting the test set's most common class: the floor a model must beat to have learned anything.
+        majority = float(np.bincount(labels).max() / len(labels)) if len(labels) else None
+        return {"description": train.description, "train_rows": train.n, "test_rows": test.n, "majority": majority,
                 "private": self.cfg.private or train.default_private, "model": self.preset.get("model"),
                 "hidden": self.preset.get("hidden"), "loss_split": self.preset.get("loss_split")}  # fmt: skip
 
@@ -604,6 +618,9 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _fmt_acc(s: dict[str, Any]) -> str:
+    # One seed has no spread to show: "± 0.0" would claim a certainty that one run cannot give.
+    if s["n"] < 2:
+        return f"{100 * s['accuracy_mean']:.1f}"
     return f"{100 * s['accuracy_mean']:.1f} ± {100 * s['accuracy_std']:.1f}"
 
 
@@ -624,9 +641,13 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
         + f"; loss split: {meta.get('loss_split') or 'default'}; δ = {meta.get('delta'):g}"
         + ("; **quick mode** (reduced data and epochs: a smoke test, not a result)" if meta.get("quick") else "")
         + ".",
+        *([f"* Majority class of the test set: {100 * meta['majority']:.1f}% (a model at or below it learned "
+            "nothing); the public-only row (Ψ alone, free under FDP) is the reference a private model must beat."]
+          if meta.get("majority") is not None else []),
         f"* Command: `{meta.get('command') or 'featuredp compare'}`",
         "",
-        "## Test accuracy (%), mean ± std over seeds",
+        "## Test accuracy (%), mean ± std over seeds" if max((s["n"] for s in summary), default=2) > 1
+        else "## Test accuracy (%), one seed (no spread: run more seeds for one)",
         "",
         "| method | " + " | ".join(f"ε = {e:g}" for e in eps_values) + " |",
         "|---|" + "---|" * len(eps_values),

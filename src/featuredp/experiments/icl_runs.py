@@ -46,6 +46,8 @@ from featuredp import icl
 from featuredp._io import atomic_save_png, atomic_write_text
 from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
 from featuredp.attacks.metrics import membership_advantage, roc_auc
+from featuredp.data import load_dataset
+from featuredp.data.tabular import warn_record_level_statistics
 from featuredp.errors import PrivacyRiskWarning
 from featuredp.icl import DPICLClassifier, KNNPredictor, LogisticPredictor, Predictor, predict_many
 from featuredp.plan import inf_to_str
@@ -103,13 +105,25 @@ class ICLData:
         return self.X_pool if which == "pool" else self.X_test
 
 
-def load_icl_data(name: str = "digits") -> ICLData:
+def load_icl_data(name: str = "digits", dataset_options: dict[str, Any] | None = None) -> ICLData:
     """The offline dataset ``name`` (``digits`` or ``breast_cancer``), split 70/30 (stratified, fixed).
+
+    With ``dataset_options`` (``featuredp icl --data FILE``), ``name`` is loaded by
+    :func:`featuredp.data.load_dataset`: its encoded training rows are the private demonstrations,
+    its test split the public queries; texts are the encoded rows, label words the class names.
 
     >>> d = load_icl_data("digits")
     >>> d.X_pool.shape, d.X_test.shape, d.n_classes
     ((1257, 64), (540, 64), 10)
     """
+    if dataset_options:
+        train, test = load_dataset(name, **dataset_options)
+        warn_record_level_statistics(train, "DP-ICL")
+        Xp, Xt = np.asarray(train.X, dtype=np.float64), np.asarray(test.X, dtype=np.float64)
+        words = [str(c) for c in train.classes]
+        return ICLData(name, Xp, np.asarray(train.y, dtype=np.int64), Xt, np.asarray(test.y, dtype=np.int64),
+                       [_features(r) for r in Xp], [_features(r) for r in Xt], words, words,
+                       train.description)  # fmt: skip
     name = check_choice("dataset", name, DATASETS)
     from sklearn.datasets import load_breast_cancer, load_digits
     from sklearn.model_selection import train_test_split

@@ -34,6 +34,7 @@ from featuredp.aggregation import VoteAggregator, vote_histogram
 from featuredp.data import load_dataset
 from featuredp.data.cache import CACHE_ENV, cache_dir
 from featuredp.data.images import load_fashion_mnist
+from featuredp.data.tabular import warn_record_level_statistics
 from featuredp.experiments.train_one import train_one
 from featuredp.labeldp import LabelDPClassifier
 from featuredp.pate import PATE, assign_teachers, collect_votes, fit_student, teacher_parts
@@ -72,6 +73,7 @@ class PateData:
     y_test: np.ndarray
     classes: list[str]
     description: str = ""
+    label_name: str = ""
 
     @property
     def n_classes(self) -> int:
@@ -108,14 +110,16 @@ def _fashion_mnist() -> tuple[Any, Any]:
 
 def load_pate_data(dataset: str, *, public_fraction: float = PUBLIC_FRACTION, public_seed: int = 0,
                    max_private: int | None = None, max_public: int | None = None,
-                   max_test: int | None = None) -> PateData:  # fmt: skip
+                   max_test: int | None = None, dataset_options: dict[str, Any] | None = None) -> PateData:  # fmt: skip
     """Split ``dataset``'s training split into private teacher data and a public query pool.
 
     The pool is ``public_fraction`` of the training rows, chosen by a permutation of row indices
     from ``public_seed`` (data-independent, publishable). ``max_*`` cap each part (quick runs).
     Fashion-MNIST must be on disk: a ``FileNotFoundError`` names ``featuredp data fetch fashion-mnist``.
+    ``dataset_options`` go to :func:`~featuredp.data.load_dataset` (``dataset="csv"`` and
+    ``{"path": ..., "label": ...}``: your own table, as ``featuredp pate --data FILE``).
     """
-    if dataset not in DATASETS:
+    if dataset not in DATASETS and not dataset_options:
         raise ValueError(f"dataset must be one of {', '.join(map(repr, DATASETS))}; got {dataset!r}")
     frac = check_positive("public_fraction", public_fraction)
     if frac >= 1:
@@ -127,10 +131,12 @@ def load_pate_data(dataset: str, *, public_fraction: float = PUBLIC_FRACTION, pu
         y = train_img.labels
         X_test = test_img.images.reshape(len(test_img), -1).astype(np.float32) / 255.0
         y_test, classes, description = test_img.labels, list(train_img.classes), train_img.description
+        label_name = "class"
     else:
-        train, test = load_dataset(dataset)
+        train, test = load_dataset(dataset, **(dataset_options or {}))
+        warn_record_level_statistics(train, "PATE")
         X, y, X_test, y_test = train.X, train.y, test.X, test.y
-        classes, description = list(train.classes), train.description
+        classes, description, label_name = list(train.classes), train.description, train.label_name
     perm = np.random.default_rng(check_int("public_seed", public_seed, minimum=0)).permutation(len(y))
     n_public = max(1, round(frac * len(y)))
     public, private = np.sort(perm[:n_public]), np.sort(perm[n_public:])
@@ -143,7 +149,8 @@ def load_pate_data(dataset: str, *, public_fraction: float = PUBLIC_FRACTION, pu
         X_test, y_test = X_test[:keep], y_test[:keep]
     # the query order is public too: a second permutation of the pool (the first `queries` are asked)
     public = public[np.random.default_rng(public_seed + 1).permutation(len(public))]
-    return PateData(dataset, X[private], y[private], X[public], y[public], X_test, y_test, classes, description)
+    return PateData(dataset, X[private], y[private], X[public], y[public], X_test, y_test, classes, description,
+                    label_name)
 
 
 def _note(message: str) -> None:

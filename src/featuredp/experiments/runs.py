@@ -15,7 +15,11 @@ folder of its own under :func:`private_root` (``$FEATUREDP_PRIVATE_DIR``, defaul
 ``$XDG_STATE_HOME/featuredp/private`` or ``~/.local/state/featuredp/private``; folders 0700,
 file 0600), keyed by a digest of the run directory's absolute path, so ``--resume`` finds it
 from ``--out`` alone (a moved or renamed run directory can no longer be resumed).
-``featuredp train`` deletes it when the run finishes unless ``--keep-checkpoint``. A
+``featuredp train`` deletes it when the run finishes unless ``--keep-checkpoint``. The same folder keeps,
+after the run, the SHA-256 of the bytes of each data file the run read (:func:`record_data_fingerprint`,
+``data_fingerprint.json``): ``featuredp audit`` refuses data that changed since (:func:`check_data_fingerprint`).
+Like every fingerprint of private data it stays out of run.json, where anyone could test a guessed
+dataset against it. A
 ``checkpoint.pt`` that an older featuredp left in the run directory is still listed in
 :data:`RUN_FILES` (so ``--overwrite`` removes it) and is moved to the private place before a resume.
 
@@ -54,9 +58,9 @@ from featuredp.errors import PrivacyRiskWarning
 from featuredp.models import build_model
 from featuredp.plan import PrivacyPlan
 
-__all__ = ["PRIVATE_DIR_ENV", "RUN_FILES", "Run", "close_private_checkpoint", "load_checkpoint", "load_run",
-           "open_private_checkpoint", "private_checkpoint", "private_root", "replacing_run", "run_files",
-           "save_checkpoint", "save_run"]
+__all__ = ["PRIVATE_DIR_ENV", "RUN_FILES", "Run", "check_data_fingerprint", "close_private_checkpoint",
+           "data_files_fingerprint", "load_checkpoint", "load_run", "open_private_checkpoint", "private_checkpoint",
+           "private_root", "record_data_fingerprint", "replacing_run", "run_files", "save_checkpoint", "save_run"]
 
 RUN_JSON = "run.json"
 MODEL_FILE = "model.pt"
@@ -70,6 +74,10 @@ FORMAT = 1
 PRIVATE_DIR_ENV = "FEATUREDP_PRIVATE_DIR"
 #: the file in a private checkpoint's folder that names the run directory it belongs to (a path, nothing secret)
 _OWNER_FILE = "run_dir.txt"
+#: the file in a private checkpoint's folder holding the SHA-256 of the run's data files (kept after the run)
+DATA_FINGERPRINT_FILE = "data_fingerprint.json"
+#: loader options that name a file the data is read from: their bytes are fingerprinted
+_DATA_FILE_OPTIONS = ("path", "schema", "test")
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
@@ -136,13 +144,25 @@ def close_private_checkpoint(out_dir: str | Path, *, keep: bool = False) -> Path
     """At the end of a run: delete the private checkpoint folder of ``out_dir`` (whatever the ranks wrote there),
     or with ``keep`` make every file in it readable by its owner only (0600). Returns the kept folder, else None.
 
-    Several processes may call it at once (data-parallel ranks): a file another one removed first is no error.
+    The run's data fingerprint (:func:`record_data_fingerprint`) and the file naming the run directory stay:
+    ``featuredp audit`` needs the fingerprint after the run. Several processes may call it at once
+    (data-parallel ranks): a file another one removed first is no error.
     """
     folder = _private_run_dir(out_dir)
     if not folder.exists():
         return None
     if not keep:
-        _remove_tree(folder)
+        if not (folder / DATA_FINGERPRINT_FILE).is_file():
+            _remove_tree(folder)
+            return None
+        for entry in folder.iterdir():
+            if entry.name in (DATA_FINGERPRINT_FILE, _OWNER_FILE):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                _remove_tree(entry)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
         return None
     private_dir(folder)
     for entry in folder.iterdir():
@@ -206,6 +226,74 @@ class Run:
         if not ds.get("name"):
             raise ValueError(f"run {self.path} records no dataset name; load the data yourself")
         return load_dataset(ds["name"], **(ds.get("options") or {}))
+
+
+def _sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def data_files_fingerprint(options: dict[str, Any] | None) -> dict[str, str]:
+    """The SHA-256 of the bytes of each file the loader ``options`` name (``path``, ``schema``, ``test``).
+
+    Keyed by the option, not the path, so that the same bytes given from another place (``featuredp audit
+    --data``) match. A function of the private data: keep it in the private place only, never in run.json.
+    Empty for a dataset that names no file (a bundled or cached one).
+    """
+    return {key: _sha256_file(value) for key in _DATA_FILE_OPTIONS
+            if (value := (options or {}).get(key)) and Path(value).is_file()}  # fmt: skip
+
+
+def record_data_fingerprint(out_dir: str | Path, fingerprint: dict[str, str]) -> Path | None:
+    """Keep ``fingerprint`` (:func:`data_files_fingerprint`) of the run in ``out_dir`` in its private folder (0600).
+
+    An empty one removes what an earlier run there left. Returns the file written, else None.
+    """
+    target = _private_run_dir(out_dir) / DATA_FINGERPRINT_FILE
+    if not fingerprint:
+        with contextlib.suppress(FileNotFoundError):
+            target.unlink()
+        return None
+    private_dir(private_root())
+    private_dir(target.parent)
+    with atomic_path(target, private=True) as tmp:
+        tmp.write_text(json.dumps({"format": FORMAT, "sha256": fingerprint}, indent=2) + "\n", encoding="utf-8")
+    return target
+
+
+def check_data_fingerprint(run: Run) -> None:
+    """Refuse (ValueError naming the file) data files of ``run`` whose bytes differ from those it was trained on.
+
+    Reads the files named by ``run.dataset["options"]`` (what run.json records, or what ``--data`` replaced it
+    with) and compares them with the fingerprint that training kept in the run's private folder. Without one
+    (a run trained by an older featuredp, moved, or copied from another machine) nothing can be checked: a
+    PrivacyRiskWarning says so and the data is used as it is.
+    """
+    options = run.dataset.get("options") or {}
+    if not any(options.get(key) for key in _DATA_FILE_OPTIONS):
+        return
+    record = _private_run_dir(run.path) / DATA_FINGERPRINT_FILE
+    try:
+        kept = json.loads(record.read_text(encoding="utf-8"))["sha256"]
+        if not isinstance(kept, dict):
+            raise TypeError("not a mapping")
+    except FileNotFoundError:
+        warnings.warn(f"no fingerprint of the data of run {run.path} was kept (trained by an older featuredp, moved, "
+                      f"or copied from another place): cannot check that {options.get('path')} holds the records "
+                      "it was trained on", PrivacyRiskWarning, stacklevel=2)  # fmt: skip
+        return
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"the data fingerprint {record} of run {run.path} is unreadable ({type(exc).__name__}: "
+                         f"{exc}); delete it to audit without the check") from None  # fmt: skip
+    for key in _DATA_FILE_OPTIONS:
+        value = options.get(key)
+        if value and key in kept and Path(value).is_file() and _sha256_file(value) != kept[key]:
+            what = {"path": "data file", "schema": "schema file", "test": "test file"}[key]
+            raise ValueError(f"the {what} {value} changed since the run was trained (its fingerprint differs); "
+                             "audit the run on the data it was trained on, or train again")
 
 
 def save_run(

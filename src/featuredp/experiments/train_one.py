@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -35,7 +36,13 @@ from featuredp.experiments.presets import (
     method_params,
     unused_params,
 )
-from featuredp.experiments.runs import close_private_checkpoint, open_private_checkpoint, save_run
+from featuredp.experiments.runs import (
+    close_private_checkpoint,
+    data_files_fingerprint,
+    open_private_checkpoint,
+    record_data_fingerprint,
+    save_run,
+)
 from featuredp.features import Columns
 from featuredp.losses import GaussianPadding, LabelDPSplit, LossSplit, default_split
 from featuredp.methods import get_method
@@ -93,6 +100,7 @@ def train_one(
     resume: bool = False,
     keep_checkpoint: bool = False,
     progress: bool = True,
+    baselines: bool = False,
     **params: Any,
 ) -> TrainedModel:
     """Train ``method`` on ``dataset`` (or ``data``) with ``private`` columns and evaluate it.
@@ -127,6 +135,11 @@ def train_one(
             ``out`` is moved there before a resume.
         keep_checkpoint: keep the private checkpoint when the run finishes (default: it is deleted once
             run.json and model.pt are written; it stays when training fails, for ``resume``).
+        baselines: also report, in ``summary["baselines"]``, the test accuracy of always predicting the test
+            set's most common class (``majority``) and of the ``public`` method trained on Ψ(S) alone with the
+            same model (``public_only``: free under FDP; None without a Ψ), and the last training loss shown
+            (``summary["train_loss"]``: ℓ_pub on public batches for the FDP methods, ℓ for non-private ones;
+            a private batch's loss is never shown).
         params: Trainer keyword arguments (epochs, batch_size, noise_multiplier, max_grad_norm,
             alpha, lr, pretrain_epochs, public_batch_size, ...) replacing the preset's; None values
             are ignored and keys the method does not read are dropped
@@ -141,8 +154,11 @@ def train_one(
         # Codes for the sparse model: the CSV loader's categorical= lists columns, its encoding= picks codes.
         options.setdefault("encoding" if dataset == "csv" else "categorical", "codes")
     if data is None:
+        # Hashed before the data is read, so that the fingerprint `featuredp audit` checks is of these bytes.
+        file_hashes = data_files_fingerprint(options) if out is not None else {}
         train, test = load_dataset(dataset, **options)
     else:
+        file_hashes = {}
         train, test = data
     if private is None:
         private = list(getattr(train, "default_private", None) or [])
@@ -208,7 +224,8 @@ def train_one(
     private_columns = list(fmap.private_columns or []) if fmap is not None else []
     summary: dict[str, Any] = {
         "method": record.name,
-        "dataset": dataset if data is None else getattr(train, "name", dataset),
+        # A user's file is named by its file name (the loader's name), not by the loader ("csv").
+        "dataset": getattr(train, "name", dataset) if data is not None or dataset in _FILE_LOADERS else dataset,
         "private_columns": private_columns,
         "label_private": bool(fmap is not None and fmap.label_private),
         "accuracy": None if metrics is None else metrics["accuracy"],
@@ -230,8 +247,18 @@ def train_one(
         "seeded": seed is not None,
         "public_seed": public_seed,
         "secure_rng": secure_rng,
+        # How it ran: the same keys as run.json's config.
+        "device": str(trainer.device),
+        "precision": trainer.performance.precision,
+        "world_size": 1 if trainer.dist is None else trainer.dist.world_size,
         "guarantee": result.guarantee,
     }
+    if baselines:
+        summary.update(_references(result, train, test, fmap, record.name, dict(
+            private=private, label_private=label_private, model=spec, preset=preset, public_seed=public_seed,
+            device=device, precision=precision, dataset=dataset, **params)))  # fmt: skip
+    if trainer.ledger is not None:
+        summary["ledger"] = _ledger_summary(trainer.ledger)
     if out is not None:
         save_run(out, trainer, result, model_spec=spec,
                  dataset={"name": dataset, "options": options, "private_columns": private_columns,
@@ -240,10 +267,45 @@ def train_one(
         summary["out"] = str(out)
         summary["checkpoint"] = str(checkpoint)
         summary["checkpoint_kept"] = bool(keep_checkpoint)
+        if trainer.dist is None or trainer.dist.is_main:
+            record_data_fingerprint(out, file_hashes)  # private, next to the checkpoint: never in run.json
         if trainer.dist is not None:
             torch.distributed.barrier()  # every rank has written its last checkpoint
         close_private_checkpoint(out, keep=keep_checkpoint)
     return TrainedModel(summary=summary, model=trained, result=result, trainer=trainer, metrics=metrics)
+
+
+def _ledger_summary(ledger: Any) -> dict[str, Any]:
+    """The summary's ``ledger``: where the run's budget ledger stands after the run.
+
+    ``spent_epsilon`` is null when unbounded; open reservations (other runs') count as spent.
+    """
+    spent = ledger.spent()
+    return {"path": str(ledger.path), "total_epsilon": ledger.total_epsilon, "delta": ledger.delta,
+            "spent_epsilon": None if math.isinf(spent) else spent,
+            "left_epsilon": max(0.0, ledger.total_epsilon - spent)}
+
+
+#: loaders of a user's file, whose datasets are named after the file
+_FILE_LOADERS = ("csv",)
+
+
+def _references(result: TrainResult, train: Any, test: Any, fmap: Columns | None, method: str,
+                public_kwargs: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """``baselines`` (majority, public_only) and ``train_loss`` for the summary (see :func:`train_one`)."""
+    majority = None
+    if test is not None and len(test.y):
+        counts = np.bincount(np.asarray(test.y, dtype=np.int64))
+        majority = float(counts.max() / counts.sum())
+    public_only = None
+    if fmap is not None and method != "public":  # Ψ(S) is public: the reference costs no privacy
+        public_only = train_one(method="public", data=(train, test), progress=False, **public_kwargs).summary[
+            "accuracy"]  # fmt: skip
+    shown = [h for h in result.history if "loss" in h or "public_loss" in h]
+    last = shown[-1] if shown else {}
+    kind = "loss" if "loss" in last else "public_loss" if "public_loss" in last else None
+    return {"baselines": {"majority": majority, "public_only": public_only},
+            "train_loss": None if kind is None else {"kind": kind, "value": float(last[kind])}}
 
 
 def train_tabular(**kwargs: Any) -> dict[str, Any]:
