@@ -462,8 +462,12 @@ class GhostGradients:
             err = torch.linalg.vector_norm(torch.cat(diffs, dim=1), dim=1).to(torch.float64)
             ref_norms = torch.linalg.vector_norm(torch.cat(refs, dim=1), dim=1).to(torch.float64)
             bound = ref_norms if not bounds else torch.maximum(torch.stack(bounds).pow(2).sum(0).sqrt(), ref_norms)
-            tol = (_SEPARABILITY_RTOL * ref_norms + _SEPARABILITY_TERM_TOL * bound
-                   + _SEPARABILITY_SCALE_TOL * bound.max())  # fmt: skip
+            # The absolute floor follows the chunk's largest gradient, not only the two checked rows': a saturated
+            # model has rows whose gradients are ~1e-21, where float32 Gram norms lose whole digits (their squares
+            # are denormal) and a comparison relative to those rows alone would refuse an ordinary model.
+            finite = norms[torch.isfinite(norms)]
+            scale = torch.maximum(bound.max(), finite.max().to(torch.float64)) if finite.numel() else bound.max()
+            tol = _SEPARABILITY_RTOL * ref_norms + _SEPARABILITY_TERM_TOL * bound + _SEPARABILITY_SCALE_TOL * scale
             # The norms that set the clip factors (float64 Gram forms, fallback included) against the same norms.
             off = (err > tol) | ((norms[rows].to(torch.float64) - ref_norms).abs() > tol)
             # A NaN from an example computed alone makes every comparison false: that is a failure, not a pass.
