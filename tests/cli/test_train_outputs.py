@@ -86,3 +86,42 @@ def test_a_users_file_is_named_by_its_file_name(capsys, tmp_path):
             "--json"]  # fmt: skip
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out)["dataset"] == "people_2026"
+
+
+def test_a_small_table_trains_with_defaults_fitted_to_its_size(capsys, tmp_path):
+    # Before: the Adult preset's batches (512, public 256) refused a table of a few hundred rows, and gave one of a
+    # few thousand a few dozen private steps. Now a table without a preset gets batches of ~n/32 and ~600 steps.
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    age, hours = rng.normal(40, 9, 300), rng.normal(40, 8, 300)
+    sex = rng.choice(["F", "M"], 300)
+    y = np.where(0.1 * (age - 40) + 0.1 * (hours - 40) + rng.normal(0, 1, 300) > 0, "yes", "no")
+    rows = ["age,hours,sex,y"] + [f"{a:.1f},{h:.1f},{s},{t}" for a, h, s, t in zip(age, hours, sex, y)]
+    path = tmp_path / "small.csv"
+    path.write_text("\n".join(rows) + "\n")
+    args = ["train", "--data", str(path), "--label", "y", "--private", "sex", "--method", "fdp", "--epsilon", "2",
+            "--model", "logreg", "--json"]  # fmt: skip
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["batch_size"] == 32 and 500 <= out["steps"] <= 700
+    assert out["accuracy"] >= out["baselines"]["majority"]
+
+
+def test_bundled_datasets_keep_their_presets(monkeypatch):
+    import featuredp.experiments.train_one as t1
+    from featuredp.experiments.presets import PRESETS
+
+    seen: dict = {}
+    real = t1.Trainer
+
+    class Spy(real):  # type: ignore[misc,valid-type]
+        def __init__(self, *a, **k):
+            seen.update(k)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(t1, "Trainer", Spy)
+    t1.train_one(method="fdp", dataset="adult", epsilon=2.0, epochs=0.02, pretrain_epochs=0, model="logreg",
+                 progress=False)  # fmt: skip
+    assert "adult" in PRESETS
+    assert seen["batch_size"] == 512 and seen["public_batch_size"] == 256  # Adult's tuned preset, not the rule

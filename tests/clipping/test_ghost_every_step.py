@@ -196,3 +196,40 @@ def test_a_diverged_run_with_tiny_gradients_is_not_refused_as_mixing():
     for seed in range(3):
         train_one(method="dpsgd", data=data, private=["sex", "race"], epsilon=2.0, progress=False, public_seed=seed,
                   batch_size=16, epochs=16)  # fmt: skip
+
+
+@pytest.mark.slow  # six trainings; and a rarer false refusal remains (about one suite run in ten, not understood)
+def test_a_fully_saturated_batch_is_not_refused_as_mixing(tmp_path, capsys):
+    # Seen on sklearn's breast-cancer table with the DP-SGD defaults (`featuredp train --data`): every gradient of a
+    # chunk is ~1e-22, so the chunk's own scale gives no floor, and Gram norms 11% off (denormal squares) refused an
+    # ordinary MLP in about one run in three. Differences below 1e-6·C cannot move a clipped contribution by more.
+    import numpy as np
+    from sklearn.datasets import load_breast_cancer
+
+    from featuredp.cli import main
+
+    frame = load_breast_cancer(as_frame=True).frame.rename(columns={"target": "label"})
+    frame["label"] = np.where(frame["label"] == 1, "benign", "malignant")
+    path = tmp_path / "cancer.csv"
+    frame.to_csv(path, index=False)
+    args = ["train", "--data", str(path), "--label", "label", "--private", "mean radius,mean texture", "--method",
+            "dpsgd", "--epsilon", "2", "--no-baselines", "--quiet"]  # fmt: skip
+    for _ in range(6):
+        assert main(args) == 0, capsys.readouterr().err
+
+
+def test_the_rounding_allowance_is_measured_alone_and_is_tiny_for_an_ordinary_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
+
+    def loss(m, b, d):
+        return nn.functional.cross_entropy(m(b["x"]), b["y"], reduction="none")
+
+    batch = {"x": torch.randn(6, 5), "y": torch.randint(0, 3, (6,))}
+    params = dict(model.named_parameters())
+    picked = np.array([1, 4])
+    alone = GhostGradients._alone(model, loss, batch, {}, params, picked, twice=False)
+    noise = GhostGradients._rounding_noise(model, loss, batch, {}, params, picked, alone)
+    norms = torch.stack([torch.cat([alone[n][j].flatten() for n in params]).norm() for j in range(2)]).double()
+    assert noise is not None and (noise < 1e-5 * norms).all()  # float32 rounding of a well-conditioned example
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # measured on a copy

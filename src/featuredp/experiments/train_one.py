@@ -33,6 +33,7 @@ from featuredp.experiments.presets import (
     DEFAULT_PRESET,
     LABEL_DP_DEFAULTS,
     PRESETS,
+    fitted_schedule,
     method_params,
     unused_params,
 )
@@ -184,6 +185,9 @@ def train_one(
     net = build_model(spec, seed=init_seed(public_seed if public_seed is not None else seed))
 
     kwargs = {} if preset is None else method_params(PRESETS[preset]["methods"], record)
+    if preset is not None and dataset not in PRESETS:
+        # A table without a preset of its own (a user's file): batches and epochs fitted to its size.
+        kwargs.update(fitted_schedule(int(train.n), record))
     if preset is not None and isinstance(split, LabelDPSplit) and record.needs_feature_map:
         kwargs.update(LABEL_DP_DEFAULTS)  # defaults only: the caller's params below still win
     given = {k: v for k, v in params.items() if v is not None}
