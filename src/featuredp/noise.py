@@ -50,12 +50,13 @@ from __future__ import annotations
 import math
 import os
 from abc import ABC, abstractmethod
-from typing import Any, NoReturn, SupportsIndex
+from typing import Any
 
 import numpy as np
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
+from featuredp._keys import Uncopyable
 from featuredp._validate import check_int, check_nonnegative
 
 __all__ = [
@@ -161,7 +162,7 @@ def _keystream(key: bytes, position: int, n_blocks: int) -> bytes:
     return bytes(out)
 
 
-class ChaCha20Generator:
+class ChaCha20Generator(Uncopyable):
     """A cryptographically secure generator: the ChaCha20 keystream of a 256-bit key.
 
     ``key=None`` (the default) draws the key from ``os.urandom`` (the kernel's CSPRNG). A
@@ -175,6 +176,8 @@ class ChaCha20Generator:
     never draw the same stream. Processes that must share one privacy budget share a
     :class:`featuredp.accounting.BudgetLedger`, not a generator.
     """
+
+    _not_copied = _NOT_COPIED
 
     def __init__(self, key: bytes | None = None) -> None:
         if key is None:
@@ -230,18 +233,6 @@ class ChaCha20Generator:
         self._key = key
         self._position = int(state["position"])
         self._pid = os.getpid()  # an explicit restore keys this process
-
-    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
-        raise TypeError(_NOT_COPIED)
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError(_NOT_COPIED)
-
-    def __copy__(self) -> NoReturn:
-        raise TypeError(_NOT_COPIED)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> NoReturn:
-        raise TypeError(_NOT_COPIED)
 
     def __repr__(self) -> str:  # never show the key
         return f"ChaCha20Generator(position={self._position})"

@@ -27,12 +27,13 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from typing import Any, NoReturn, SupportsIndex
+from typing import Any
 
 import dp_accounting
 import numpy as np
 from scipy import optimize
 
+from featuredp._keys import Uncopyable
 from featuredp._validate import check_choice, check_int, check_open_unit, check_positive, check_real
 from featuredp.accounting import BudgetLedger, DpEvent, compute_epsilon
 from featuredp.accounting._gaussian import gaussian_delta
@@ -213,7 +214,7 @@ def _make_rng(secure_rng: bool, seed: int | None) -> np.random.Generator | ChaCh
     return np.random.default_rng(seed)  # seed None: SeedSequence() from OS entropy
 
 
-class VoteAggregator:
+class VoteAggregator(Uncopyable):
     """Answer queries by a noisy argmax of members' votes, with data-independent accounting and a budget stop.
 
     Args:
@@ -252,6 +253,8 @@ class VoteAggregator:
     >>> agg.queries_asked, round(agg.epsilon, 3), agg.max_queries
     (1, 0.234, 14)
     """
+
+    _not_copied = _NOT_COPIED
 
     def __init__(
         self,
@@ -409,18 +412,6 @@ class VoteAggregator:
             "secure_rng": self.secure_rng,
             "seeded": self.seeded,
         }
-
-    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
-        raise TypeError(_NOT_COPIED)
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError(_NOT_COPIED)
-
-    def __copy__(self) -> NoReturn:
-        raise TypeError(_NOT_COPIED)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> NoReturn:
-        raise TypeError(_NOT_COPIED)
 
     def __repr__(self) -> str:  # never the generator's state or a seed
         noise = f"sigma={self.sigma:.4g}" if self.sigma is not None else f"scale={self.scale:.4g}"

@@ -199,6 +199,17 @@ _SEPARABILITY_NOISE_FACTOR = 8.0
 _SEPARABILITY_EXAMPLES = 2
 
 
+def _example_gradient(
+    model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, params: dict[str, torch.Tensor], i: int
+) -> list[torch.Tensor]:
+    """The gradient of example ``i`` alone (a batch of one with its own batch and draws rows), per parameter of
+    ``params`` in order; zeros where no gradient reaches a parameter."""
+    one, one_d = slice_batch(batch, slice(i, i + 1)), slice_batch(draws, slice(i, i + 1))
+    tensors = list(params.values())
+    gs = torch.autograd.grad(loss_fn(model, one, one_d).sum(), tensors, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g.detach() for g, t in zip(gs, tensors)]
+
+
 class GhostGradients:
     """Exact per-example clipped gradient sums by ghost norms (see the module docstring).
 
@@ -480,10 +491,14 @@ class GhostGradients:
                 # sensitivity, and the level of float32 noise in a model whose whole batch is saturated (every
                 # gradient ~1e-22, where Gram norms lose whole digits).
                 tol = tol + _SEPARABILITY_CLIP_TOL * C
-            # The norms that set the clip factors (float64 Gram forms, fallback included) against the same norms.
-            off = (err > tol) | ((norms[rows].to(torch.float64) - ref_norms).abs() > tol)
-            # A NaN from an example computed alone makes every comparison false: that is a failure, not a pass.
-            failed = bool((off | ~torch.isfinite(ref_norms)).any())
+            norm_off = (norms[rows].to(torch.float64) - ref_norms).abs()
+
+            def fails(limit: torch.Tensor) -> bool:
+                # The gradients, and the norms that set the clip factors (float64 Gram forms, fallback included),
+                # against the same computed alone; a NaN computed alone makes every comparison false: a failure.
+                return bool(((err > limit) | (norm_off > limit) | ~torch.isfinite(ref_norms)).any())
+
+            failed = fails(tol)
         if failed:
             # Before calling it mixing: an ill-conditioned forward (a diverged model's logits in the thousands)
             # moves an example's float32 gradient by ~0.1% between any two summation orders. Measure how far
@@ -491,10 +506,7 @@ class GhostGradients:
             # other example enters) and allow a few times that; mixing moves gradients far more.
             noise = self._rounding_noise(model, loss_fn, batch, draws, params, picked, alone)
             if noise is not None:
-                with torch.no_grad():
-                    wide_tol = tol + _SEPARABILITY_NOISE_FACTOR * noise
-                    off = (err > wide_tol) | ((norms[rows].to(torch.float64) - ref_norms).abs() > wide_tol)
-                    failed = bool((off | ~torch.isfinite(ref_norms)).any())
+                failed = fails(tol + _SEPARABILITY_NOISE_FACTOR * noise)
         if failed:
             bad = [pname for pname, d, r in zip(params, diffs, refs)
                    if bool((torch.linalg.vector_norm(d, dim=1) > _SEPARABILITY_RTOL * torch.linalg.vector_norm(r, dim=1)
@@ -524,14 +536,9 @@ class GhostGradients:
             d64 = {k: v.double() if v.is_floating_point() else v for k, v in draws.items()}
             out = []
             for j, i in enumerate(picked.tolist()):
-                one, one_d = slice_batch(b64, slice(i, i + 1)), slice_batch(d64, slice(i, i + 1))
-                gs = torch.autograd.grad(loss_fn(wide, one, one_d).sum(), [wide_params[n] for n in names],
-                                         allow_unused=True)  # fmt: skip
-                sq = torch.zeros((), dtype=torch.float64, device=alone[names[0]].device)
-                for n, g in zip(names, gs):
-                    here = alone[n][j].to(torch.float64)
-                    sq = sq + (here if g is None else here - g.detach()).pow(2).sum()
-                out.append(sq.sqrt())
+                exact = _example_gradient(wide, loss_fn, b64, d64, wide_params, i)
+                out.append(torch.cat([(alone[n][j].to(torch.float64) - g).flatten() for n, g in zip(names, exact)])
+                           .norm())  # fmt: skip
             return torch.stack(out)
         except (RuntimeError, TypeError, ValueError):
             return None
@@ -568,13 +575,10 @@ class GhostGradients:
         its own message (one that starts doing so later fails the comparison instead: refused all the same).
         """
         names = list(params)
-        tensors = [params[n] for n in names]
         rows: dict[str, list[torch.Tensor]] = {n: [] for n in names}
 
         def grads(i: int) -> list[torch.Tensor]:
-            one, one_d = slice_batch(batch, slice(i, i + 1)), slice_batch(draws, slice(i, i + 1))
-            gs = torch.autograd.grad(loss_fn(model, one, one_d).sum(), tensors, allow_unused=True)
-            return [torch.zeros_like(t) if g is None else g.detach() for g, t in zip(gs, tensors)]
+            return _example_gradient(model, loss_fn, batch, draws, params, i)
 
         for i in picked.tolist():
             for n, g in zip(names, grads(i)):

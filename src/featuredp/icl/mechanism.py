@@ -36,10 +36,11 @@ import math
 import os
 import warnings
 from collections.abc import Sequence
-from typing import Any, NoReturn, SupportsIndex
+from typing import Any
 
 import numpy as np
 
+from featuredp._keys import Uncopyable
 from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
 from featuredp.accounting import DpEvent
 from featuredp.aggregation import MECHANISMS, VoteAggregator, vote_histogram
@@ -73,7 +74,7 @@ def partition_demonstrations(n: int, prompts: int, shots: int, rng: np.random.Ge
     return rng.permutation(n)[: m * k].reshape(m, k).astype(np.int64)
 
 
-class DPICLClassifier:
+class DPICLClassifier(Uncopyable):
     """Differentially private in-context classification by disjoint prompts and a noisy vote.
 
     Args:
@@ -105,6 +106,8 @@ class DPICLClassifier:
     to answer (``BudgetExceededError``, before any vote is computed) unless it has a ``ledger``,
     which then bounds the spend of all the processes together.
     """
+
+    _not_copied = _NOT_COPIED
 
     def __init__(
         self,
@@ -165,18 +168,6 @@ class DPICLClassifier:
                              "threshold or record)")  # fmt: skip
         self.partition_: np.ndarray | None = None
         self._demos: list[Demonstration] = []
-
-    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
-        raise TypeError(_NOT_COPIED)
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError(_NOT_COPIED)
-
-    def __copy__(self) -> NoReturn:
-        raise TypeError(_NOT_COPIED)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> NoReturn:
-        raise TypeError(_NOT_COPIED)
 
     def _check_process(self) -> None:
         """Re-key the streams in a forked process; refuse there (no vote computed) without a shared ledger."""
