@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 from scipy import stats
 
 from _fdp_synth import make_tabular
+from _launch import free_port
 from featuredp import accounting
 from featuredp.batches import as_batch, gather
 from featuredp.clipping import VmapGradients
@@ -33,12 +33,6 @@ from featuredp.models import LogisticRegression
 
 WORKER = Path(__file__).resolve().parent / "distributed_worker.py"
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # A C++ abort in gloo's threads while a process shuts down (seen once in CI): a launch that fails with it is run
@@ -55,7 +49,7 @@ def _torchrun(scenario: str, out: Path, *, nproc: int = 2, nodes: int = 1, expec
 
 def _launch(scenario: str, out: Path, *, nproc: int, nodes: int) -> tuple[bool, list[str]]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    port = _free_port()
+    port = free_port()
     common = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={nproc}",
               "--master-addr=127.0.0.1", f"--master-port={port}"]  # fmt: skip
     procs = [

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
 
 import pytest
 import torch
 
+from _launch import torchrun
 from featuredp.cli import main
 
 
@@ -24,13 +22,8 @@ def test_train_json_states_device_precision_and_processes(capsys):
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
 def test_train_json_under_torchrun_says_two_processes(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-           f"--master-port={port}", "-m", "featuredp", "train", "--dataset", "adult", "--private", "sex", "--method",
-           "dpsgd", "--epsilon", "2", "--epochs", "0.05", "--model", "logreg", "--json"]  # fmt: skip
+    cmd, env = torchrun("-m", "featuredp", "train", "--dataset", "adult", "--private", "sex", "--method", "dpsgd",
+                        "--epsilon", "2", "--epochs", "0.05", "--model", "logreg", "--json")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     outs = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -7,15 +7,13 @@ totalled over the ranks; a broken engine in which every rank adds noise of std Ï
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from _launch import torchrun
 from featuredp.clipping import STRATEGIES
 from featuredp.methods import PRIVATE_METHODS
 
@@ -23,16 +21,8 @@ WORKER = Path(__file__).resolve().parent / "replay_worker.py"
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_the_replay_matrix_holds_on_two_processes_and_catches_noise_split_over_ranks(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-           "--master-addr=127.0.0.1", f"--master-port={_free_port()}", str(WORKER), str(tmp_path)]  # fmt: skip
+    cmd, env = torchrun(str(WORKER), str(tmp_path))
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     res = json.loads((tmp_path / "replay.json").read_text())

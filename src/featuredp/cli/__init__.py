@@ -72,15 +72,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _resume_hint(args: argparse.Namespace) -> str:
-    """How to go on after Ctrl-C, for the commands that can."""
-    out = getattr(args, "out", None)
-    if args.command == "train" and out:
-        return (f"; its private checkpoint is kept: run the same command with --resume to continue from the last "
-                f"checkpoint (--out {out})")
-    if args.command == "compare" and out:
-        return "; finished cells are kept: run the same command again to continue (only unfinished cells run)"
-    return ""
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    """How to go on after Ctrl-C: the command's own ``resume_hint(args)`` (set with ``set_defaults``), if any."""
+    hint = getattr(args, "resume_hint", None)
+    return hint(args) if hint is not None else ""

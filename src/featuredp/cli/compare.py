@@ -88,7 +88,7 @@ def register(subparsers: Any) -> None:
                    help="the public view Ψ: blur (Gaussian, σ = --blur-sigma, default 1) or pixelate (block means of "
                    "--pixelate-factor × --pixelate-factor pixels)")
     g.add_argument("--pixelate-factor", type=int, default=4, help="block size of --feature-map pixelate (default 4)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, resume_hint=_resume_hint)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -241,3 +241,10 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, float):
         return None
     return str(obj)
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    """What Ctrl-C prints after "interrupted": finished cells are kept in --out."""
+    if not getattr(args, "out", None):
+        return ""
+    return "; finished cells are kept: run the same command again to continue (only unfinished cells run)"

@@ -90,7 +90,7 @@ def register(subparsers: Any) -> None:
                    help="skip the references (majority class; public only, a second, free training run on Ψ alone)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, resume_hint=_resume_hint)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,6 +162,14 @@ def _train(args: argparse.Namespace) -> int:
         lines.append(f"checkpoint        {summary['checkpoint']} (private, {fate})")
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    """What Ctrl-C prints after "interrupted": a run with --out keeps its private checkpoint."""
+    if not args.out:
+        return ""
+    return (f"; its private checkpoint is kept: run the same command with --resume to continue from the last "
+            f"checkpoint (--out {args.out})")
 
 
 def _reference_lines(summary: dict[str, Any]) -> list[str]:

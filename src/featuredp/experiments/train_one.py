@@ -57,6 +57,9 @@ __all__ = ["TrainedModel", "retrain_like", "train_cell", "train_one", "train_tab
 _ALTERNATIVES = (("epochs", "steps"), ("batch_size", "sampling_rate"))
 
 
+#: loaders of a user's file, whose datasets are named after the file
+_FILE_LOADERS = ("csv",)
+
 @dataclass
 class TrainedModel:
     """What :func:`train_one` returns.
@@ -288,10 +291,6 @@ def _ledger_summary(ledger: Any) -> dict[str, Any]:
     return {"path": str(ledger.path), "total_epsilon": ledger.total_epsilon, "delta": ledger.delta,
             "spent_epsilon": None if math.isinf(spent) else spent,
             "left_epsilon": max(0.0, ledger.total_epsilon - spent)}
-
-
-#: loaders of a user's file, whose datasets are named after the file
-_FILE_LOADERS = ("csv",)
 
 
 def _references(result: TrainResult, train: Any, test: Any, fmap: Columns | None, method: str,

@@ -1,0 +1,22 @@
+"""Launching gloo processes on 127.0.0.1 from tests: a free port and a one-node ``torchrun`` command."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun(*args: str, nproc: int = 2) -> tuple[list[str], dict[str, str]]:
+    """The command and environment that run ``args`` (a script and its arguments, or ``-m module ...``) in
+    ``nproc`` processes on one node; the environment carries this interpreter's import path."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", *args]  # fmt: skip
+    return cmd, {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
