@@ -23,7 +23,7 @@ import torch
 from scipy import stats
 
 from _fdp_synth import make_tabular
-from _launch import free_port
+from _launch import TEARDOWN_ABORT, free_port
 from featuredp import accounting
 from featuredp.batches import as_batch, gather
 from featuredp.clipping import VmapGradients
@@ -35,14 +35,9 @@ WORKER = Path(__file__).resolve().parent / "distributed_worker.py"
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
 
 
-# A C++ abort in gloo's threads while a process shuts down (seen once in CI): a launch that fails with it is run
-# again, once.
-_TEARDOWN_ABORT = "terminate called without an active exception"
-
-
 def _torchrun(scenario: str, out: Path, *, nproc: int = 2, nodes: int = 1, expect_ok: bool = True) -> None:
     ok, outputs = _launch(scenario, out, nproc=nproc, nodes=nodes)
-    if not ok and expect_ok and any(_TEARDOWN_ABORT in o for o in outputs):
+    if not ok and expect_ok and any(TEARDOWN_ABORT in o for o in outputs):
         ok, outputs = _launch(scenario, out, nproc=nproc, nodes=nodes)  # a real bug fails again
     assert ok == expect_ok, "\n".join(o[-3000:] for o in outputs)
 

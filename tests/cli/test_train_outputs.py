@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 import torch
 
-from _launch import torchrun
+from _launch import run_torchrun
 from featuredp.cli import main
 
 
@@ -22,9 +21,8 @@ def test_train_json_states_device_precision_and_processes(capsys):
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
 def test_train_json_under_torchrun_says_two_processes(tmp_path):
-    cmd, env = torchrun("-m", "featuredp", "train", "--dataset", "adult", "--private", "sex", "--method", "dpsgd",
-                        "--epsilon", "2", "--epochs", "0.05", "--model", "logreg", "--json")
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = run_torchrun("-m", "featuredp", "train", "--dataset", "adult", "--private", "sex", "--method", "dpsgd",
+                        "--epsilon", "2", "--epochs", "0.05", "--model", "logreg", "--json", cwd=tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     outs = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert len(outs) == 1 and outs[0]["world_size"] == 2  # rank 0 prints, and says two processes ran

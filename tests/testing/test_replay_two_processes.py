@@ -7,13 +7,12 @@ totalled over the ranks; a broken engine in which every rank adds noise of std Ï
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from _launch import torchrun
+from _launch import run_torchrun
 from featuredp.clipping import STRATEGIES
 from featuredp.methods import PRIVATE_METHODS
 
@@ -22,8 +21,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="to
 
 
 def test_the_replay_matrix_holds_on_two_processes_and_catches_noise_split_over_ranks(tmp_path):
-    cmd, env = torchrun(str(WORKER), str(tmp_path))
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    done = run_torchrun(str(WORKER), str(tmp_path))
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     res = json.loads((tmp_path / "replay.json").read_text())
     matrix = res["matrix"]
