@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +20,10 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "featuredp"
-# Deprecated re-exports at the old import paths (kept for one release): they point into the new layout.
-SHIMS = {"featuredp.privatize", "featuredp.privatize_ghost", "featuredp.image_features", "featuredp.runs",
-         "featuredp.train_tabular"}  # fmt: skip
+# The deprecated re-exports of the first redesign (featuredp.privatize, privatize_ghost, image_features, runs,
+# train_tabular) were kept for one release and are gone; none may come back as a stray module.
+REMOVED_SHIMS = ("featuredp.privatize", "featuredp.privatize_ghost", "featuredp.image_features", "featuredp.runs",
+                 "featuredp.train_tabular")  # fmt: skip
 APPLICATION = ("featuredp.experiments", "featuredp.cli")
 ENTRY_POINTS = {"featuredp.__main__"}  # ``python -m featuredp`` runs the CLI: it is the top, not a building block
 
@@ -125,7 +127,7 @@ def test_building_blocks_do_not_import_the_application_layer(layer):
     if layer == "engine":
         owners = ["featuredp.engine", "featuredp.run_state"]
     else:
-        owners = [m for m in MODULES if not _in(m, APPLICATION) and m not in SHIMS | ENTRY_POINTS]
+        owners = [m for m in MODULES if not _in(m, APPLICATION) and m not in ENTRY_POINTS]
     found = [f"{m}:{line} imports {t}" for m in owners for t, _, line in _imports(m) if _in(t, APPLICATION)]
     assert found == [], "\n".join(found)
 
@@ -143,3 +145,10 @@ def test_the_trainer_is_importable_from_the_package_root():
     from featuredp.engine import Trainer as EngineTrainer
 
     assert Trainer is EngineTrainer
+
+
+@pytest.mark.parametrize("module", REMOVED_SHIMS)
+def test_the_deprecated_import_paths_are_gone(module):
+    assert module not in MODULES
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(module)

@@ -1,7 +1,8 @@
 """The Trainer's settings as three small frozen configs, validated once (no torch import).
 
 * :class:`PrivacyConfig` — what decides the guarantee and its randomness: σ or a target ε,
-  δ, the clipping norm C, α, the neighbouring relation, the accountant, seeds, secure mode.
+  δ, the clipping norm C, α and the public weight w, the neighbouring relation, the accountant,
+  seeds, secure mode.
 * :class:`ScheduleConfig` — how long and how: steps or epochs, batch sizes, pre-training,
   the optimiser and its learning rates, projection, iterate averaging.
 * :class:`PerformanceConfig` — what changes speed, never the result beyond float
@@ -37,8 +38,11 @@ __all__ = ["PerformanceConfig", "PrivacyConfig", "ScheduleConfig", "split_settin
 
 @dataclass(frozen=True)
 class PrivacyConfig:
-    """σ or a target ε (with δ), clipping, α, accounting, and where the private randomness comes from.
+    """σ or a target ε (with δ), clipping, α, w, accounting, and where the private randomness comes from.
 
+    ``alpha`` (α) and ``public_weight`` (w >= 0) shape Algorithm 1's step (method ``fdp``):
+    g = w·g_pub + α·(Σ_i clip_C ∇(ℓ − w·ℓ_pub)(x_i) + N(0, σ²C²)) / m. w = 1 is the published
+    algorithm; w = 0 clips ∇ℓ and draws no public batch (with α = 1: ``fdp_dpsgd``).
     ``seed`` (secret, research only) seeds every stream; ``public_seed`` only the public ones;
     ``secure_rng`` draws the noise and the private sampling from ChaCha20 (see ``docs/engine.md``).
     """
@@ -48,6 +52,7 @@ class PrivacyConfig:
     delta: float | None = 1e-5
     max_grad_norm: float = 1.0
     alpha: float = 1.0
+    public_weight: float = 1.0
     relation: str = "add-remove"
     accountant: str = "pld"
     seed: int | None = None
@@ -60,6 +65,7 @@ class PrivacyConfig:
         _set(self, "delta", None if self.delta is None else check_delta(self.delta))
         _set(self, "max_grad_norm", check_positive("max_grad_norm", self.max_grad_norm, allow_inf=True))
         _set(self, "alpha", check_real("alpha", self.alpha))
+        _set(self, "public_weight", check_nonnegative("public_weight", self.public_weight))
         _set(self, "relation", check_relation(self.relation))
         _set(self, "accountant", check_accountant(self.accountant))
         _set(self, "seed", None if self.seed is None else check_int("seed", self.seed, minimum=0))
@@ -74,7 +80,9 @@ class ScheduleConfig:
     """The length of the run, its batch sizes and its optimiser.
 
     Exactly one of ``epochs`` / ``steps``; ``batch_size`` (the expected private batch m) or
-    ``sampling_rate`` (p = m/n), default m = 256.
+    ``sampling_rate`` (p = m/n), default m = 256. ``public_batch_size``: m', the public batch of
+    Algorithm 1 (default 4·m, at most n); ``pretrain_batch_size``: the batches of public pre-training
+    (default: a given ``public_batch_size``, else m).
     """
 
     epochs: float | None = None
@@ -82,6 +90,7 @@ class ScheduleConfig:
     batch_size: int | None = None
     sampling_rate: float | None = None
     public_batch_size: int | None = None
+    pretrain_batch_size: int | None = None
     dataset_size: int | None = None
     pretrain_epochs: float = 0.0
     optimizer: str = "sgd"
@@ -104,7 +113,7 @@ class ScheduleConfig:
         if self.batch_size is None and self.sampling_rate is None:
             _set(self, "batch_size", 256)
         _set(self, "sampling_rate", _opt(check_sampling_rate, "sampling_rate", self.sampling_rate))
-        for name in ("batch_size", "public_batch_size", "dataset_size"):
+        for name in ("batch_size", "public_batch_size", "pretrain_batch_size", "dataset_size"):
             value = getattr(self, name)
             _set(self, name, None if value is None else check_int(name, value, minimum=1))
         _set(self, "pretrain_epochs", check_nonnegative("pretrain_epochs", self.pretrain_epochs))

@@ -10,9 +10,10 @@ public         shuffled batch of m' read through Ψ, gradient of mean ℓ_pub   
 dpsgd          Poisson batch (rate p = m/n), Σ clip_C ∇ℓ + N(0, σ²C²), divided by m  (ε, δ)-DP ⇒ FDP
 fdp_dpsgd      public pre-training on ℓ_pub, then dpsgd                              (ε, δ)-FDP
 fdp            [public pre-training], then Algorithm 1:                              (ε, δ)-FDP (Thm 5)
-               g = g_pub + α·g_priv; g_priv = (Σ clip_C ∇ℓ_priv + N(0, σ²C²)) / m
-               on a Poisson batch, g_pub = mean ∇ℓ_pub on an independent uniform
-               batch of m'
+               g = w·g_pub + α·g_priv; g_priv = (Σ clip_C ∇(ℓ − w·ℓ_pub) + N(0, σ²C²))
+               / m on a Poisson batch, g_pub = mean ∇ℓ_pub on an independent
+               uniform batch of m'. w = 1 (default): ℓ_priv = ℓ − ℓ_pub; w = 0: no
+               public batch, ∇ℓ clipped (α = 1: exactly fdp_dpsgd)
 =============  ====================================================================  =====================
 
 Rules this module keeps (docs/engine.md, "privacy rules the engine keeps"):
@@ -23,7 +24,7 @@ Rules this module keeps (docs/engine.md, "privacy rules the engine keeps"):
 * the private randomness is secret (OS entropy unless the user seeds the run);
 * the private sum is divided by the *expected* batch size m = p·n, never by
   the realised size;
-* clipping applies to ∇ℓ_priv as a whole (the strategy receives ℓ_priv);
+* clipping applies to ∇(ℓ − w·ℓ_pub) as a whole (the strategy receives that loss);
 * n, p, m and m' are explicit and checked against the data;
 * layers that mix examples are refused for private methods;
 * one Trainer is one run with one accountant: a second ``fit`` continues it;
@@ -123,6 +124,10 @@ def init_seed(seed: int | None) -> int:
     return random_seed_from(make_streams(None, public_seed=seed).init)
 
 
+#: Algorithm 1's default public batch m' as a multiple of the expected private batch m (at most n)
+PUBLIC_BATCH_FACTOR = 4
+
+
 class Trainer:
     """Runs one method with a model, a Ψ / loss split and a privacy plan.
 
@@ -136,11 +141,13 @@ class Trainer:
       read Ψ. Without a split, the default for Ψ is used (Gaussian padding for column maps,
       the label-DP split for a private label).
     * schedule: ``epochs`` or ``steps``; ``batch_size`` (expected private batch m) or
-      ``sampling_rate``; ``public_batch_size`` (m', default m); ``dataset_size`` (checked);
-      ``pretrain_epochs``; ``optimizer`` (sgd/adam), ``lr``, ``momentum``, ``weight_decay``,
-      ``pretrain_lr``; ``projection_radius``; ``averaging`` (uniform/ema).
+      ``sampling_rate``; ``public_batch_size`` (m'; for ``fdp`` default 4·m, at most n; else m);
+      ``dataset_size`` (checked); ``pretrain_epochs``, ``pretrain_batch_size`` (default: a given m', else m);
+      ``optimizer`` (sgd/adam), ``lr``,
+      ``momentum``, ``weight_decay``, ``pretrain_lr``; ``projection_radius``; ``averaging`` (uniform/ema).
     * privacy: ``noise_multiplier`` σ or ``target_epsilon`` (with ``delta``; with both, training
-      stops before a step would exceed the target); ``max_grad_norm`` C; ``alpha``;
+      stops before a step would exceed the target); ``max_grad_norm`` C; ``alpha``; ``public_weight``
+      w (``fdp``: g = w·g_pub + α·g_priv with ℓ − w·ℓ_pub clipped; 0 = no public batch);
       ``relation``, ``accountant``; ``seed`` (secret: reproducible research only, warned, never
       written out), ``public_seed`` (public streams only), ``secure_rng`` (ChaCha20 noise).
     * performance: ``strategy`` (a registered name, default ``"ghost"``), ``physical_batch_size``,
@@ -231,11 +238,13 @@ class Trainer:
             "sampling_rate": s.sampling_rate,
             "public_batch_size": s.public_batch_size,
             "pretrain_epochs": s.pretrain_epochs,
+            "pretrain_batch_size": s.pretrain_batch_size,
             "noise_multiplier": p.noise_multiplier,
             "target_epsilon": p.target_epsilon,
             "delta": p.delta,
             "max_grad_norm": inf_to_str(p.max_grad_norm),
             "alpha": p.alpha,
+            "public_weight": p.public_weight,
             "optimizer": s.optimizer,
             "lr": s.lr,
             "pretrain_lr": s.pretrain_lr,
@@ -296,11 +305,22 @@ class Trainer:
                 raise DataValidationError(f"batch_size must be <= the number of records {n}, got {batch}")
             m = float(batch)
             p = m / n
-        m_pub = s_cfg.public_batch_size or max(1, round(m))
+        if s_cfg.public_batch_size is not None:
+            m_pub = s_cfg.public_batch_size
+        elif record.public_batch:
+            # Algorithm 1's public batch costs compute, not privacy: by default 4·m (at most n), so that its own
+            # sampling noise stays below the DP noise (docs/engine.md, "The public batch").
+            m_pub = min(n, max(1, round(PUBLIC_BATCH_FACTOR * m)))
+        else:
+            m_pub = max(1, round(m))
         if m_pub > n:
             raise DataValidationError(f"public_batch_size must be <= the number of records {n}, got {m_pub}")
+        # Pre-training keeps its own batch (default: a given m', else m), so a larger m' costs no pre-training steps.
+        m_pre = s_cfg.pretrain_batch_size or s_cfg.public_batch_size or max(1, round(m))
+        if m_pre > n:
+            raise DataValidationError(f"pretrain_batch_size must be <= the number of records {n}, got {m_pre}")
         steps = s_cfg.steps if s_cfg.steps is not None else max(1, round(float(s_cfg.epochs or 0.0) * n / m))
-        pretrain = round(s_cfg.pretrain_epochs * n / m_pub) if s_cfg.pretrain_epochs else 0
+        pretrain = round(s_cfg.pretrain_epochs * n / m_pre) if s_cfg.pretrain_epochs else 0
         delta = p_cfg.delta
         if delta is not None and record.private:
             delta = check_delta(delta, n)  # warns (PrivacyRiskWarning) when delta >= 1/n
@@ -320,7 +340,8 @@ class Trainer:
             if sigma and math.isinf(p_cfg.max_grad_norm):
                 raise ValueError("max_grad_norm=inf (no clipping) has unbounded sensitivity; it is only allowed "
                                  "with noise_multiplier=0 (a non-private reference run)")
-        uses_public = record.public_steps or record.public_batch or pretrain > 0
+        weight = p_cfg.public_weight if record.public_batch else 1.0
+        uses_public = record.public_steps or (record.public_batch and weight > 0) or pretrain > 0
         plan = PrivacyPlan(
             method=self.method,
             dataset_size=n,
@@ -329,9 +350,11 @@ class Trainer:
             steps=steps,
             pretrain_steps=pretrain,
             public_batch_size=m_pub if uses_public else None,
+            pretrain_batch_size=m_pre if pretrain else None,
             noise_multiplier=sigma if record.private else None,
             max_grad_norm=p_cfg.max_grad_norm if record.private else None,
             alpha=p_cfg.alpha if record.public_batch else 1.0,
+            public_weight=weight,
             delta=delta if record.private else None,
             target_epsilon=p_cfg.target_epsilon if record.private else None,
             budget_steps=budget,
@@ -708,7 +731,8 @@ class Trainer:
                 raise ValueError(f"method {plan.method!r} needs a public feature map")
             b = gather(data, state.public_shuffler.sample())
             losses = self._amp(split.public_loss)(self.model, b, split.draws(b, state.public_draws))
-            grads, shown["public_loss"] = self._mean_gradient(losses, self._public_total(plan), params)
+            total = plan.pretrain_batch if pre else self._public_total(plan)
+            grads, shown["public_loss"] = self._mean_gradient(losses, total, params)
             opt = state.pretrain_optimizer if pre else state.optimizer
         elif not record.private:
             b = gather(data, state.shuffler.sample())
@@ -721,14 +745,19 @@ class Trainer:
             opt = state.optimizer
         else:
             grads = self._private_gradient(state, split, data, record)
-            if record.public_batch:
+            if record.public_batch and plan.public_weight == 0:
+                # w = 0: no public batch is drawn or computed, so with α = 1 the run is fdp_dpsgd's, bit for bit.
+                grads = {k: plan.alpha * grads[k] for k in params}
+            elif record.public_batch:
                 if split is None:
                     raise ValueError(f"method {plan.method!r} needs a public feature map")
-                # Independent public batch: its own sampler stream and its own draws generator.
+                # Independent public batch: its own sampler stream and its own draws generator. It reads Ψ(S)
+                # only, so w scales a public quantity and no privacy event depends on it.
                 bp = gather(data, state.public_sampler.sample())
                 lp = self._amp(split.public_loss)(self.model, bp, split.draws(bp, state.public_draws))
                 gp, shown["public_loss"] = self._mean_gradient(lp, self._public_total(plan), params)
-                grads = {k: gp[k] + plan.alpha * grads[k] for k in params}
+                w = plan.public_weight
+                grads = {k: (gp[k] if w == 1 else w * gp[k]) + plan.alpha * grads[k] for k in params}
             opt = state.optimizer
         for k, p in params.items():
             p.grad = grads[k].detach().to(p.dtype)
@@ -753,7 +782,7 @@ class Trainer:
         loss_fn: Callable[[nn.Module, Batch, Batch], torch.Tensor]
         if split is not None:
             d = split.draws(b, state.private_draws)
-            loss_fn = split.private_loss if record.clipped_loss == "private_loss" else split.loss
+            loss_fn = _clipped_loss(split, record, plan.public_weight)
         else:
             d = {}
             loss_fn = _plain_cross_entropy
@@ -825,6 +854,36 @@ def _config(cls: Any, kind: str, given: Any, flat: dict[str, dict[str, Any]]) ->
             raise TypeError(f"give {kind}= or the flat settings {sorted(keys)}, not both")
         return given
     return cls(**keys)
+
+
+def _clipped_loss(split: LossSplit, record: Method, weight: float) -> LossFn:
+    """The per-example loss whose gradient is clipped: ℓ, or for Algorithm 1 ℓ − w·ℓ_pub.
+
+    Whatever w, the strategy clips each example's whole gradient to C, so the sensitivity of the sum,
+    and with it the accounting, does not depend on w; ℓ_pub here reads the private batch's own records
+    and lies inside the clipped quantity.
+    """
+    if record.clipped_loss != "private_loss":
+        return split.loss
+    if weight == 1:
+        return split.private_loss  # the published algorithm, with its numerics unchanged
+    if weight == 0:
+        return split.loss  # ℓ itself, not ℓ − 0·ℓ_pub: no public forward, and fdp_dpsgd's numerics
+    return _WeightedPrivateLoss(split, weight)
+
+
+class _WeightedPrivateLoss:
+    """ℓ − w·ℓ_pub per example, with the same model and draws for both terms (as ``LossSplit.private_loss``)."""
+
+    def __init__(self, split: LossSplit, weight: float) -> None:
+        self.split = split
+        self.weight = weight
+
+    def __call__(self, model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
+        return self.split.loss(model, batch, draws) - self.weight * self.split.public_loss(model, batch, draws)
+
+    def __repr__(self) -> str:
+        return f"ℓ − {self.weight:g}·ℓ_pub of {type(self.split).__name__}"
 
 
 def _noised_coordinates(model: nn.Module) -> int:

@@ -93,7 +93,12 @@ class PrivacyPlan:
     private methods); ``budget_steps`` the most private steps the budget allows
     (training stops there). ``noise_multiplier`` and ``max_grad_norm`` are None
     for methods that add no noise. Everything method-specific is read from the
-    method's record (:func:`featuredp.methods.get_method`).
+    method's record (:func:`featuredp.methods.get_method`). ``alpha`` and
+    ``public_weight`` (w) are Algorithm 1's (1.0 for the other methods);
+    ``pretrain_batch_size`` is the batch of public pre-training (None: no
+    pre-training, or a plan written before the field existed, which pre-trained
+    on ``public_batch_size``). Fields added later default to their old meaning,
+    so older plan dicts still load.
 
     >>> plan = PrivacyPlan("fdp", dataset_size=1000, expected_batch_size=100, sampling_rate=0.1, steps=10,
     ...                    noise_multiplier=2.0, max_grad_norm=1.0, delta=1e-5)
@@ -110,14 +115,26 @@ class PrivacyPlan:
     steps: int
     pretrain_steps: int = 0
     public_batch_size: int | None = None
+    pretrain_batch_size: int | None = None
     noise_multiplier: float | None = None
     max_grad_norm: float | None = None
     alpha: float = 1.0
+    public_weight: float = 1.0
     delta: float | None = None
     target_epsilon: float | None = None
     budget_steps: int | None = None
     relation: str = "add-remove"
     accountant: str = "pld"
+
+    @property
+    def pretrain_batch(self) -> int:
+        """The batch size of public pre-training: ``pretrain_batch_size``, else m' (``public_batch_size``), else m.
+
+        >>> PrivacyPlan("fdp", dataset_size=10, expected_batch_size=4, sampling_rate=0.4, steps=5,
+        ...             pretrain_steps=2, public_batch_size=3).pretrain_batch
+        3
+        """
+        return self.pretrain_batch_size or self.public_batch_size or max(1, round(self.expected_batch_size))
 
     @property
     def is_private(self) -> bool:

@@ -20,7 +20,7 @@ import math
 import os
 import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +186,8 @@ class RunState:
             noise = TorchNoise(torch_generator(random_seed_from(streams.noise), device))
             private_sampler = PoissonSampler(stop - start, plan.sampling_rate, streams.private_sampling, offset=start)
         m_pub = share(plan.public_batch_size or max(1, round(plan.expected_batch_size)), rank, world_size)
+        # The shuffler serves public pre-training (batches of m_pre) or the public method's steps (m_pre = m').
+        m_pre = share(plan.pretrain_batch, rank, world_size)
         return cls(
             plan=plan,
             fingerprint=fingerprint,
@@ -193,7 +195,7 @@ class RunState:
             private_sampler=private_sampler,
             shuffler=EpochShuffler(local, min(m_int, local), streams.private_sampling),
             public_sampler=UniformSampler(local, min(m_pub, local), streams.public_sampling),
-            public_shuffler=EpochShuffler(local, min(m_pub, local), streams.public_sampling),
+            public_shuffler=EpochShuffler(local, min(m_pre, local), streams.public_sampling),
             # Loss draws of the private and of the public batch come from two different streams
             # (the public one may be seeded publicly; the private one never).
             private_draws=torch_generator(random_seed_from(streams.private_draws), device),
@@ -237,7 +239,7 @@ class RunState:
                 f"the checkpoint has format {ck.get('format')!r}, this featuredp writes {CHECKPOINT_FORMAT}; it was "
                 "written by another version and cannot be resumed: start a new run"
             )
-        if ck.get("plan") != self.plan.to_dict():
+        if not _same_plan(ck.get("plan"), self.plan):
             raise ValueError(
                 "the checkpoint belongs to a different plan (dataset size, batch sizes, noise or steps differ); "
                 "resume with the same settings or start a new run"
@@ -269,6 +271,20 @@ class RunState:
         self.public_draws.set_state(ck["draws"]["public"])
         self.noise.load_state_dict(ck["noise"])
         self.averager.load_state_dict(ck["averager"])
+
+
+def _same_plan(saved: Any, plan: PrivacyPlan) -> bool:
+    """Whether a checkpoint's plan dict is ``plan``. A dict written before a plan field existed holds that
+    field's default, which meant what the old run did: w = 1, and pre-training on batches of m'."""
+    if not isinstance(saved, dict):
+        return False
+    try:
+        old = PrivacyPlan.from_dict(saved)
+    except (TypeError, ValueError):
+        return False
+    if "pretrain_batch_size" not in saved and old.pretrain_steps:
+        old = replace(old, pretrain_batch_size=old.pretrain_batch)
+    return old == plan
 
 
 def share(total: int, rank: int, world_size: int) -> int:

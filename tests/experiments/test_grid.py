@@ -31,17 +31,6 @@ class FakeTrainer:
                 "batch_size": 10, "steps": 7, "pretrain_steps": 0, "stopped_early": False, "guarantee": "g"}
 
 
-@pytest.fixture
-def tiny_csv(tmp_path):
-    rng = np.random.default_rng(0)
-    n = 400
-    df = pd.DataFrame({"a": rng.normal(size=n), "b": rng.normal(size=n), "s": rng.choice(["x", "y"], n)})
-    df["label"] = np.where(df["a"] + (df["s"] == "x") > 0.5, "hi", "lo")
-    path = tmp_path / "tiny.csv"
-    df.to_csv(path, index=False)
-    return {"path": str(path), "label": "label", "private": ["s"], "categories": {"s": ["x", "y"]}}
-
-
 def _cfg(tmp_path, opts, **kw) -> GridConfig:
     kw = {"epsilons": [1, 4], "seeds": [0, 1], "progress": False, **kw}
     return GridConfig(dataset="csv", out=tmp_path / "out", dataset_options=opts, **kw)
@@ -113,6 +102,7 @@ def test_tuning_uses_a_validation_split_of_train_never_test(tmp_path, tiny_csv) 
     assert all(c["lr"] == 5.0 for c in final)  # the best validation accuracy wins
     md = (cfg.out / "summary.md").read_text()
     assert "Tuning is not accounted for" in md
+    assert "Tuned alike: each private method (DP-SGD) got the same budget of 3 candidates" in md
     (path,) = (cfg.out / "tuning").glob("dpsgd__eps2__*.json")
     stored = json.loads(path.read_text())
     assert stored["best"] == {"lr": 5.0} and len(stored["trials"]) == 3
@@ -223,7 +213,7 @@ def test_progress_says_cell_i_of_n_method_epsilon_seed_and_eta(tmp_path, tiny_cs
 def test_threads_note_reads_the_cells() -> None:
     # CPU seconds mean little without the thread count the cells were trained with (a --report-only
     # rewrite runs with its own, possibly different, setting); cells that predate the field say nothing.
-    from featuredp.experiments.grid import _threads_note
+    from featuredp.experiments.grid_report import _threads_note
 
     assert _threads_note([{"cpu_s": 1.0}]) == ""
     assert _threads_note([{"torch_threads": 2}, {"torch_threads": 2}]) == "; 2 torch thread(s) per run"
@@ -281,3 +271,17 @@ def test_summary_states_the_majority_class_reference(tmp_path, tiny_csv) -> None
     share = np.bincount(test.y).max() / test.n
     assert out["meta"]["majority"] == pytest.approx(share)
     assert f"Majority class of the test set: {100 * share:.1f}%" in (cfg.out / "summary.md").read_text()
+
+
+def test_a_grid_on_a_users_table_fits_the_schedule_to_its_size(tmp_path, tiny_csv) -> None:
+    """Adult's 3 epochs of batches of 512 gave a 400-row table a single private step per epoch (or refused it)."""
+    from featuredp.experiments.presets import fitted_schedule
+
+    runner = GridRunner(_cfg(tmp_path, tiny_csv))
+    n = runner.data[0].n
+    fdp = runner.params_for("fdp", 1.0)
+    assert {k: fdp[k] for k in ("batch_size", "epochs", "public_batch_size")} == fitted_schedule(n, "fdp")
+    assert fdp["batch_size"] < n // 2 and fdp["epochs"] > 3  # hundreds of private steps, not a handful
+    mine = GridRunner(_cfg(tmp_path, tiny_csv, method_params={"dpsgd": {"batch_size": 64}}))
+    assert mine.params_for("dpsgd", 1.0)["batch_size"] == 64  # what the user sets wins
+    assert mine.params_for("dpsgd", 1.0)["epochs"] == fitted_schedule(n, "dpsgd")["epochs"]

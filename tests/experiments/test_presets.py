@@ -18,8 +18,8 @@ from featuredp.experiments.presets import (
 )
 from featuredp.methods import METHOD_NAMES, get_method
 
-_PRIVATE_ONLY = {"noise_multiplier", "max_grad_norm", "alpha", "public_batch_size", "pretrain_epochs", "pretrain_lr",
-                 "strategy", "physical_batch_size"}  # fmt: skip
+_PRIVATE_ONLY = {"noise_multiplier", "max_grad_norm", "alpha", "public_weight", "public_batch_size", "pretrain_epochs",
+                 "pretrain_lr", "pretrain_batch_size", "strategy", "physical_batch_size"}  # fmt: skip
 
 
 def test_every_preset_covers_every_method_with_only_keys_it_reads():
@@ -34,8 +34,9 @@ def test_every_preset_covers_every_method_with_only_keys_it_reads():
 def test_unused_params_follow_the_records():
     # The table the grid and `featuredp train` each kept before the records existed.
     assert unused_params("nonprivate") == unused_params("public") == _PRIVATE_ONLY
-    assert unused_params("dpsgd") == {"alpha", "public_batch_size", "pretrain_epochs", "pretrain_lr"}
-    assert unused_params("fdp_dpsgd") == {"alpha"}  # m' is the size of its public pre-training batches
+    assert unused_params("dpsgd") == {"alpha", "public_weight", "public_batch_size", "pretrain_epochs", "pretrain_lr",
+                                      "pretrain_batch_size"}
+    assert unused_params("fdp_dpsgd") == {"alpha", "public_weight"}  # m' is its pre-training batches' default
     assert unused_params("fdp") == set()
 
 
@@ -66,3 +67,15 @@ def test_preset_for_gives_every_registered_method_an_entry(monkeypatch):
     monkeypatch.setattr(presets, "METHODS", {**presets.METHODS, "fdp2": fdp2})
     monkeypatch.setattr("featuredp.methods.METHODS", {**presets.METHODS, "fdp2": fdp2})
     assert presets.preset_for("census-income")["methods"]["fdp2"] == PRESETS["census-income"]["methods"]["fdp"]
+
+
+def test_every_preset_tunes_its_private_methods_with_the_same_budget():
+    """Unequal candidate counts would credit a method with its search (issue 25: equal tuning)."""
+    import math
+
+    from featuredp.experiments.presets import IMAGE_PRESETS, PRESETS
+
+    for name, preset in {**PRESETS, **IMAGE_PRESETS}.items():
+        space = preset.get("tune") or {}
+        budgets = {m: math.prod(len(v) for v in grid.values()) for m, grid in space.items()}
+        assert len(set(budgets.values())) <= 1, (name, budgets)

@@ -20,6 +20,10 @@ RDP backend: dp-accounting's ``RdpAccountant`` with its default orders. For
 Poisson-subsampled event under ``"replace-one"`` has no RDP bound here and raises a
 ``ValueError`` that points to ``accountant="pld"`` (dp-accounting raises as well; we
 do not silently substitute a looser or unproven conversion).
+
+Tuned runs (an event holding dp-accounting's ``RepeatAndSelectDpEvent``: private hyperparameter tuning,
+Papernot & Steinke 2022) have an RDP bound only: :mod:`featuredp.accounting.tuning` accounts every event that
+holds one, whichever backend is asked for.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from dp_accounting.pld import privacy_loss_distribution as _pld
 from featuredp._validate import check_nonnegative, check_open_unit, check_positive
 from featuredp.accounting._gaussian import gaussian_delta, gaussian_epsilon
 from featuredp.accounting.events import DpEvent, check_accountant, check_relation, dpsgd_event
+from featuredp.accounting.tuning import contains_tuning, tuning_delta, tuning_epsilon
 
 _NeighborRel = dp_accounting.NeighboringRelation
 _DP_RELATION = {"add-remove": _NeighborRel.ADD_OR_REMOVE_ONE, "replace-one": _NeighborRel.REPLACE_ONE}
@@ -377,6 +382,8 @@ def compute_epsilon(
     relation = check_relation(relation)
     accountant = check_accountant(accountant)
     rtol = check_positive("rtol", rtol)
+    if contains_tuning(event):  # a tuned run (repeat and select) has an RDP bound only, whatever the backend
+        return tuning_epsilon(event, delta, relation)
     if accountant == "rdp":
         return float(_rdp_accountant(event, relation).get_epsilon(delta))
     try:
@@ -412,6 +419,8 @@ def compute_delta(
     relation = check_relation(relation)
     accountant = check_accountant(accountant)
     rtol = check_positive("rtol", rtol)
+    if contains_tuning(event):
+        return tuning_delta(event, epsilon, relation)
     if accountant == "rdp":
         return float(_rdp_accountant(event, relation).get_delta(epsilon))
     try:
@@ -451,6 +460,8 @@ def privacy_profile(
         raise ValueError(f"epsilons must be a non-empty 1-d array of finite values >= 0, got {epsilons!r}")
     relation = check_relation(relation)
     accountant = check_accountant(accountant)
+    if contains_tuning(event):
+        return np.array([tuning_delta(event, float(e), relation) for e in eps])
     if accountant == "rdp":
         acc = _rdp_accountant(event, relation)
         return np.array([min(1.0, acc.get_delta(float(e))) for e in eps])

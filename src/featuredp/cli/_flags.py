@@ -174,6 +174,7 @@ TRAIN_FLAGS = {
     "max_grad_norm": "--max-grad-norm",
     "batch_size": "--batch-size",
     "public_batch_size": "--public-batch-size",
+    "pretrain_batch_size": "--pretrain-batch-size",
     "pretrain_epochs": "--pretrain-epochs",
     "loss_split": "--loss-split",
     "public_seed": "--public-seed",
@@ -181,6 +182,7 @@ TRAIN_FLAGS = {
     "lr": "--lr",
     "momentum": "--momentum",
     "alpha": "--alpha",
+    "public_weight": "--public-weight",
 }
 del TRAIN_FLAGS["steps"]  # train has no --steps: a step count in a message is the computed one
 
@@ -205,12 +207,14 @@ def check_training_values(args: argparse.Namespace) -> None:
         check_nonnegative("--noise-multiplier", args.noise_multiplier)
     if given("max_grad_norm") is not None:
         check_positive("--max-grad-norm", args.max_grad_norm, allow_inf=True)
-    for name in ("batch_size", "public_batch_size"):
+    for name in ("batch_size", "public_batch_size", "pretrain_batch_size"):
         if given(name) is not None:
             check_int("--" + name.replace("_", "-"), given(name), minimum=1)
     for name in ("lr", "alpha"):
         if given(name) is not None:
             check_positive("--" + name, given(name))
+    if given("public_weight") is not None:
+        check_nonnegative("--public-weight", args.public_weight)
     if given("momentum") is not None and not 0 <= args.momentum < 1:
         raise ValueError(f"--momentum must be in [0, 1), got {args.momentum!r}")
     for width in getattr(args, "hidden", None) or []:

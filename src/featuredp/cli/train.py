@@ -40,15 +40,25 @@ def register(subparsers: Any) -> None:
     p.add_argument("--private", type=_columns, default=None,
                    help="comma-separated private raw columns (default: the dataset's, sex,race for adult); "
                         "naming the label makes it private")
-    p.add_argument("--method", choices=METHOD_NAMES, default="fdp")
+    p.add_argument("--method", choices=(*METHOD_NAMES, "fdp_auto"), default="fdp",
+                   help="fdp_auto: Algorithm 1 with its public weight w (w = 0, α = 1: FDP (DP-SGD)), α and lr "
+                        "chosen per run by --tune (default public: free); the output says which it ran")
     p.add_argument("--epsilon", type=float, default=None, help="target epsilon (sigma is calibrated)")
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--noise-multiplier", type=float, default=None, help="sigma (with --epsilon: budget stop)")
     p.add_argument("--epochs", type=float, default=None)
     p.add_argument("--max-grad-norm", type=float, default=None, help="clipping norm C")
     p.add_argument("--batch-size", type=int, default=None, help="expected private batch size m (p = m/n)")
-    p.add_argument("--public-batch-size", type=int, default=None, help="public batch size m'")
+    p.add_argument("--public-batch-size", type=int, default=None,
+                   help="public batch size m' (the preset's; the engine's default for fdp is 4 × the batch size: "
+                        "it costs compute, not privacy)")
     p.add_argument("--alpha", type=float, default=None, help="weight of the private gradient (fdp)")
+    p.add_argument("--public-weight", type=float, default=None, metavar="W",
+                   help="fdp: g = W·g_pub + alpha·g_priv with ∇(ℓ − W·ℓ_pub) clipped (default 1; 0: no public "
+                        "batch, with --alpha 1 exactly fdp_dpsgd)")
+    p.add_argument("--pretrain-batch-size", type=int, default=None, metavar="N",
+                   help="batch size of public pre-training (default: the preset's, else --public-batch-size if "
+                        "given, else --batch-size)")
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--momentum", type=float, default=None)
     p.add_argument("--optimizer", choices=("sgd", "adam"), default=None)
@@ -88,6 +98,16 @@ def register(subparsers: Any) -> None:
     add_data_arguments(p)  # --data FILE --label COL --schema ... (your own table)
     p.add_argument("--no-baselines", action="store_true",
                    help="skip the references (majority class; public only, a second, free training run on Ψ alone)")
+    p.add_argument("--tune", choices=("private", "public"), default=None,
+                   help="tune lr, C and alpha before training. private: a random search with a secret, random "
+                        "number of trials (Papernot & Steinke 2022) whose whole cost is --epsilon (and the "
+                        "ledger's spend); public (fdp, fdp_dpsgd): every candidate scored on the public view "
+                        "alone, free under feature DP, then one run at --epsilon (docs/own-data.md)")
+    p.add_argument("--tune-trials", type=float, default=5.0, metavar="MEAN",
+                   help="--tune private: the mean number of trials E[K] (default 5)")
+    p.add_argument("--tune-distribution", choices=("geometric", "logarithmic"), default="geometric",
+                   help="--tune private: the distribution of the number of trials (default geometric; "
+                        "logarithmic costs less ε for the same mean but has a heavier tail of long searches)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run, resume_hint=_resume_hint)
@@ -116,20 +136,31 @@ def _train(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # small models: one intra-op thread is faster and steadier on shared CPUs
     if args.resume and not args.out:
         raise ValueError("--resume needs --out DIR (the run to continue)")
-    summary = train_one(
-        dataset_options=dataset_options,
-        dataset=args.dataset, private=args.private, method=args.method, epsilon=args.epsilon, delta=args.delta,
-        seed=args.seed, public_seed=args.public_seed, secure_rng=args.secure_rng, ledger=args.ledger,
-        model=args.model, hidden=args.hidden, loss_split=args.loss_split, out=args.out,
-        resume=args.resume, keep_checkpoint=args.keep_checkpoint, progress=not (args.quiet or args.json),
-        baselines=not args.no_baselines,
-        device=args.device,
-        precision=args.precision,
-        epochs=args.epochs, noise_multiplier=args.noise_multiplier, max_grad_norm=args.max_grad_norm,
-        batch_size=args.batch_size, public_batch_size=args.public_batch_size, alpha=args.alpha, lr=args.lr,
-        momentum=args.momentum, optimizer=args.optimizer, pretrain_epochs=args.pretrain_epochs,
-        accountant=args.accountant, relation=args.relation,
-    ).summary  # fmt: skip
+    # What the run reads, and its Trainer parameters: the same for a plain run and for a tuned one.
+    common: dict[str, Any] = dict(
+        dataset_options=dataset_options, dataset=args.dataset, private=args.private, epsilon=args.epsilon,
+        delta=args.delta, seed=args.seed, public_seed=args.public_seed, secure_rng=args.secure_rng,
+        ledger=args.ledger, model=args.model, hidden=args.hidden, loss_split=args.loss_split, out=args.out,
+        progress=not (args.quiet or args.json), baselines=not args.no_baselines, device=args.device,
+        precision=args.precision, epochs=args.epochs, max_grad_norm=args.max_grad_norm, batch_size=args.batch_size,
+        public_batch_size=args.public_batch_size, alpha=args.alpha, lr=args.lr, public_weight=args.public_weight,
+        pretrain_batch_size=args.pretrain_batch_size, momentum=args.momentum, optimizer=args.optimizer,
+        pretrain_epochs=args.pretrain_epochs, accountant=args.accountant, relation=args.relation,
+    )  # fmt: skip
+    if args.tune or args.method == "fdp_auto":
+        from featuredp.experiments.tuning import TuningSettings, tune
+
+        settings = TuningSettings(args.tune or "public", mean_trials=args.tune_trials,
+                                  distribution=args.tune_distribution)  # fmt: skip
+        summary = tune(settings, method=args.method, **common).summary
+    else:
+        summary = train_one(method=args.method, noise_multiplier=args.noise_multiplier, resume=args.resume,
+                            keep_checkpoint=args.keep_checkpoint, **common).summary  # fmt: skip
+    return _print_summary(args, summary)
+
+
+def _print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> int:
+    """Print the run's summary: a table of lines, or one JSON object with --json."""
     summary.setdefault("checkpoint", None)  # where the private checkpoint is (was, once deleted); null: no --out
     summary.setdefault("checkpoint_kept", False)
     if args.json:
@@ -149,6 +180,11 @@ def _train(args: argparse.Namespace) -> int:
     if summary["stopped_early"]:
         lines.append(f"stopped early     {summary['stop_reason']}")
     lines.append(f"guarantee         {summary['guarantee']}")
+    if summary.get("ran"):
+        ran = summary["ran"]
+        lines.append(f"ran               {ran['label']} (chosen by {ran['chosen_by']}; the choice's epsilon "
+                     f"{ran['choice_epsilon']:.4g} is included above)")
+    lines.extend(_tuning_lines(summary.get("tuning")))
     lines.extend(_reference_lines(summary))
     if summary.get("ledger"):
         book = summary["ledger"]
@@ -172,6 +208,26 @@ def _resume_hint(args: argparse.Namespace) -> str:
             f"checkpoint (--out {args.out})")
 
 
+def _tuning_lines(tuning: dict[str, Any] | None) -> list[str]:
+    """What --tune chose and what it cost."""
+    if not tuning:
+        return []
+    chosen = ", ".join(f"{k}={v:g}" for k, v in tuning["chosen"].items()) or "the defaults"
+    if tuning["mode"] == "private":
+        lines = [f"tuned             privately: {chosen} (noisy validation accuracy "
+                 f"{tuning['noisy_validation_accuracy']:.4f} ± {tuning['score_noise_std']:.3f}); random search, "
+                 f"E[K] = {tuning['mean_trials']:g} {tuning['distribution']} trials, epsilon above is the whole "
+                 "search's (the number of trials is secret)"]
+        if tuning["score_noise_std"] > 0.02:
+            lines.append(f"note              each trial's score carries noise of sd {tuning['score_noise_std']:.3f} "
+                         f"(accuracy) on {tuning['validation_records']} validation records: the choice is largely "
+                         "noise on a table this small; --tune public (FDP) costs nothing and has no score noise")
+        return lines
+    return [f"tuned             on the public view: {chosen} (public-view validation accuracy "
+            f"{tuning['public_view_validation_accuracy']:.4f}, {tuning['candidates']} candidates, free under "
+            "feature DP)"]
+
+
 def _reference_lines(summary: dict[str, Any]) -> list[str]:
     """The majority-class and public-only references, the last training loss shown, and advice when the
     private model falls below the public-only one (Ψ(S) alone already gets that accuracy, at no privacy cost)."""
@@ -192,7 +248,8 @@ def _reference_lines(summary: dict[str, Any]) -> list[str]:
     if acc is not None and public is not None and acc < public:
         lines.append(f"note              the private model ({acc:.4f}) is below the public-only reference "
                      f"({public:.4f}): train longer (--epochs) or with a larger --lr, pre-train on the public "
-                     "view (--pretrain-epochs), or raise --epsilon; featuredp compare --tune tries settings")
+                     "view (--pretrain-epochs), or raise --epsilon; --tune public (free under FDP) or --tune "
+                     "private tries settings")
     return lines
 
 
@@ -200,3 +257,21 @@ def _check_flags(args: argparse.Namespace) -> None:
     """Every value and --out/--resume/--overwrite, before any data is read (one line naming the flag)."""
     check_training_values(args)
     check_run_out(args)
+    if args.method == "fdp_auto" and args.public_weight is not None:
+        raise ValueError("--method fdp_auto chooses --public-weight itself: leave it out (or use --method fdp)")
+    if args.tune or args.method == "fdp_auto":
+        if args.method not in ("dpsgd", "fdp_dpsgd", "fdp", "fdp_auto"):
+            raise ValueError(f"--tune needs a private method (dpsgd, fdp_dpsgd, fdp), got --method {args.method}")
+        if args.tune == "public" and args.method == "dpsgd":
+            raise ValueError("--tune public needs an FDP method (fdp, fdp_dpsgd): dpsgd protects whole records, "
+                             "so it has no public view to tune on; use --tune private")
+        if args.epsilon is None:
+            raise ValueError("--tune needs --epsilon (the target epsilon of the whole tuned run)")
+        if args.noise_multiplier is not None:
+            raise ValueError("--tune calibrates the noise to --epsilon: leave --noise-multiplier out")
+        if args.resume:
+            raise ValueError("--tune cannot --resume (a search is not checkpointed): run it again")
+        if args.tune == "private" and args.seed is not None:
+            raise ValueError("--tune private draws the number of trials from secret randomness: leave --seed out")
+        if not (args.tune_trials >= 1 and args.tune_trials < 1e6):
+            raise ValueError(f"--tune-trials must be a mean number of trials in [1, 1e6), got {args.tune_trials}")

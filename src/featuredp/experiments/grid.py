@@ -18,6 +18,10 @@ evaluates on the test set and writes, in ``out``:
 * ``tuning/`` — with ``tune=True``: validation accuracy of each candidate (named by the hash of the
   tuning setup, like the cells).
 
+``protocol`` picks how the private methods reach each ε: ``default`` trains each method's epochs and
+batch size and calibrates σ; ``paper`` (the paper's §6) fixes σ = 1 and the sampling rate 1/16 and
+trains the largest number of steps whose ε (PLD) stays within the target (:func:`paper_steps`).
+
 With ``progress=True`` each cell prints one line on stderr when it starts: cell i of N, method,
 ε, seed and the estimated time left (from the cells run so far).
 
@@ -33,7 +37,6 @@ import copy
 import hashlib
 import itertools
 import json
-import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -50,23 +53,42 @@ from featuredp._validate import check_choice, check_int, check_open_unit, check_
 from featuredp.batches import resolve_device
 from featuredp.data import load_dataset
 from featuredp.experiments.data_key import data_key
+from featuredp.experiments.grid_report import (
+    LABELS,
+    REFERENCE_METHODS,
+    reference_epsilon,
+    render_summary_md,
+    summarize,
+)
 from featuredp.experiments.plots import privacy_utility_plot
-from featuredp.experiments.presets import PRESETS, preset_for
+from featuredp.experiments.presets import PRESETS, fitted_schedule, preset_for
+from featuredp.experiments.protocols import (
+    PAPER_FIXED,
+    PAPER_MAX_EPOCHS,
+    PAPER_NOISE_MULTIPLIER,
+    PAPER_SAMPLING_RATE,
+    PROTOCOLS,
+    paper_steps,
+)
 from featuredp.experiments.train_one import train_cell
-from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS, Method, get_method
-from featuredp.methods import METHODS as METHOD_RECORDS
+from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS, get_method
 
 __all__ = [
     "CSV_COLUMNS",
     "GRID_FILE",
     "LABELS",
     "METHODS",
+    "PAPER_MAX_EPOCHS",
+    "PAPER_NOISE_MULTIPLIER",
+    "PAPER_SAMPLING_RATE",
     "PRESETS",
+    "PROTOCOLS",
     "REFERENCE_METHODS",
     "Cell",
     "GridConfig",
     "GridRunner",
     "grid_cells",
+    "paper_steps",
     "preset_for",
     "render_summary_md",
     "run_grid",
@@ -75,8 +97,6 @@ __all__ = [
 ]
 
 METHODS = METHOD_NAMES
-REFERENCE_METHODS = tuple(name for name, m in METHOD_RECORDS.items() if m.reference)
-LABELS = {name: m.label for name, m in METHOD_RECORDS.items()}
 CSV_COLUMNS = [
     "dataset", "method", "target_epsilon", "seed", "accuracy", "epsilon", "delta", "noise_multiplier",
     "max_grad_norm", "sampling_rate", "batch_size", "steps", "pretrain_steps", "stopped_early", "wall_s", "cpu_s",
@@ -86,9 +106,6 @@ CSV_COLUMNS = [
 GRID_FILE = "grid.json"
 #: the grid's outputs derived from its cells (rewritten on every run; cells and tuning files are kept)
 GRID_OUTPUTS = ("results.csv", "summary.md", "privacy_utility.png")
-#: the differences summary.md reports (the paper's claims): (minuend, subtrahend, how the line names it)
-CLAIMED_DIFFERENCES = (("fdp", "dpsgd", "FDP − DP-SGD"), ("fdp", "fdp_dpsgd", "FDP − FDP(DP-SGD)"),
-                       ("fdp_dpsgd", "dpsgd", "FDP(DP-SGD) − DP-SGD"))  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -100,6 +117,9 @@ class GridConfig:
     float rounding, so it is not part of a cell's configuration: finished cells are reused on any device.
     ``overwrite``: ``out`` may hold the results of a different grid, which this one replaces (its
     cells stay; they are keyed by their settings). ``progress``: one line per cell on stderr.
+    ``protocol``: ``default`` (each method's epochs and batch size, σ calibrated to ε) or ``paper``
+    (σ = 1, sampling rate 1/16, as many steps as ε allows; :func:`paper_steps`); the references train alike
+    under both.
     """
 
     dataset: str
@@ -119,6 +139,7 @@ class GridConfig:
     report_only: bool = False  # summarise the finished cells; run nothing (e.g. while a grid is still running)
     device: str | None = None
     overwrite: bool = False  # replace the results.csv/summary.md/plot of a different grid in ``out``
+    protocol: str = "default"
 
     def __post_init__(self) -> None:
         if not isinstance(self.dataset, str) or not self.dataset:
@@ -141,6 +162,14 @@ class GridConfig:
         unknown = sorted(set(self.method_params) - set(METHODS))
         if unknown:
             raise ValueError(f"method_params has unknown method(s) {unknown}; methods are {list(METHODS)}")
+        self.protocol = check_choice("protocol", self.protocol, PROTOCOLS)
+        if self.protocol == "paper":
+            for method, params in self.method_params.items():
+                fixed = sorted(set(params) & set(PAPER_FIXED)) if method in PRIVATE_METHODS else []
+                if fixed:
+                    raise ValueError(f"method_params[{method!r}] sets {', '.join(fixed)}, which protocol='paper' "
+                                     "fixes (σ = 1, sampling rate 1/16, steps from ε); drop it or use "
+                                     "protocol='default'")  # fmt: skip
         for part in (self.out, *self.out.parents):
             if part.exists() and not part.is_dir():
                 raise ValueError(f"out must be a folder, got {str(self.out)!r}, which is an existing file"
@@ -188,6 +217,8 @@ class GridRunner:
         grid passes its own, :mod:`featuredp.experiments.image_classification`)."""
         self.cfg = cfg
         self.preset = copy.deepcopy(preset) if preset is not None else preset_for(cfg.dataset)
+        # A tabular table without a preset (a user's file): the schedule is fitted to its size once it is loaded.
+        self._fits_schedule = preset is None and cfg.dataset not in PRESETS
         if cfg.quick:
             self._shrink_for_quick()
         for method, params in cfg.method_params.items():
@@ -201,6 +232,10 @@ class GridRunner:
         self._val: tuple[Any, Any] | None = None
         self._data_key: str | None = None
         self.tuned: dict[str, dict[str, Any]] = {}
+        self._paper_steps: dict[float, int] = {}
+        if cfg.protocol == "paper" and any(m in PRIVATE_METHODS for m in cfg.methods):
+            for eps in cfg.epsilons:  # an ε the protocol cannot reach (or only in too many epochs): refused now
+                self._paper_steps[eps] = paper_steps(eps, self.delta)
 
     def _shrink_for_quick(self) -> None:
         # A reduced grid for CI and trying things: less data (quick_load), at most 2 epochs (and 2 of
@@ -211,7 +246,7 @@ class GridRunner:
             for key in ("epochs", "pretrain_epochs"):
                 if key in params:
                     params[key] = min(params[key], 2)
-            for key in ("batch_size", "public_batch_size"):
+            for key in ("batch_size", "public_batch_size", "pretrain_batch_size"):
                 if key in params:
                     params[key] = min(params[key], cap)
 
@@ -234,10 +269,46 @@ class GridRunner:
         return self._val
 
     # -- one training run ----------------------------------------------------------------------------
-    def params_for(self, method: str, epsilon: float | None) -> dict[str, Any]:
-        """The Trainer arguments of ``method`` at ``epsilon``: the preset's, with the tuned values if any."""
+    def base_params(self, method: str) -> dict[str, Any]:
+        """The Trainer arguments of ``method`` before tuning: the preset's; for a table without a preset of its own
+        (a user's file), with the schedule fitted to its size (:func:`~featuredp.experiments.presets.
+        fitted_schedule`, as ``featuredp train`` does), except what ``method_params`` sets."""
         params = dict(self.preset["methods"].get(method, {}))
+        if self._fits_schedule:
+            given = self.cfg.method_params.get(method, {})
+            fitted = fitted_schedule(int(self.data[0].n), method)
+            if any(k in given for k in ("steps", "epochs")):
+                fitted.pop("epochs", None)
+            if any(k in given for k in ("sampling_rate", "batch_size")):
+                fitted.pop("batch_size", None)
+            fitted = {k: v for k, v in fitted.items() if k not in given}
+            if self.cfg.quick and "epochs" in fitted:
+                fitted["epochs"] = min(float(fitted["epochs"]), 2.0)
+            params.update(fitted)
+            if "epochs" in fitted:
+                params.pop("steps", None)
+        return params
+
+    def params_for(self, method: str, epsilon: float | None) -> dict[str, Any]:
+        """The Trainer arguments of ``method`` at ``epsilon``: :meth:`base_params`, with the tuned values if any,
+        and what the grid's protocol sets (:meth:`with_protocol`)."""
+        params = self.base_params(method)
         params.update(self.tuned.get(_tune_key(method, epsilon), {}))
+        return self.with_protocol(method, epsilon, params)
+
+    def with_protocol(self, method: str, epsilon: float | None, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` as the grid's protocol has them. Under ``paper`` a private method trains with σ = 1, sampling
+        rate 1/16 and PLD accounting for the steps :func:`paper_steps` gives at ``epsilon`` (with ``epsilon`` None:
+        without steps, the ε-independent part summary.md lists); its batch size and epochs are dropped, as they
+        would set q and T otherwise. Everything else, and every non-private method, is left as it is."""
+        if self.cfg.protocol != "paper" or method not in PRIVATE_METHODS:
+            return params
+        params = {k: v for k, v in params.items() if k not in PAPER_FIXED}
+        params.update(noise_multiplier=PAPER_NOISE_MULTIPLIER, sampling_rate=PAPER_SAMPLING_RATE, accountant="pld")
+        if epsilon is not None:
+            if epsilon not in self._paper_steps:
+                self._paper_steps[epsilon] = paper_steps(epsilon, self.delta)
+            params["steps"] = self._paper_steps[epsilon]
         return params
 
     def _fit(self, method: str, epsilon: float | None, seed: int, params: dict[str, Any], data: tuple[Any, Any]
@@ -265,6 +336,10 @@ class GridRunner:
             "loss_split": self.preset.get("loss_split"), "padding_scale": self.preset.get("padding_scale"),
             "delta": self.delta, "method": cell.method,
             "epsilon": cell.epsilon, "seed": cell.seed, "params": self.params_for(cell.method, cell.epsilon),
+            # Only where it changes the training: default cells keep the hashes they had before protocols, and the
+            # references (trained alike under both) are shared.
+            **({"protocol": self.cfg.protocol}
+               if self.cfg.protocol != "default" and cell.method in PRIVATE_METHODS else {}),
         }  # fmt: skip
 
     def run_cell(self, cell: Cell) -> dict[str, Any]:
@@ -331,6 +406,8 @@ class GridRunner:
             "seeds": list(self.cfg.seeds), "quick": self.cfg.quick, "tune": self.cfg.tune,
             "val_fraction": self.cfg.val_fraction if self.cfg.tune else None,
             "method_params": {m: self.preset["methods"].get(m, {}) for m in self.cfg.methods},
+            # Absent for the default, so that the grid.json of a grid from before protocols still matches.
+            **({"protocol": self.cfg.protocol} if self.cfg.protocol != "default" else {}),
         }  # fmt: skip
 
     def check_out(self) -> bool:
@@ -412,11 +489,20 @@ class GridRunner:
                 if bar is not None:
                     bar(f"tuning {method} ε={eps:g}: candidate {i} of {len(candidates)} {cand}" if eps is not None
                         else f"tuning {method}: candidate {i} of {len(candidates)} {cand}")
-                s = self._fit(method, eps, 0, {**base, **cand}, self.validation)
+                s = self._fit(method, eps, 0, self.with_protocol(method, eps, {**base, **cand}), self.validation)
                 trials.append({"params": cand, "val_accuracy": s["accuracy"], "epsilon": s.get("epsilon")})
             best = max(trials, key=lambda t: t["val_accuracy"])["params"]
             atomic_write_json(path, {"tag": tag, "method": method, "epsilon": eps, "best": best, "trials": trials})
             self.tuned[key] = best
+
+    def tuning_budget(self) -> dict[str, int]:
+        """The number of candidates each private method of the grid gets with ``tune`` (its preset's grid)."""
+        out = {}
+        for method in self.cfg.methods:
+            space = self.preset.get("tune", {}).get(method)
+            if method in PRIVATE_METHODS:
+                out[method] = int(np.prod([len(v) for v in space.values()])) if space else 0
+        return out
 
     def _tuning_setup(self, method: str, eps: float | None) -> tuple[Path, str, dict[str, Any], list[dict[str, Any]]
                                                                      ] | None:
@@ -424,7 +510,7 @@ class GridRunner:
         space = self.preset.get("tune", {}).get(method)
         if not space:
             return None
-        base = dict(self.preset["methods"].get(method, {}))
+        base = self.with_protocol(method, eps, self.base_params(method))
         candidates = [dict(zip(space, values)) for values in itertools.product(*space.values())]
         tag = _hash({"base": base, "candidates": candidates, "load": self.load_options, "data": self.data_key,
                      "delta": self.delta,
@@ -493,14 +579,17 @@ class GridRunner:
         summary = summarize(rows)
         meta = {
             "dataset": cfg.dataset, **self.report_facts(), "delta": self.delta, "quick": cfg.quick, "tuned": cfg.tune,
-            "methods": {m: self.preset["methods"].get(m, {}) for m in cfg.methods}, "tuned_params": self.tuned,
+            "protocol": cfg.protocol,
+            "methods": {m: self.with_protocol(m, None, self.base_params(m)) for m in cfg.methods},
+            "tuned_params": self.tuned,
+            "tuning_budget": self.tuning_budget() if cfg.tune else {},
             "cells_run": ran, "cells_reused": skipped, "cells_missing": len(cells) - ran - skipped,
             "invocation_wall_s": round(time.perf_counter() - started, 1),
             "command": cfg.command,
         }  # fmt: skip
         atomic_write_text(cfg.out / "summary.md", render_summary_md(rows, summary, meta))
         privacy_utility_plot(rows, cfg.out / "privacy_utility.png", title=f"{cfg.dataset}: accuracy vs ε")
-        return {"dataset": cfg.dataset, "out": str(cfg.out), "summary": summary, "meta": meta}
+        return {"dataset": cfg.dataset, "out": str(cfg.out), "protocol": cfg.protocol, "summary": summary, "meta": meta}
 
     def report_facts(self) -> dict[str, Any]:
         """What summary.md says of the data, the private part, the model and the split (the image grid: of images)."""
@@ -519,15 +608,6 @@ class GridRunner:
             df.to_csv(tmp, index=False)
 
 
-def _threads_note(rows: Sequence[dict[str, Any]]) -> str:
-    """"; N torch thread(s) per run" from the cells (cells written before this was recorded say nothing)."""
-    counts = sorted({int(r["torch_threads"]) for r in rows if r.get("torch_threads")})
-    if not counts:
-        return ""
-    span = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
-    return f"; {span} torch thread(s) per run"
-
-
 def _tune_key(method: str, epsilon: float | None) -> str:
     return f"{method}__eps{'none' if epsilon is None else f'{epsilon:g}'}"
 
@@ -538,6 +618,8 @@ def _describe_difference(theirs: dict[str, Any], mine: dict[str, Any]) -> str:
         text = json.dumps(value, sort_keys=True, default=str)
         return text if len(text) <= 40 else text[:37] + "..."
 
+    # A grid.json without a protocol is a default grid (the key is written only for the others).
+    theirs, mine = {"protocol": "default", **theirs}, {"protocol": "default", **mine}
     parts = [f"{key} {short(theirs.get(key))} → {short(mine.get(key))}"
              for key in mine if theirs.get(key) != mine.get(key)]  # fmt: skip
     return "; ".join(parts[:4]) + (f"; {len(parts) - 4} more" if len(parts) > 4 else "") if parts else "settings differ"
@@ -582,145 +664,9 @@ def _clock(seconds: float) -> str:
     return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
 
 
-def _reference_epsilon(record: Method) -> float:
-    """The ε of a non-private method: 0 when its steps read only Ψ(S), else ∞ (no guarantee)."""
-    return 0.0 if record.public_steps else math.inf
-
-
 def _spent(method: str, eps: Any) -> float:
     record = get_method(method)
-    return float(eps) if record.private else _reference_epsilon(record)
-
-
-# --------------------------------------------------------------------------------------------------------
-def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean ± std of accuracy (and mean ε spent, σ, steps, wall time) per method and target ε."""
-    groups: dict[tuple[str, float | None], list[dict[str, Any]]] = {}
-    for r in rows:
-        eps = r["target_epsilon"]
-        eps = None if eps is None or (isinstance(eps, float) and math.isnan(eps)) else float(eps)
-        groups.setdefault((r["method"], eps), []).append(r)
-    out = []
-    order = {m: i for i, m in enumerate(METHODS)}
-    for (method, eps), rs in sorted(groups.items(), key=lambda kv: (order[kv[0][0]], kv[0][1] or 0.0)):
-        acc = np.array([float(r["accuracy"]) for r in rs])
-        sigma = [float(r["noise_multiplier"]) for r in rs if r.get("noise_multiplier") not in (None, "")]
-        out.append({
-            "method": method, "target_epsilon": eps, "n": len(rs),
-            "accuracy_mean": float(acc.mean()), "accuracy_std": float(acc.std(ddof=1)) if len(rs) > 1 else 0.0,
-            "epsilon_spent": float(np.mean([float(r["epsilon"]) for r in rs])),
-            "noise_multiplier": float(np.mean(sigma)) if sigma else None,
-            "steps": float(np.mean([float(r["steps"] or 0) for r in rs])),
-            "wall_s": float(np.mean([float(r["wall_s"]) for r in rs])),
-            "cpu_s": float(np.mean([float(r.get("cpu_s") or 0.0) for r in rs])),
-        })  # fmt: skip
-    return out
-
-
-def _fmt_acc(s: dict[str, Any]) -> str:
-    # One seed has no spread to show: "± 0.0" would claim a certainty that one run cannot give.
-    if s["n"] < 2:
-        return f"{100 * s['accuracy_mean']:.1f}"
-    return f"{100 * s['accuracy_mean']:.1f} ± {100 * s['accuracy_std']:.1f}"
-
-
-def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    """The human-readable report of a grid."""
-    eps_values = sorted({s["target_epsilon"] for s in summary if s["target_epsilon"] is not None})
-    by = {(s["method"], s["target_epsilon"]): s for s in summary}
-    methods = [m for m in METHODS if any(s["method"] == m for s in summary)]
-    private = meta.get("private") or []
-    priv_text = ", ".join(private) if len(private) <= 8 else f"{len(private)} columns ({', '.join(private[:4])}, ...)"
-    lines = [
-        f"# Privacy–utility comparison: {meta['dataset']}",
-        "",
-        f"{meta.get('description', '')}",
-        "",
-        f"* Private: {priv_text}. Train/test rows: {meta.get('train_rows')} / {meta.get('test_rows')}.",
-        f"* Model: {meta.get('model')}" + (f" {meta.get('hidden')}" if meta.get("hidden") else "")
-        + f"; loss split: {meta.get('loss_split') or 'default'}; δ = {meta.get('delta'):g}"
-        + ("; **quick mode** (reduced data and epochs: a smoke test, not a result)" if meta.get("quick") else "")
-        + ".",
-        *([f"* Majority class of the test set: {100 * meta['majority']:.1f}% (a model at or below it learned "
-            "nothing); the public-only row (Ψ alone, free under FDP) is the reference a private model must beat."]
-          if meta.get("majority") is not None else []),
-        f"* Command: `{meta.get('command') or 'featuredp compare'}`",
-        "",
-        "## Test accuracy (%), mean ± std over seeds" if max((s["n"] for s in summary), default=2) > 1
-        else "## Test accuracy (%), one seed (no spread: run more seeds for one)",
-        "",
-        "| method | " + " | ".join(f"ε = {e:g}" for e in eps_values) + " |",
-        "|---|" + "---|" * len(eps_values),
-    ]
-    for m in methods:
-        if m in REFERENCE_METHODS:
-            s = by.get((m, None))
-            cell = "—" if s is None else _fmt_acc(s)
-            note = " (ε = 0)" if _reference_epsilon(get_method(m)) == 0 else " (ε = ∞)"
-            lines.append(f"| {LABELS[m]}{note} | " + " | ".join(cell for _ in eps_values) + " |")
-        else:
-            lines.append(f"| {LABELS[m]} | " + " | ".join(
-                _fmt_acc(by[(m, e)]) if (m, e) in by else "—" for e in eps_values) + " |")
-    n_seeds = sorted({s["n"] for s in summary})
-    lines += ["", f"Seeds per cell: {', '.join(map(str, n_seeds))}.", ""]
-    diffs = []
-    for e in eps_values:
-        parts = []
-        for a, b, name in CLAIMED_DIFFERENCES:
-            sa, sb = by.get((a, e)), by.get((b, e))
-            if sa and sb:
-                parts.append(f"{name} = {100 * (sa['accuracy_mean'] - sb['accuracy_mean']):+.1f}")
-        if parts:
-            diffs.append(f"* ε = {e:g}: " + "; ".join(parts) + " points")
-    if diffs:
-        lines += ["## Differences (accuracy points, means)", "", *diffs, ""]
-    lines += [
-        "## Privacy actually spent and cost",
-        "",
-        "| method | target ε | ε spent | σ | steps | wall s / run | CPU s / run |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for s in summary:
-        eps = "—" if s["target_epsilon"] is None else f"{s['target_epsilon']:g}"
-        spent = "∞" if math.isinf(s["epsilon_spent"]) else f"{s['epsilon_spent']:.3f}"
-        sigma = "—" if s["noise_multiplier"] is None else f"{s['noise_multiplier']:.3f}"
-        lines.append(f"| {LABELS[s['method']]} | {eps} | {spent} | {sigma} | {s['steps']:.0f} | {s['wall_s']:.1f} "
-                     f"| {s['cpu_s']:.1f} |")
-    total = sum(float(r["wall_s"]) for r in rows)
-    total_cpu = sum(float(r.get("cpu_s") or 0.0) for r in rows)
-    lines += [
-        "",
-        f"Total training time of the {len(rows)} runs: {total / 60:.1f} min wall, {total_cpu / 60:.1f} min CPU "
-        f"(sums over runs{_threads_note(rows)}; this invocation ran {meta.get('cells_run')} and reused "
-        f"{meta.get('cells_reused')} finished cells"
-        + (f"; **{meta['cells_missing']} cells of the grid are not finished yet**" if meta.get("cells_missing") else "")
-        + ").",
-        "",
-        "## Hyperparameters",
-        "",
-    ]
-    for m, p in meta.get("methods", {}).items():
-        lines.append(f"* {LABELS[m]}: `{json.dumps(p, sort_keys=True)}`")
-    if meta.get("tuned"):
-        lines += [
-            "",
-            "Tuned on a validation split carved from the training data (never the test set): "
-            + "; ".join(f"{k}: `{json.dumps(v, sort_keys=True)}`" for k, v in meta.get("tuned_params", {}).items())
-            + ".",
-            "",
-            "**Tuning is not accounted for**: the ε above covers each final training run only, not the "
-            "hyperparameter search on the (private) training data.",
-        ]
-    else:
-        lines += ["", "Fixed per-dataset defaults (no tuning in this run)."]
-    lines += [
-        "",
-        "ε spent is computed by the engine's accountant (PLD, add/remove) for the private steps actually run. "
-        "FDP protects the private attributes only (not membership); DP-SGD's guarantee is record-level DP, "
-        "which implies FDP with the same ε. The public-only model reads Ψ(S) only ((0, 0)-FDP).",
-        "",
-    ]
-    return "\n".join(lines)
+    return float(eps) if record.private else reference_epsilon(record)
 
 
 def run_grid(cfg: GridConfig, **kwargs: Any) -> dict[str, Any]:

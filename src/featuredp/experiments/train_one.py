@@ -50,7 +50,8 @@ from featuredp.methods import get_method
 from featuredp.models import build_model, spec_for
 from featuredp.plan import TrainResult
 
-__all__ = ["TrainedModel", "retrain_like", "train_cell", "train_one", "train_tabular"]
+__all__ = ["TrainedModel", "ledger_summary", "references", "resolved_params", "retrain_like", "train_cell", "train_one",
+           "train_tabular"]
 
 
 # Trainer arguments of which one is given: the run's length, and its batch size or sampling rate.
@@ -187,20 +188,8 @@ def train_one(
         spec = spec_for(train, kind, **spec_opts)
     net = build_model(spec, seed=init_seed(public_seed if public_seed is not None else seed))
 
-    kwargs = {} if preset is None else method_params(PRESETS[preset]["methods"], record)
-    if preset is not None and dataset not in PRESETS:
-        # A table without a preset of its own (a user's file): batches and epochs fitted to its size.
-        kwargs.update(fitted_schedule(int(train.n), record))
-    if preset is not None and isinstance(split, LabelDPSplit) and record.needs_feature_map:
-        kwargs.update(LABEL_DP_DEFAULTS)  # defaults only: the caller's params below still win
-    given = {k: v for k, v in params.items() if v is not None}
-    for pair in _ALTERNATIVES:  # the caller's steps replace the preset's epochs (and sampling_rate its batch_size)
-        if any(k in given for k in pair):
-            for k in pair:
-                kwargs.pop(k, None)
-    kwargs.update(given)
-    for key in unused_params(record):
-        kwargs.pop(key, None)
+    kwargs = resolved_params(record.name, dataset, int(train.n), params, preset=preset,
+                             label_dp=isinstance(split, LabelDPSplit))
     if record.private:
         if epsilon is None and kwargs.get("noise_multiplier") is None:
             raise ValueError(f"method {record.name!r} needs --epsilon (a target) or --noise-multiplier")
@@ -261,11 +250,11 @@ def train_one(
         "guarantee": result.guarantee,
     }
     if baselines:
-        summary.update(_references(result, train, test, fmap, record.name, dict(
+        summary.update(references(result, train, test, fmap, record.name, dict(
             private=private, label_private=label_private, model=spec, preset=preset, public_seed=public_seed,
             device=device, precision=precision, dataset=dataset, **params)))  # fmt: skip
     if trainer.ledger is not None:
-        summary["ledger"] = _ledger_summary(trainer.ledger)
+        summary["ledger"] = ledger_summary(trainer.ledger)
     if out is not None:
         save_run(out, trainer, result, model_spec=spec,
                  dataset={"name": dataset, "options": options, "private_columns": private_columns,
@@ -282,7 +271,33 @@ def train_one(
     return TrainedModel(summary=summary, model=trained, result=result, trainer=trainer, metrics=metrics)
 
 
-def _ledger_summary(ledger: Any) -> dict[str, Any]:
+def resolved_params(method: str, dataset: str, n: int, params: Mapping[str, Any], *,
+                    preset: str | None = DEFAULT_PRESET, label_dp: bool = False) -> dict[str, Any]:
+    """The Trainer arguments of ``method`` on ``n`` training records of ``dataset``: the preset's, fitted to ``n``
+    for a dataset without a preset of its own, updated by the caller's ``params`` (None values ignored).
+
+    Keys the method does not read are dropped; the caller's ``steps`` (``sampling_rate``) replaces the
+    preset's ``epochs`` (``batch_size``).
+    """
+    record = get_method(method)
+    kwargs = {} if preset is None else method_params(PRESETS[preset]["methods"], record)
+    if preset is not None and dataset not in PRESETS:
+        # A table without a preset of its own (a user's file): batches and epochs fitted to its size.
+        kwargs.update(fitted_schedule(int(n), record))
+    if preset is not None and label_dp and record.needs_feature_map:
+        kwargs.update(LABEL_DP_DEFAULTS)  # defaults only: the caller's params below still win
+    given = {k: v for k, v in params.items() if v is not None}
+    for pair in _ALTERNATIVES:  # the caller's steps replace the preset's epochs (and sampling_rate its batch_size)
+        if any(k in given for k in pair):
+            for k in pair:
+                kwargs.pop(k, None)
+    kwargs.update(given)
+    for key in unused_params(record):
+        kwargs.pop(key, None)
+    return kwargs
+
+
+def ledger_summary(ledger: Any) -> dict[str, Any]:
     """The summary's ``ledger``: where the run's budget ledger stands after the run.
 
     ``spent_epsilon`` is null when unbounded; open reservations (other runs') count as spent.
@@ -293,7 +308,7 @@ def _ledger_summary(ledger: Any) -> dict[str, Any]:
             "left_epsilon": max(0.0, ledger.total_epsilon - spent)}
 
 
-def _references(result: TrainResult, train: Any, test: Any, fmap: Columns | None, method: str,
+def references(result: TrainResult, train: Any, test: Any, fmap: Columns | None, method: str,
                 public_kwargs: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """``baselines`` (majority, public_only) and ``train_loss`` for the summary (see :func:`train_one`)."""
     majority = None
@@ -346,9 +361,9 @@ def train_cell(
 _SPLIT_NAMES = {"gaussian_padding": "padding", "label_dp": "labeldp", "masking": "zero"}
 # The Trainer settings of a run's config that an audit model keeps; its length (steps / epochs), batch
 # size and, for private methods, σ and p are set from the run's plan below.
-_KEEP = ("public_batch_size", "pretrain_epochs", "delta", "max_grad_norm", "alpha", "optimizer", "lr",
-         "pretrain_lr", "momentum", "weight_decay", "projection_radius", "averaging", "average_fraction",
-         "ema_decay", "relation", "accountant")  # fmt: skip
+_KEEP = ("public_batch_size", "pretrain_epochs", "pretrain_batch_size", "delta", "max_grad_norm", "alpha",
+         "public_weight", "optimizer", "lr", "pretrain_lr", "momentum", "weight_decay", "projection_radius",
+         "averaging", "average_fraction", "ema_decay", "relation", "accountant")  # fmt: skip
 
 
 def retrain_like(
@@ -374,8 +389,9 @@ def retrain_like(
     kwargs: dict[str, Any] = {k: cfg[k] for k in _KEEP if k in cfg and cfg[k] is not None}
     if kwargs.get("max_grad_norm") == "inf":
         kwargs["max_grad_norm"] = math.inf
-    if kwargs.get("public_batch_size"):  # a shrunken audit set (--train-size) may be smaller than m'
-        kwargs["public_batch_size"] = min(int(kwargs["public_batch_size"]), int(data.n))
+    for key in ("public_batch_size", "pretrain_batch_size"):  # a shrunken audit set (--train-size) may be smaller
+        if kwargs.get(key):
+            kwargs[key] = min(int(kwargs[key]), int(data.n))
     plan = run.plan
     if record.private:
         kwargs["noise_multiplier"] = plan.noise_multiplier

@@ -1,0 +1,187 @@
+"""The human-readable report of a method × ε × seed grid: per-(method, ε) means and summary.md.
+
+No torch import.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from featuredp.experiments.protocols import PAPER_SENTENCE
+from featuredp.methods import METHOD_NAMES, Method, get_method
+from featuredp.methods import METHODS as METHOD_RECORDS
+
+__all__ = ["CLAIMED_DIFFERENCES", "LABELS", "REFERENCE_METHODS", "reference_epsilon", "render_summary_md",
+           "summarize"]
+
+METHODS = METHOD_NAMES
+REFERENCE_METHODS = tuple(name for name, m in METHOD_RECORDS.items() if m.reference)
+LABELS = {name: m.label for name, m in METHOD_RECORDS.items()}
+#: the differences summary.md reports (the paper's claims): (minuend, subtrahend, how the line names it)
+CLAIMED_DIFFERENCES = (("fdp", "dpsgd", "FDP − DP-SGD"), ("fdp", "fdp_dpsgd", "FDP − FDP(DP-SGD)"),
+                       ("fdp_dpsgd", "dpsgd", "FDP(DP-SGD) − DP-SGD"))  # fmt: skip
+
+
+def reference_epsilon(record: Method) -> float:
+    """The ε of a non-private method: 0 when its steps read only Ψ(S), else ∞ (no guarantee)."""
+    return 0.0 if record.public_steps else math.inf
+
+
+def _threads_note(rows: Sequence[dict[str, Any]]) -> str:
+    """"; N torch thread(s) per run" from the cells (cells written before this was recorded say nothing)."""
+    counts = sorted({int(r["torch_threads"]) for r in rows if r.get("torch_threads")})
+    if not counts:
+        return ""
+    span = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    return f"; {span} torch thread(s) per run"
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean ± std of accuracy (and mean ε spent, σ, steps, wall time) per method and target ε."""
+    groups: dict[tuple[str, float | None], list[dict[str, Any]]] = {}
+    for r in rows:
+        eps = r["target_epsilon"]
+        eps = None if eps is None or (isinstance(eps, float) and math.isnan(eps)) else float(eps)
+        groups.setdefault((r["method"], eps), []).append(r)
+    out = []
+    order = {m: i for i, m in enumerate(METHODS)}
+    for (method, eps), rs in sorted(groups.items(), key=lambda kv: (order[kv[0][0]], kv[0][1] or 0.0)):
+        acc = np.array([float(r["accuracy"]) for r in rs])
+        sigma = [float(r["noise_multiplier"]) for r in rs if r.get("noise_multiplier") not in (None, "")]
+        out.append({
+            "method": method, "target_epsilon": eps, "n": len(rs),
+            "accuracy_mean": float(acc.mean()), "accuracy_std": float(acc.std(ddof=1)) if len(rs) > 1 else 0.0,
+            "epsilon_spent": float(np.mean([float(r["epsilon"]) for r in rs])),
+            "noise_multiplier": float(np.mean(sigma)) if sigma else None,
+            "steps": float(np.mean([float(r["steps"] or 0) for r in rs])),
+            "wall_s": float(np.mean([float(r["wall_s"]) for r in rs])),
+            "cpu_s": float(np.mean([float(r.get("cpu_s") or 0.0) for r in rs])),
+        })  # fmt: skip
+    return out
+
+
+def _fmt_acc(s: dict[str, Any]) -> str:
+    # One seed has no spread to show: "± 0.0" would claim a certainty that one run cannot give.
+    if s["n"] < 2:
+        return f"{100 * s['accuracy_mean']:.1f}"
+    return f"{100 * s['accuracy_mean']:.1f} ± {100 * s['accuracy_std']:.1f}"
+
+
+def _budget_sentence(budget: dict[str, int]) -> str:
+    """Whether every private method got the same tuning budget, in one sentence."""
+    counts = set(budget.values())
+    if len(counts) == 1:
+        n = counts.pop()
+        return (f"Tuned alike: each private method ({', '.join(LABELS[m] for m in budget)}) got the same budget of "
+                f"{n} candidates, scored on the same validation split.")
+    return ("**Unequal tuning budgets**: " + ", ".join(f"{LABELS[m]} {n}" for m, n in budget.items())
+            + " candidates; differences between these methods partly reflect the search, not the method.")
+
+
+def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The human-readable report of a grid."""
+    eps_values = sorted({s["target_epsilon"] for s in summary if s["target_epsilon"] is not None})
+    by = {(s["method"], s["target_epsilon"]): s for s in summary}
+    methods = [m for m in METHODS if any(s["method"] == m for s in summary)]
+    private = meta.get("private") or []
+    priv_text = ", ".join(private) if len(private) <= 8 else f"{len(private)} columns ({', '.join(private[:4])}, ...)"
+    lines = [
+        f"# Privacy–utility comparison: {meta['dataset']}",
+        "",
+        f"{meta.get('description', '')}",
+        "",
+        f"* Private: {priv_text}. Train/test rows: {meta.get('train_rows')} / {meta.get('test_rows')}.",
+        f"* Model: {meta.get('model')}" + (f" {meta.get('hidden')}" if meta.get("hidden") else "")
+        + f"; loss split: {meta.get('loss_split') or 'default'}; δ = {meta.get('delta'):g}"
+        + ("; **quick mode** (reduced data and epochs: a smoke test, not a result)" if meta.get("quick") else "")
+        + ".",
+        *([f"* The {PAPER_SENTENCE}, instead of each method's epochs and batch size with σ calibrated to ε; "
+            "the references train as by default."] if meta.get("protocol") == "paper" else []),
+        *([f"* Majority class of the test set: {100 * meta['majority']:.1f}% (a model at or below it learned "
+            "nothing); the public-only row (Ψ alone, free under FDP) is the reference a private model must beat."]
+          if meta.get("majority") is not None else []),
+        f"* Command: `{meta.get('command') or 'featuredp compare'}`",
+        "",
+        "## Test accuracy (%), mean ± std over seeds" if max((s["n"] for s in summary), default=2) > 1
+        else "## Test accuracy (%), one seed (no spread: run more seeds for one)",
+        "",
+        "| method | " + " | ".join(f"ε = {e:g}" for e in eps_values) + " |",
+        "|---|" + "---|" * len(eps_values),
+    ]
+    for m in methods:
+        if m in REFERENCE_METHODS:
+            s = by.get((m, None))
+            cell = "—" if s is None else _fmt_acc(s)
+            note = " (ε = 0)" if reference_epsilon(get_method(m)) == 0 else " (ε = ∞)"
+            lines.append(f"| {LABELS[m]}{note} | " + " | ".join(cell for _ in eps_values) + " |")
+        else:
+            lines.append(f"| {LABELS[m]} | " + " | ".join(
+                _fmt_acc(by[(m, e)]) if (m, e) in by else "—" for e in eps_values) + " |")
+    n_seeds = sorted({s["n"] for s in summary})
+    lines += ["", f"Seeds per cell: {', '.join(map(str, n_seeds))}.", ""]
+    diffs = []
+    for e in eps_values:
+        parts = []
+        for a, b, name in CLAIMED_DIFFERENCES:
+            sa, sb = by.get((a, e)), by.get((b, e))
+            if sa and sb:
+                parts.append(f"{name} = {100 * (sa['accuracy_mean'] - sb['accuracy_mean']):+.1f}")
+        if parts:
+            diffs.append(f"* ε = {e:g}: " + "; ".join(parts) + " points")
+    if diffs:
+        lines += ["## Differences (accuracy points, means)", "", *diffs, ""]
+    lines += [
+        "## Privacy actually spent and cost",
+        "",
+        "| method | target ε | ε spent | σ | steps | wall s / run | CPU s / run |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in summary:
+        eps = "—" if s["target_epsilon"] is None else f"{s['target_epsilon']:g}"
+        spent = "∞" if math.isinf(s["epsilon_spent"]) else f"{s['epsilon_spent']:.3f}"
+        sigma = "—" if s["noise_multiplier"] is None else f"{s['noise_multiplier']:.3f}"
+        lines.append(f"| {LABELS[s['method']]} | {eps} | {spent} | {sigma} | {s['steps']:.0f} | {s['wall_s']:.1f} "
+                     f"| {s['cpu_s']:.1f} |")
+    total = sum(float(r["wall_s"]) for r in rows)
+    total_cpu = sum(float(r.get("cpu_s") or 0.0) for r in rows)
+    lines += [
+        "",
+        f"Total training time of the {len(rows)} runs: {total / 60:.1f} min wall, {total_cpu / 60:.1f} min CPU "
+        f"(sums over runs{_threads_note(rows)}; this invocation ran {meta.get('cells_run')} and reused "
+        f"{meta.get('cells_reused')} finished cells"
+        + (f"; **{meta['cells_missing']} cells of the grid are not finished yet**" if meta.get("cells_missing") else "")
+        + ").",
+        "",
+        "## Hyperparameters",
+        "",
+    ]
+    for m, p in meta.get("methods", {}).items():
+        lines.append(f"* {LABELS[m]}: `{json.dumps(p, sort_keys=True)}`")
+    if meta.get("tuned"):
+        lines += [
+            "",
+            "Tuned on a validation split carved from the training data (never the test set): "
+            + "; ".join(f"{k}: `{json.dumps(v, sort_keys=True)}`" for k, v in meta.get("tuned_params", {}).items())
+            + ".",
+            *([_budget_sentence(meta["tuning_budget"])] if meta.get("tuning_budget") else []),
+            "",
+            "**Tuning is not accounted for**: the ε above covers each final training run only, not the "
+            "hyperparameter search on the (private) training data (the research protocol of comparing methods "
+            "tuned alike). For a model you release, `featuredp train --tune private` accounts the whole search in "
+            "ε, and `--tune public` (FDP) tunes on the public view for free.",
+        ]
+    else:
+        lines += ["", "Fixed per-dataset defaults (no tuning in this run)."]
+    lines += [
+        "",
+        "ε spent is computed by the engine's accountant (PLD, add/remove) for the private steps actually run. "
+        "FDP protects the private attributes only (not membership); DP-SGD's guarantee is record-level DP, "
+        "which implies FDP with the same ε. The public-only model reads Ψ(S) only ((0, 0)-FDP).",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,237 @@
+"""``--tune``: the private search releases only its best trial and spends its whole ε once; the public search reads
+nothing private."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import featuredp.experiments.tuning as tuning
+from featuredp.accounting import BudgetLedger
+from featuredp.accounting.tuning import tuning_epsilon
+from featuredp.experiments.tuning import TuningSettings, candidates, noisy_score, public_view_table, tune
+from featuredp.noise import ChaCha20Generator
+
+
+def _table(tmp_path, flip_private: bool = False) -> dict:
+    rng = np.random.default_rng(0)
+    n = 600
+    df = pd.DataFrame({"a": rng.normal(size=n), "b": rng.normal(size=n), "s": rng.choice(["x", "y"], n)})
+    df["label"] = np.where(df["a"] + (df["s"] == "x") > 0.5, "hi", "lo")
+    if flip_private:  # the neighbouring table of an attacker's test: every private value changed
+        df["s"] = np.where(df["s"] == "x", "y", "x")
+    path = tmp_path / ("flipped.csv" if flip_private else "t.csv")
+    df.to_csv(path, index=False)
+    return {"path": str(path), "label": "label", "private": ["s"], "categories": {"s": ["x", "y"]}}
+
+
+FAST = {"epochs": 2.0, "pretrain_epochs": 0.0, "model": "logreg"}
+
+
+def test_private_search_runs_k_trials_and_releases_only_the_best(tmp_path, monkeypatch):
+    opts = _table(tmp_path)
+    calls = []
+    real = tuning.train_one
+
+    def counting(**kw):
+        calls.append(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(tuning, "train_one", counting)
+    monkeypatch.setattr(tuning, "sample_trials", lambda mean, dist, u: 4)
+    out = tmp_path / "run"
+    run = tune(TuningSettings("private", mean_trials=3), method="fdp", dataset="csv", dataset_options=opts,
+               private=["s"], epsilon=2.0, progress=False, baselines=False, out=out, **FAST)
+    trials = [c for c in calls if c.get("noise_multiplier") is not None]
+    assert len(trials) == 4  # the drawn K, each trial with the same σ, q and T
+    assert len({(c["noise_multiplier"], c["sampling_rate"], c["steps"]) for c in trials}) == 1
+    s = run.summary
+    assert s["epsilon"] == pytest.approx(s["tuning"]["epsilon"]) and s["epsilon"] <= 2.0
+    assert s["epsilon"] > 1.8  # calibrated to the target, not far below it
+    # what is published says nothing of K or of the other trials
+    published = json.dumps(s) + (out / "run.json").read_text()
+    for leak in ('"trials"', "val_accuracies", '"k"'):
+        assert leak not in published
+    assert set(s["tuning"]) == {"mode", "covered_by_epsilon", "epsilon", "mean_trials", "distribution",
+                                "noise_multiplier", "score_noise_multiplier", "validation_records", "fit_records",
+                                "chosen", "noisy_validation_accuracy", "score_noise_std", "candidates", "search_space",
+                                "note"}
+    assert 0.0 <= s["tuning"]["noisy_validation_accuracy"] <= 1.0
+    info = json.loads((out / "run.json").read_text())
+    assert info["result"]["epsilon"] == pytest.approx(s["epsilon"])  # run.json states the whole search's ε
+    assert "whole tuned search" in info["result"]["guarantee"]
+
+
+def test_private_search_spends_its_event_once_in_the_ledger_even_when_a_trial_fails(tmp_path, monkeypatch):
+    opts = _table(tmp_path)
+    book = BudgetLedger.create(tmp_path / "budget.json", 10.0, 1e-5)
+    calls = {"n": 0}
+    real = tuning.train_one
+
+    def failing_second(**kw):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("trial crashed")
+        return real(**kw)
+
+    monkeypatch.setattr(tuning, "train_one", failing_second)
+    monkeypatch.setattr(tuning, "sample_trials", lambda mean, dist, u: 3)
+    with pytest.raises(RuntimeError, match="trial crashed"):
+        tune(TuningSettings("private"), method="dpsgd", dataset="csv", dataset_options=opts, private=["s"],
+             epsilon=1.0, ledger=book, progress=False, baselines=False, **FAST)
+    records = book.records
+    assert len(records) == 1 and records[0]["status"] == "settled"  # the data was used: the search counts in full
+    assert book.spent() == pytest.approx(1.0, rel=0.01)
+    assert records[0]["event"]["class_name"] == "RepeatAndSelectDpEvent"
+
+
+def test_the_private_search_refuses_a_seed_and_a_noise_multiplier(tmp_path):
+    opts = _table(tmp_path)
+    with pytest.raises(ValueError, match="--seed"):
+        tune(TuningSettings("private"), method="fdp", dataset="csv", dataset_options=opts, private=["s"],
+             epsilon=1.0, seed=3, progress=False)
+    with pytest.raises(ValueError, match="--noise-multiplier"):
+        tune(TuningSettings("private"), method="fdp", dataset="csv", dataset_options=opts, private=["s"],
+             epsilon=1.0, noise_multiplier=1.0, progress=False)
+    with pytest.raises(ValueError, match="--tune-trials"):
+        TuningSettings("private", mean_trials=0.5)
+
+
+@pytest.mark.statistical
+def test_the_released_score_carries_noise_of_the_accounted_scale():
+    rng = ChaCha20Generator()
+    draws = np.array([noisy_score(100, 7.0, rng) for _ in range(4000)])
+    assert abs(draws.mean() - 100) < 0.5  # 4000 draws: sd of the mean 0.11
+    assert 6.7 < draws.std() < 7.3  # sd of the sd about 0.08
+
+
+def test_the_public_search_reads_nothing_private(tmp_path, monkeypatch):
+    """The attacker's neighbour: every private value flipped. Every trial must see the very same data."""
+    seen: dict[str, list[str]] = {}
+    real = tuning.train_one
+
+    def recording(tag):
+        def fake(**kw):
+            if "data" in kw:  # a candidate's trial on the public-view table
+                fit, val = kw["data"]
+                digest = hashlib.sha256(fit.X.tobytes() + fit.y.tobytes() + val.X.tobytes() + val.y.tobytes())
+                seen.setdefault(tag, []).append(digest.hexdigest())
+            return real(**kw)
+        return fake
+
+    results = {}
+    for tag, flip in (("real", False), ("flipped", True)):
+        opts = _table(tmp_path, flip_private=flip)
+        monkeypatch.setattr(tuning, "train_one", recording(tag))
+        results[tag] = tune(TuningSettings("public"), method="fdp", dataset="csv", dataset_options=opts,
+                            private=["s"], epsilon=2.0, seed=5, progress=False, baselines=False, **FAST)
+    assert seen["real"] == seen["flipped"] and len(seen["real"]) == results["real"].summary["tuning"]["candidates"]
+    # seeded here so that the trials' noise is the same too: then the whole choice is identical
+    assert results["real"].summary["tuning"]["trials"] == results["flipped"].summary["tuning"]["trials"]
+    assert results["real"].summary["tuning"]["epsilon"] == 0.0
+    assert results["real"].summary["epsilon"] <= 2.0  # the one real run spends the target
+
+
+def test_public_view_table_replaces_only_the_private_columns(tmp_path):
+    from featuredp.data import load_dataset
+
+    train, _ = load_dataset("csv", **_table(tmp_path))
+    view = public_view_table(train, ["s"])
+    priv = np.asarray(train.feature_sources) == "s"
+    assert np.array_equal(view.X[:, ~priv], train.X[:, ~priv]) and np.array_equal(view.y, train.y)
+    assert np.allclose(view.X[:, priv].sum(1), 1.0)  # still one category per row
+    flipped, _ = load_dataset("csv", **_table(tmp_path, flip_private=True))
+    assert np.array_equal(public_view_table(flipped, ["s"]).X, view.X)
+
+
+def test_public_search_needs_an_fdp_method_and_a_public_label(tmp_path):
+    opts = _table(tmp_path)
+    with pytest.raises(ValueError, match="FDP method"):
+        tune(TuningSettings("public"), method="dpsgd", dataset="csv", dataset_options=opts, private=["s"],
+             epsilon=1.0, progress=False)
+    with pytest.raises(ValueError, match="public label"):
+        tune(TuningSettings("public"), method="fdp", dataset="csv", dataset_options=opts, private=["label"],
+             epsilon=1.0, progress=False)
+
+
+def test_candidates_vary_lr_clip_and_alpha_around_the_defaults():
+    grid = candidates("fdp", {"lr": 0.1, "max_grad_norm": 1.0, "alpha": 0.5})
+    assert len(grid) == 27 and {"lr": 0.1, "max_grad_norm": 1.0, "alpha": 0.5} in grid
+    assert all(set(c) == {"lr", "max_grad_norm"} for c in candidates("dpsgd", {"lr": 0.1, "max_grad_norm": 1.0}))
+
+
+def test_tuned_epsilon_matches_its_event(tmp_path, monkeypatch):
+    opts = _table(tmp_path)
+    monkeypatch.setattr(tuning, "sample_trials", lambda mean, dist, u: 1)
+    book = BudgetLedger.create(tmp_path / "b.json", 5.0, 1e-5)
+    run = tune(TuningSettings("private", mean_trials=4, distribution="logarithmic"), method="fdp_dpsgd",
+               dataset="csv", dataset_options=opts, private=["s"], epsilon=1.5, ledger=book, progress=False,
+               baselines=False, **FAST)
+    from featuredp.accounting import event_from_dict
+
+    event = event_from_dict(book.records[0]["event"])
+    assert event.mean == 4 and event.shape == 0.0
+    assert tuning_epsilon(event, 1e-5) == pytest.approx(run.summary["epsilon"])
+    assert run.summary["ledger"]["spent_epsilon"] == pytest.approx(run.summary["epsilon"], rel=1e-6)
+
+
+
+def test_fdp_auto_searches_the_public_weight_and_says_what_it_ran(tmp_path, monkeypatch):
+    grid = candidates("fdp", {"lr": 0.1, "max_grad_norm": 1.0, "alpha": 1.0}, auto=True)
+    assert {c["public_weight"] for c in grid} == {0.0, 0.5, 1.0} and all("max_grad_norm" not in c for c in grid)
+    assert {"public_weight": 0.0, "lr": 0.1, "alpha": 1.0} in grid  # FDP (DP-SGD) is one of the candidates
+    opts = _table(tmp_path)
+    real = tuning.train_one
+
+    def tagged(**kw):
+        run = real(**kw)
+        run.model._candidate = (kw.get("public_weight"), kw.get("alpha"))
+        return run
+
+    def favour_dpsgd_finetuning(model, data):
+        # the FDP (DP-SGD) candidates are right on every public-view record, the others on half
+        w, a = getattr(model, "_candidate", (None, None))
+        return np.ones(data.n) if (w == 0.0 and a == 1.0) else (np.arange(data.n) % 2).astype(float)
+
+    monkeypatch.setattr(tuning, "_correct", favour_dpsgd_finetuning)
+    monkeypatch.setattr(tuning, "train_one", tagged)
+    run = tune(TuningSettings("public"), method="fdp_auto", dataset="csv", dataset_options=opts, private=["s"],
+               epsilon=2.0, progress=False, baselines=False, out=tmp_path / "auto", epochs=2.0, pretrain_epochs=1.0,
+               model="logreg")
+    s = run.summary
+    assert s["method"] == "fdp_auto" and s["ran"]["public_weight"] == 0.0, (s["ran"], s["pretrain_steps"])
+    assert s["ran"]["same_as"] == "fdp_dpsgd", (s["ran"], s["pretrain_steps"], s["tuning"]["chosen"])
+    assert s["ran"]["choice_epsilon"] == 0.0 and s["epsilon"] <= 2.0
+    info = json.loads((tmp_path / "auto" / "run.json").read_text())
+    assert info["config"]["public_weight"] == 0.0 and info["config"]["alpha"] == 1.0  # the real run is FDP (DP-SGD)
+    assert info["ran"]["label"].startswith("FDP (DP-SGD)")
+
+
+def test_the_private_search_is_never_silent_and_never_counts_trials(capsys):
+    import time
+
+    with tuning._heartbeat(True, every=0.05):
+        time.sleep(0.3)
+    err = capsys.readouterr().err
+    assert "still searching" in err and "trial" not in err  # elapsed time only: no count of trials
+
+
+def test_the_public_view_moves_away_from_the_defaults_only_on_clear_evidence():
+    """The stand-in ranks candidates with noise: a lead within two paired standard errors keeps the defaults."""
+    default, other = {"lr": 0.1}, {"lr": 0.3}
+    rng = np.random.default_rng(0)
+    base = (rng.random(400) < 0.9).astype(float)
+    slightly = base.copy()
+    slightly[np.flatnonzero(base == 0)[:3]] = 1.0  # 3 records more: +0.75 points, noise on 400 records
+    chosen, _, why = tuning._conservative_choice([(base.mean(), 1, default), (slightly.mean(), 2, other)],
+                                                 [base, slightly], default)
+    assert chosen == default and "within 2 paired standard errors" in why
+    clearly = base.copy()
+    clearly[np.flatnonzero(base == 0)[:30]] = 1.0  # +7.5 points
+    chosen, _, why = tuning._conservative_choice([(base.mean(), 1, default), (clearly.mean(), 2, other)],
+                                                 [base, clearly], default)
+    assert chosen == other and "more than 2 paired standard errors" in why
