@@ -79,3 +79,11 @@ def test_every_preset_tunes_its_private_methods_with_the_same_budget():
         space = preset.get("tune") or {}
         budgets = {m: math.prod(len(v) for v in grid.values()) for m, grid in space.items()}
         assert len(set(budgets.values())) <= 1, (name, budgets)
+
+
+def test_the_fitted_schedule_gives_dpsgd_a_learning_rate_for_hundreds_of_steps():
+    """Adult's DP-SGD lr of 1 (set for ~130 steps) fell below the majority class on small tables at ~600 steps."""
+    from featuredp.experiments.presets import FITTED_DPSGD_LR, fitted_schedule
+
+    assert fitted_schedule(2_000, "dpsgd")["lr"] == FITTED_DPSGD_LR == 0.1
+    assert "lr" not in fitted_schedule(2_000, "fdp") and "lr" not in fitted_schedule(2_000, "fdp_dpsgd")

@@ -100,7 +100,11 @@ class PlainRunningMean(nn.Module):
 
 
 class LateDataWrite(nn.Module):
-    """Writes the batch's largest first feature into a frozen parameter through ``.data`` (no version bump)."""
+    """Adds the batch's first feature into a frozen parameter through ``.data`` (no version bump).
+
+    It accumulates over every forward: a plain overwrite kept only the last forward's batch, which is often one of
+    the two rows the every-step ghost check recomputes alone (chosen secretly), so the leak showed only by chance.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -108,7 +112,7 @@ class LateDataWrite(nn.Module):
         self.stash = nn.Parameter(torch.zeros(1), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.stash.data[0] = x[:, 0].detach().max()
+        self.stash.data[0] += x[:, 0].detach().sum()
         return self.lin(x) + 0 * self.stash
 
 
