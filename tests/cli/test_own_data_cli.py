@@ -183,3 +183,22 @@ def test_data_schema_drops_identifiers_and_copies_no_names(raw, tmp_path, capsys
     assert "Person 00001" not in text  # before: every name was listed as a category
     spec = json.loads(text)
     assert spec["columns"]["name"]["type"] == "drop" and spec["columns"]["record"]["type"] == "drop"
+
+
+def test_data_schema_takes_the_missing_values_mode_the_error_suggests(raw, tmp_path, capsys) -> None:
+    """The missing-value error says --missing; following it on `data schema` must work and carry into `train`."""
+    schema = tmp_path / "raw.schema.json"
+    with pytest.warns(UserWarning):
+        assert main(["data", "schema", str(raw), "--label", "income", "--private", "sex", "--missing", "category",
+                     "--out", str(schema)]) == 0  # fmt: skip
+    written = json.loads(schema.read_text())
+    assert written["missing"] == "category"
+    written["columns"]["sex"].update(type="categorical", categories=["Female", "Male"], bounds=None)
+    written["columns"]["hours"]["missing"] = "impute"  # numeric: a category cannot stand in for a number
+    written["columns"]["hours"]["fill"] = 40
+    schema.write_text(json.dumps(written))
+    capsys.readouterr()
+    with pytest.warns(UserWarning):
+        assert main(["data", "info", "--data", str(raw), "--schema", str(schema), "--json"]) == 0
+    info = _json(capsys)
+    assert info["train_rows"] + info["test_rows"] == 1500  # no row dropped: job's gaps became a category

@@ -72,6 +72,9 @@ def register(subparsers: Any) -> None:
     schema.add_argument("--categorical", type=_columns, default=None, metavar="A,B", help="columns to type categorical")
     schema.add_argument("--numeric", type=_columns, default=None, metavar="A,B", help="columns to type numeric")
     schema.add_argument("--drop", type=_columns, default=None, metavar="A,B", help="columns to leave out")
+    schema.add_argument("--missing", choices=("drop", "impute", "category"), default=None,
+                        help="what to do with missing values, written as the schema's top-level \"missing\" "
+                             "(a column's own entry wins; docs/own-data.md)")
     schema.add_argument("--out", required=True, metavar="FILE", help="where to write the schema (JSON)")
     schema.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     schema.add_argument("--json", action="store_true", help="print one JSON object (the schema and what to fill in)")
@@ -200,6 +203,8 @@ def _schema(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"FILE {args.file}: no such file")
     schema, todo = schema_for_table(args.file, label=args.label, private=args.private, numeric=args.numeric,
                                     categorical=args.categorical, drop=args.drop)  # fmt: skip
+    if args.missing:
+        schema["missing"] = args.missing
     atomic_write_text(out, schema_text(schema))
     # The notes schema_for_table wrote (identifiers it left out, copies of the label); a warning said so too.
     flagged = {c: e["note"] for c, e in schema["columns"].items() if isinstance(e, dict) and "note" in e}
