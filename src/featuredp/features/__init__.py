@@ -2,7 +2,9 @@
 
 * :mod:`featuredp.features.base` — the contract (:class:`PublicFeatureMap`, ``describe() -> Disclosure``);
 * :mod:`featuredp.features.tabular` — :class:`Columns`, :class:`LabelPrivate`, :class:`FunctionMap`;
-* :mod:`featuredp.features.image` — :class:`GaussianBlur`, :class:`Pixelate`, :class:`BoxMask`.
+* :mod:`featuredp.features.image` — :class:`GaussianBlur`, :class:`Pixelate`, :class:`BoxMask`;
+* :mod:`featuredp.features.text` — Ψ for text on strings: private spans (annotated or detected) replaced by typed
+  placeholders (:class:`~featuredp.features.text.TextSpans`); not yet wired into training.
 """
 
 from featuredp.features.base import Batch, Disclosure, PublicFeatureMap
