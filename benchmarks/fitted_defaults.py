@@ -14,28 +14,13 @@ import warnings
 
 import numpy as np
 import torch
+from own_data_table import _cancer, _sample
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from featuredp.data import load_dataset
 from featuredp.experiments.train_one import train_one
-
-
-def _sample(train, n: int):
-    return train.subset(np.sort(np.random.default_rng(n).choice(train.n, n, replace=False)))
-
-
-def _cancer():
-    import pandas as pd
-    from sklearn.datasets import load_breast_cancer
-
-    frame = load_breast_cancer(as_frame=True).frame.rename(columns={"target": "label"})
-    frame["label"] = np.where(frame["label"] == 1, "benign", "malignant")
-    path = "/tmp/featuredp_breast_cancer.csv"
-    pd.DataFrame(frame).to_csv(path, index=False)
-    private = ["mean radius", "mean texture"]
-    return load_dataset("csv", path=path, label="label", private=private), private
 
 
 def _line(name: str, n: int, train, test, private: list[str], repeats: int) -> None:
@@ -68,7 +53,7 @@ def main(which: list[str]) -> None:
         for n in (2000, 20000):
             _line("census-income", n, _sample(train, n), test.subset(np.arange(10000)), ["sex", "race"], 2)
     if "cancer" in which:
-        (train, test), private = _cancer()
+        train, test, private = _cancer()
         _line("breast-cancer", train.n, train, test, private, 8)  # 114 test rows: one run is noisy
 
 

@@ -7,6 +7,7 @@ through :func:`forward`: models that need the whole dict set ``takes_batch = Tru
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ from torch import nn
 from featuredp.errors import DataValidationError
 from featuredp.features.base import Batch
 
-__all__ = ["Batch", "as_batch", "evaluate", "forward", "gather", "resolve_device", "to_device"]
+__all__ = ["Batch", "as_batch", "correct", "evaluate", "forward", "gather", "resolve_device", "to_device"]
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -96,19 +97,34 @@ def gather(data: Batch, idx: np.ndarray) -> Batch:
     return {k: v.index_select(0, it.to(v.device)) for k, v in data.items()}
 
 
-@torch.no_grad()
-def evaluate(model: nn.Module, data: Any, *, batch_size: int = 8192) -> dict[str, float]:
-    """Accuracy and mean cross-entropy of a classifier on ``data`` (full records)."""
+def _outputs(model: nn.Module, data: Any, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(logits, labels) of ``data`` in chunks of ``batch_size``, the model in eval mode and without gradients
+    (its mode is restored afterwards)."""
     batch = as_batch(data)
     n = next(iter(batch.values())).shape[0]
     device = next((t.device for t in (*model.parameters(), *model.buffers())), torch.device("cpu"))
     was = model.training
     model.eval()
+    try:
+        with torch.no_grad():
+            for s in range(0, n, batch_size):
+                b = {k: v[s : s + batch_size].to(device) for k, v in batch.items()}
+                yield forward(model, b), b["y"]
+    finally:
+        model.train(was)
+
+
+def evaluate(model: nn.Module, data: Any, *, batch_size: int = 8192) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of a classifier on ``data`` (full records)."""
+    n = len(as_batch(data)["y"])
     correct, total_loss = 0, 0.0
-    for s in range(0, n, batch_size):
-        b = {k: v[s : s + batch_size].to(device) for k, v in batch.items()}
-        logits = forward(model, b)
-        correct += int((logits.argmax(-1) == b["y"]).sum())
-        total_loss += float(nn.functional.cross_entropy(logits, b["y"], reduction="sum"))
-    model.train(was)
+    for logits, y in _outputs(model, data, batch_size):
+        correct += int((logits.argmax(-1) == y).sum())
+        total_loss += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
     return {"accuracy": correct / max(n, 1), "loss": total_loss / max(n, 1)}
+
+
+def correct(model: nn.Module, data: Any, *, batch_size: int = 8192) -> np.ndarray:
+    """Per record of ``data``, 1.0 where the classifier's prediction is right, else 0.0 (a float array)."""
+    parts = [(logits.argmax(-1) == y).cpu().numpy() for logits, y in _outputs(model, data, batch_size)]
+    return np.concatenate(parts).astype(float) if parts else np.zeros(0)

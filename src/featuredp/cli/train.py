@@ -260,18 +260,13 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.method == "fdp_auto" and args.public_weight is not None:
         raise ValueError("--method fdp_auto chooses --public-weight itself: leave it out (or use --method fdp)")
     if args.tune or args.method == "fdp_auto":
-        if args.method not in ("dpsgd", "fdp_dpsgd", "fdp", "fdp_auto"):
-            raise ValueError(f"--tune needs a private method (dpsgd, fdp_dpsgd, fdp), got --method {args.method}")
-        if args.tune == "public" and args.method == "dpsgd":
-            raise ValueError("--tune public needs an FDP method (fdp, fdp_dpsgd): dpsgd protects whole records, "
-                             "so it has no public view to tune on; use --tune private")
-        if args.epsilon is None:
-            raise ValueError("--tune needs --epsilon (the target epsilon of the whole tuned run)")
-        if args.noise_multiplier is not None:
-            raise ValueError("--tune calibrates the noise to --epsilon: leave --noise-multiplier out")
+        from featuredp.experiments.tuning import TuningSettings, check_request
+
+        settings = TuningSettings(args.tune or "public", mean_trials=args.tune_trials,
+                                  distribution=args.tune_distribution)  # fmt: skip
+        check_request(settings, args.method, epsilon=args.epsilon, noise_multiplier=args.noise_multiplier,
+                      seed=args.seed)
         if args.resume:
             raise ValueError("--tune cannot --resume (a search is not checkpointed): run it again")
-        if args.tune == "private" and args.seed is not None:
-            raise ValueError("--tune private draws the number of trials from secret randomness: leave --seed out")
-        if not (args.tune_trials >= 1 and args.tune_trials < 1e6):
+        if args.tune_trials >= 1e6:
             raise ValueError(f"--tune-trials must be a mean number of trials in [1, 1e6), got {args.tune_trials}")

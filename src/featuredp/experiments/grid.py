@@ -61,7 +61,7 @@ from featuredp.experiments.grid_report import (
     summarize,
 )
 from featuredp.experiments.plots import privacy_utility_plot
-from featuredp.experiments.presets import PRESETS, fitted_schedule, preset_for
+from featuredp.experiments.presets import PRESETS, fitted_schedule, override, preset_for
 from featuredp.experiments.protocols import (
     PAPER_FIXED,
     PAPER_MAX_EPOCHS,
@@ -275,18 +275,11 @@ class GridRunner:
         fitted_schedule`, as ``featuredp train`` does), except what ``method_params`` sets."""
         params = dict(self.preset["methods"].get(method, {}))
         if self._fits_schedule:
-            given = self.cfg.method_params.get(method, {})
             fitted = fitted_schedule(int(self.data[0].n), method)
-            if any(k in given for k in ("steps", "epochs")):
-                fitted.pop("epochs", None)
-            if any(k in given for k in ("sampling_rate", "batch_size")):
-                fitted.pop("batch_size", None)
-            fitted = {k: v for k, v in fitted.items() if k not in given}
-            if self.cfg.quick and "epochs" in fitted:
+            if self.cfg.quick:
                 fitted["epochs"] = min(float(fitted["epochs"]), 2.0)
-            params.update(fitted)
-            if "epochs" in fitted:
-                params.pop("steps", None)
+            # the fitted schedule over the preset, then what the user set over both (as train_one does)
+            params = override(override(params, fitted), self.cfg.method_params.get(method, {}))
         return params
 
     def params_for(self, method: str, epsilon: float | None) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from typing import Any
 from featuredp.methods import METHODS, Method, get_method
 
 __all__ = [
+    "ALTERNATIVES",
     "DEFAULT_MODEL",
     "DEFAULT_PRESET",
     "IMAGE_FEATURE_MAPS",
@@ -44,6 +45,7 @@ __all__ = [
     "image_preset_for",
     "method_defaults",
     "method_params",
+    "override",
     "preset_for",
     "unused_params",
 ]
@@ -293,6 +295,26 @@ def method_defaults(method: str, dataset: str | None = None) -> dict[str, Any]:
     get_method(method)  # a ValueError naming the choices for an unknown method
     preset = PRESETS.get(dataset or DEFAULT_PRESET, PRESETS[DEFAULT_PRESET])
     return method_params(preset["methods"], method)
+
+
+#: Trainer arguments of which one is given: the run's length, and its batch size or sampling rate
+ALTERNATIVES = (("epochs", "steps"), ("batch_size", "sampling_rate"))
+
+
+def override(params: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``params`` updated by ``given``, where a given ``steps`` also drops ``epochs`` (and ``sampling_rate``
+    ``batch_size``), and the other way round: the Trainer takes one of each pair.
+
+    >>> override({"epochs": 3, "batch_size": 512, "lr": 0.1}, {"steps": 100})
+    {'batch_size': 512, 'lr': 0.1, 'steps': 100}
+    """
+    out = dict(params)
+    for pair in ALTERNATIVES:
+        if any(k in given for k in pair):
+            for k in pair:
+                out.pop(k, None)
+    out.update(given)
+    return out
 
 
 #: the data-fitted schedule (:func:`fitted_schedule`): about this many private steps, batches of about n / 32

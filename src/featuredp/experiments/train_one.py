@@ -35,6 +35,7 @@ from featuredp.experiments.presets import (
     PRESETS,
     fitted_schedule,
     method_params,
+    override,
     unused_params,
 )
 from featuredp.experiments.runs import (
@@ -54,8 +55,6 @@ __all__ = ["TrainedModel", "ledger_summary", "references", "resolved_params", "r
            "train_tabular"]
 
 
-# Trainer arguments of which one is given: the run's length, and its batch size or sampling rate.
-_ALTERNATIVES = (("epochs", "steps"), ("batch_size", "sampling_rate"))
 
 
 #: loaders of a user's file, whose datasets are named after the file
@@ -283,15 +282,10 @@ def resolved_params(method: str, dataset: str, n: int, params: Mapping[str, Any]
     kwargs = {} if preset is None else method_params(PRESETS[preset]["methods"], record)
     if preset is not None and dataset not in PRESETS:
         # A table without a preset of its own (a user's file): batches and epochs fitted to its size.
-        kwargs.update(fitted_schedule(int(n), record))
+        kwargs = override(kwargs, fitted_schedule(int(n), record))
     if preset is not None and label_dp and record.needs_feature_map:
         kwargs.update(LABEL_DP_DEFAULTS)  # defaults only: the caller's params below still win
-    given = {k: v for k, v in params.items() if v is not None}
-    for pair in _ALTERNATIVES:  # the caller's steps replace the preset's epochs (and sampling_rate its batch_size)
-        if any(k in given for k in pair):
-            for k in pair:
-                kwargs.pop(k, None)
-    kwargs.update(given)
+    kwargs = override(kwargs, {k: v for k, v in params.items() if v is not None})
     for key in unused_params(record):
         kwargs.pop(key, None)
     return kwargs

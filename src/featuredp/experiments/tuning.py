@@ -35,8 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
 
 from featuredp._io import atomic_write_json
 from featuredp.accounting.tuning import (
@@ -48,7 +46,8 @@ from featuredp.accounting.tuning import (
     tuning_epsilon,
     tuning_event,
 )
-from featuredp.batches import as_batch, evaluate, forward, to_device
+from featuredp.batches import correct as _correct
+from featuredp.batches import evaluate
 from featuredp.data import load_dataset
 from featuredp.experiments.runs import RUN_JSON, data_files_fingerprint, record_data_fingerprint, save_run
 from featuredp.experiments.train_one import TrainedModel, ledger_summary, references, resolved_params, train_one
@@ -58,7 +57,7 @@ from featuredp.noise import ChaCha20Generator
 from featuredp.run_state import open_ledger
 
 __all__ = ["AUTO_METHOD", "AUTO_PUBLIC_WEIGHTS", "MODES", "RUN_OPTIONS", "SEARCH_SPACE", "TuningSettings",
-           "candidates", "noisy_score", "public_view_table", "tune"]
+           "candidates", "check_request", "noisy_score", "public_view_table", "tune"]
 
 #: the tuning modes of ``featuredp train --tune``
 MODES: tuple[str, ...] = ("private", "public")
@@ -98,6 +97,25 @@ class TuningSettings:
 #: after public pre-training is exactly FDP (DP-SGD)), beside α and the learning rate; C stays the default's
 AUTO_METHOD = "fdp_auto"
 AUTO_PUBLIC_WEIGHTS: tuple[float, ...] = (0.0, 0.5, 1.0)
+
+
+def check_request(settings: TuningSettings, method: str, *, epsilon: float | None,
+                  noise_multiplier: float | None = None, seed: int | None = None) -> None:  # fmt: skip
+    """Refuse a tuning request that cannot be honoured, in one line naming the flag, before any data is read
+    (``featuredp train`` calls it with the flags, :func:`tune` with its arguments)."""
+    record = get_method("fdp" if method == AUTO_METHOD else method)
+    if not record.private:
+        raise ValueError(f"--tune needs a private method (dpsgd, fdp_dpsgd, fdp), got --method {method}")
+    if settings.mode == "public" and not record.needs_feature_map:
+        raise ValueError(f"--tune public needs an FDP method (fdp, fdp_dpsgd): {method} protects whole records, "
+                         "so it has no public view to tune on; use --tune private")
+    if epsilon is None:
+        raise ValueError("--tune needs --epsilon (the target epsilon of the whole tuned run)")
+    if noise_multiplier is not None:
+        raise ValueError("--tune calibrates the noise to --epsilon: leave --noise-multiplier out")
+    if seed is not None and settings.mode == "private":
+        raise ValueError("--tune private draws the number of trials from secret randomness (--seed would make it "
+                         "replayable): leave --seed out")
 
 
 def candidates(method: str, base: Mapping[str, Any], *, auto: bool = False) -> list[dict[str, Any]]:
@@ -228,28 +246,18 @@ def tune(
     ``train_one``'s plus ``tuning`` (mode, the chosen parameters, the ε of the search, ...); in the private mode
     its ``epsilon`` is the whole search's.
     """
+    check_request(settings, method, epsilon=epsilon, noise_multiplier=kwargs.get("noise_multiplier"),
+                  seed=kwargs.get("seed"))
     auto = method == AUTO_METHOD
     record = get_method("fdp" if auto else method)
-    if not record.private:
-        raise ValueError(f"--tune needs a private method (dpsgd, fdp_dpsgd, fdp), got --method {method}")
-    if epsilon is None:
-        raise ValueError("--tune needs --epsilon (the total target ε of the tuned run)")
-    if kwargs.get("noise_multiplier") is not None:
-        raise ValueError("--tune calibrates σ to --epsilon; do not give --noise-multiplier")
-    if kwargs.get("seed") is not None and settings.mode == "private":
-        raise ValueError("--tune private draws the number of trials from secret randomness; --seed would make it "
-                         "replayable: leave --seed out")
     options = dict(dataset_options or {})
     file_hashes = data_files_fingerprint(options) if out is not None and data is None else {}
     train, test = load_dataset(dataset, **options) if data is None else data
     private = list(private if private is not None else (getattr(train, "default_private", None) or []))
-    if settings.mode == "public":
-        trained = _tune_public(settings, record.name, dataset, train, test, private, epsilon, delta, ledger, out,
-                               options, file_hashes, progress, baselines, kwargs, given_data=data is not None,
-                               auto=auto)
-    else:
-        trained = _tune_private(settings, record.name, dataset, train, test, private, epsilon, delta, ledger, out,
-                                options, file_hashes, progress, baselines, kwargs, auto=auto)
+    assert epsilon is not None  # check_request refused None
+    job = _Job(settings, record.name, dataset, train, test, private, float(epsilon), delta, ledger, out, options,
+               file_hashes, progress, baselines, kwargs, given_data=data is not None, auto=auto)
+    trained = _tune_public(job) if settings.mode == "public" else _tune_private(job)
     if auto:
         _report_auto(trained, out)
     return trained
@@ -276,10 +284,33 @@ def _report_auto(trained: TrainedModel, out: str | Path | None) -> None:
         _annotate_run(out, {"tuning": trained.summary["tuning"], "ran": trained.summary["ran"]})
 
 
-def _tune_private(settings: TuningSettings, method: str, dataset: str, train: Any, test: Any,
-                  private: list[str], epsilon: float, delta: float, ledger: Any, out: Any,
-                  options: dict[str, Any], file_hashes: dict[str, str], progress: bool, baselines: bool,
-                  kwargs: dict[str, Any], *, auto: bool) -> TrainedModel:  # fmt: skip
+@dataclass
+class _Job:
+    """One tuning request, resolved: what :func:`tune` hands to the private or the public search."""
+
+    settings: TuningSettings
+    method: str
+    dataset: str
+    train: Any
+    test: Any
+    private: list[str]
+    epsilon: float
+    delta: float
+    ledger: Any
+    out: str | Path | None
+    options: dict[str, Any]
+    file_hashes: dict[str, str]
+    progress: bool
+    baselines: bool
+    kwargs: dict[str, Any]
+    given_data: bool = False
+    auto: bool = False
+
+
+def _tune_private(job: _Job) -> TrainedModel:
+    settings, method, dataset, private = job.settings, job.method, job.dataset, job.private
+    train, test, epsilon, delta = job.train, job.test, job.epsilon, job.delta
+    ledger, out, progress, kwargs = job.ledger, job.out, job.progress, job.kwargs
     rng = ChaCha20Generator()  # keyed by the OS: K, the split, the candidates and the score noise are secret
     fit_idx, val_idx = _split(train.n, settings.val_fraction, rng.random(train.n))
     fit, val = train.subset(fit_idx), train.subset(val_idx, name="validation")
@@ -290,7 +321,7 @@ def _tune_private(settings: TuningSettings, method: str, dataset: str, train: An
     sigma_score = score_noise_multiplier(sigma, q, steps)
     event = tuning_event(trial_event(sigma, q, steps), settings.mean_trials, settings.distribution)
     total = tuning_epsilon(event, delta)
-    grid = candidates(method, base, auto=auto)
+    grid = candidates(method, base, auto=job.auto)
     fixed = {k: v for k, v in kwargs.items() if k not in ("batch_size", "epochs", "steps", "sampling_rate")}
     ledger = open_ledger(ledger)
     reservation = None if ledger is None else ledger.reserve(
@@ -341,12 +372,12 @@ def _tune_private(settings: TuningSettings, method: str, dataset: str, train: An
             # clipped to [0, 1] (post-processing); the noise's sd in accuracy units says how much it can be trusted
             "chosen": chosen, "noisy_validation_accuracy": min(1.0, max(0.0, noisy / val.n)),
             "score_noise_std": sigma_score / val.n,
-            "candidates": len(grid), "search_space": _space(auto),
+            "candidates": len(grid), "search_space": _space(job.auto),
             "note": "the number of trials and the other trials' candidates and scores are secret and never "
                     "shown; the model is the chosen trial's, trained on the fit part of the training data",
         },
     })
-    if baselines:
+    if job.baselines:
         fmap = Columns(private=private).bind(train) if private else None
         summary.update(references(result, train, test, fmap, method, dict(
             private=private, model=summary["model"], public_seed=kwargs.get("public_seed"),
@@ -355,7 +386,7 @@ def _tune_private(settings: TuningSettings, method: str, dataset: str, train: An
         summary["ledger"] = ledger_summary(ledger)
     trained = TrainedModel(summary=summary, model=run.model, result=result, trainer=run.trainer, metrics=metrics)
     if out is not None:
-        _save(out, trained, dataset, options, file_hashes)
+        _save(out, trained, dataset, job.options, job.file_hashes)
     return trained
 
 
@@ -364,14 +395,10 @@ def _params(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k not in RUN_OPTIONS}
 
 
-def _tune_public(settings: TuningSettings, method: str, dataset: str, train: Any, test: Any,
-                 private: list[str], epsilon: float, delta: float, ledger: Any, out: Any,
-                 options: dict[str, Any], file_hashes: dict[str, str], progress: bool, baselines: bool,
-                 kwargs: dict[str, Any], *, given_data: bool, auto: bool) -> TrainedModel:  # fmt: skip
-    record = get_method(method)
-    if not record.needs_feature_map:
-        raise ValueError(f"--tune public needs an FDP method (fdp, fdp_dpsgd): {method} protects whole records, "
-                         "so it has no public view to tune on; use --tune private")
+def _tune_public(job: _Job) -> TrainedModel:
+    settings, method, dataset, private = job.settings, job.method, job.dataset, job.private
+    train, test, epsilon, delta = job.train, job.test, job.epsilon, job.delta
+    ledger, out, progress, kwargs = job.ledger, job.out, job.progress, job.kwargs
     if train.label_name in private:
         raise ValueError("--tune public needs a public label: with the label private the public view holds no "
                          "labels to score candidates on; use --tune private")
@@ -381,7 +408,7 @@ def _tune_public(settings: TuningSettings, method: str, dataset: str, train: Any
     fit_idx, val_idx = _split(view.n, settings.val_fraction, np.random.default_rng(0).random(view.n))
     fit, val = view.subset(fit_idx), view.subset(val_idx, name="validation")
     base = resolved_params(method, dataset, train.n, _params(kwargs))
-    grid = candidates(method, base, auto=auto) or [{}]
+    grid = candidates(method, base, auto=job.auto) or [{}]
     _say(progress, f"tuning {method} on the public view: {len(grid)} candidates, each trained on Ψ(S) with the "
                    "private columns replaced by data-independent values (free under feature DP)")
     trials, hits = [], []
@@ -391,16 +418,16 @@ def _tune_public(settings: TuningSettings, method: str, dataset: str, train: Any
         hits.append(_correct(run.model, val))
         trials.append((float(hits[-1].mean()), i, cand))
         _say(progress, f"  candidate {i}/{len(grid)} {cand}: public-view validation accuracy {trials[-1][0]:.4f}")
-    chosen, score, why = _conservative_choice(trials, hits, _default_candidate(grid, base, auto))
-    source: dict[str, Any] = {"dataset_options": options} if not given_data else {"data": (train, test)}
+    chosen, score, why = _conservative_choice(trials, hits, _default_candidate(grid, base, job.auto))
+    source: dict[str, Any] = {"dataset_options": job.options} if not job.given_data else {"data": (train, test)}
     trained = train_one(method=method, dataset=dataset, private=private, epsilon=epsilon, delta=delta,
-                        ledger=ledger, out=out, progress=progress, baselines=baselines, **source,
+                        ledger=ledger, out=out, progress=progress, baselines=job.baselines, **source,
                         **{**kwargs, **chosen})
     trained.summary["tuning"] = {
         "mode": "public", "covered_by_epsilon": True, "epsilon": 0.0, "chosen": chosen,
         "public_view_validation_accuracy": score, "candidates": len(grid), "rule": why,
         "trials": [{"params": c, "public_view_validation_accuracy": a} for a, _, c in trials],
-        "search_space": _space(auto),
+        "search_space": _space(job.auto),
         "note": "every candidate was trained and scored on the public view (private columns replaced by "
                 "data-independent values): the choice costs no epsilon under feature DP",
     }
@@ -412,18 +439,6 @@ def _tune_public(settings: TuningSettings, method: str, dataset: str, train: Any
 #: a candidate replaces the defaults only if it beats them on the public view by more than this many standard errors
 #: of the paired difference of per-record correctness (the stand-in ranks candidates with noise: see the module doc)
 CHOICE_MARGIN_SE = 2.0
-
-
-def _correct(model: nn.Module, data: Any) -> np.ndarray:
-    """Whether ``model`` classifies each record of ``data`` correctly (a 0/1 array)."""
-    batch = as_batch(data)
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    was = model.training
-    model.eval()
-    with torch.no_grad():
-        pred = forward(model, to_device(batch, device)).argmax(-1).cpu()
-    model.train(was)
-    return (pred == batch["y"]).numpy().astype(float)
 
 
 def _default_candidate(grid: Sequence[dict[str, Any]], base: Mapping[str, Any], auto: bool) -> dict[str, Any] | None:
