@@ -19,6 +19,9 @@ Splits here (classification with cross-entropy):
 * :class:`LabelDPSplit` — label privacy: ℓ_pub = logsumexp(logits),
   ℓ_priv = −logit of the true class (gradient −x·yᵀ for a linear model).
 
+and for causal language models, :class:`CausalLMSplit`: ℓ = mean token NLL of the full text, ℓ_pub = the same
+on the tokens of Ψ(text) (private spans as placeholders).
+
 All losses are per example: shape (B,), no reduction, no mixing (vmap-able).
 Models are called as ``model(batch)`` when they declare ``takes_batch = True``
 (the sparse categorical model), else as ``model(batch["x"])``.
@@ -38,8 +41,9 @@ from torch.nn import functional as nnf
 from featuredp._validate import check_choice
 from featuredp.batches import forward
 from featuredp.errors import DataValidationError, PrivacyLeakWarning
-from featuredp.features import Batch, Columns, LabelPrivate, PublicFeatureMap
+from featuredp.features import Batch, Columns, LabelPrivate, PublicFeatureMap, TokenView
 from featuredp.features.image import ImageFeatureMap
+from featuredp.lm import token_nll
 
 __all__ = [
     "GaussianPadding",
@@ -359,3 +363,44 @@ class ImageClassificationSplit(LossSplit):
 
 
 __all__ += ["Columns", "LabelPrivate"]
+
+
+class CausalLMSplit(LossSplit):
+    """Causal LM: ℓ = mean token NLL of the full text; ℓ_pub = mean token NLL of Ψ(text); ℓ_priv = ℓ − ℓ_pub.
+
+    The batch is a text batch (:class:`featuredp.data.text.TextDataset`): ``"x"``/``"y"`` hold the full text's
+    tokens, ``"x_pub"``/``"y_pub"`` those of the text with each private span replaced by its placeholder. ℓ_pub
+    is computed, as in every split, from the :class:`~featuredp.features.TokenView` of the batch alone. Both
+    losses are per example (each row's mean over its own targets, :func:`featuredp.lm.token_nll`), with the same
+    model and no random draws.
+
+    >>> from featuredp.features.text import TextSpans
+    >>> split = CausalLMSplit(TokenView(TextSpans(("email",))))
+    >>> net = nn.Sequential(nn.Embedding(5, 3), nn.Linear(3, 5))
+    >>> b = {"x": torch.tensor([[0, 1, 2]]), "y": torch.tensor([[1, 2, -100]])}
+    >>> b.update(x_pub=b["x"], y_pub=b["y"])   # nothing private in this text: ℓ_priv = 0
+    >>> split.private_loss(net, b, {}).abs().item()
+    0.0
+    """
+
+    name = "causal_lm"
+
+    def __init__(self, feature_map: TokenView) -> None:
+        if not isinstance(feature_map, TokenView):
+            raise TypeError(f"feature_map must be a TokenView (Ψ on token batches), got {type(feature_map).__name__}")
+        super().__init__(feature_map)
+
+    def loss(self, model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
+        """ℓ: the mean NLL of each full text's target tokens, shape (B,)."""
+        return token_nll(forward(model, batch), batch["y"])
+
+    def _public_loss(self, model: nn.Module, view: Batch, draws: Batch) -> torch.Tensor:
+        return token_nll(forward(model, view), view["y"])
+
+    def describe(self) -> dict[str, Any]:
+        """The split, Ψ (its Disclosure) and what ℓ_pub is."""
+        return {**super().describe(),
+                "public_loss": "mean token NLL of the same model on the text with private spans as placeholders"}
+
+
+__all__ += ["CausalLMSplit"]

@@ -9,7 +9,7 @@ import sys
 def test_attacks_core_does_not_import_torch():
     code = (
         "import sys, featuredp.attacks, featuredp.attacks.report;"
-        "import featuredp.attacks.canaries, featuredp.attacks.extraction;"
+        "import featuredp.attacks.canaries, featuredp.attacks.extraction, featuredp.attacks.text;"
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -69,9 +69,24 @@ def test_pixelate_and_json(tiny_fashion: Path, tmp_path: Path, capsys) -> None:
     assert [s["method"] for s in result["summary"]] == ["public", "fdp"]
 
 
+def test_tune_gives_every_private_method_the_same_budget(tiny_fashion: Path, tmp_path: Path, capsys) -> None:
+    """--tune on images: each private method gets the same number of candidates per ε, scored on the validation
+    split of the training images, and the summary says the methods were tuned alike."""
+    out = tmp_path / "tuned"
+    assert main(["compare", "--task", "image-classification", "--quick", "--tune", "--methods", "dpsgd,fdp_dpsgd,fdp",
+                 "--epsilon", "4", "--train-size", "200", "--out", str(out), "--json"]) == 0  # fmt: skip
+    result = json.loads(capsys.readouterr().out)
+    assert result["meta"]["tuning_budget"] == {"dpsgd": 3, "fdp_dpsgd": 3, "fdp": 3}
+    trials = {
+        json.loads(f.read_text())["method"]: json.loads(f.read_text())["trials"]
+        for f in (out / "tuning").glob("*.json")
+    }
+    assert {m: len(t) for m, t in trials.items()} == {"dpsgd": 3, "fdp_dpsgd": 3, "fdp": 3}
+    assert "Tuned alike" in (out / "summary.md").read_text()
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--dataset", "adult"], "--dataset must be one of fashion-mnist"),
-    (["--tune"], "--tune is for tabular data"),
     (["--private", "sex"], "--private is for tabular data"),
     (["--feature-map", "pixelate", "--pixelate-factor", "0"], "--pixelate-factor must be >= 1"),
     (["--blur-sigma", "-1"], "--blur-sigma must be"),

@@ -31,6 +31,8 @@ import featuredp
 import featuredp.features
 from _fdp_synth import make_tabular
 from featuredp.batches import as_batch
+from featuredp.data.text import TextDataset, TextRecord
+from featuredp.data.text_corpus import support_dialogues
 from featuredp.diffusion import DiffusionLoss, NoiseSchedule, build_unet
 from featuredp.engine import Trainer
 from featuredp.features import (
@@ -42,7 +44,9 @@ from featuredp.features import (
     LabelPrivate,
     Pixelate,
     PublicFeatureMap,
+    TokenView,
 )
+from featuredp.features.text import Span, TextSpans
 from featuredp.plan import Disclosure
 
 Perturb = Callable[[PublicFeatureMap, Batch, torch.Generator], Batch]
@@ -125,6 +129,34 @@ def _inside_boxes(fmap: PublicFeatureMap, batch: Batch, g: torch.Generator) -> t
     return x
 
 
+_TEXTS = support_dialogues(6, seed=0)
+_TEXT_PSI = TextSpans(("name", "email", "phone", "card", "number", "date", "address"))
+
+
+def _token_view() -> tuple[PublicFeatureMap, Batch]:
+    return TokenView(_TEXT_PSI), TextDataset(_TEXTS, _TEXT_PSI, max_len=64).batch()
+
+
+def _inside_spans(fmap: PublicFeatureMap, batch: Batch, g: torch.Generator) -> Batch:
+    """The batch of the same records with every private span's contents rewritten (other characters, other
+    lengths): only what Ψ hides changes, so the full-text tokens move and the public tokens must not."""
+    alphabet = "abcXYZ0189@.-é "
+    records = []
+    for r in _TEXTS:
+        parts, spans, at = [], [], 0
+        for sp in r.spans:
+            parts.append(r.text[at : sp.start])
+            start = sum(map(len, parts))
+            n = int(torch.randint(1, 12, (1,), generator=g))
+            value = "".join(alphabet[int(i)] for i in torch.randint(0, len(alphabet), (n,), generator=g))
+            parts.append(value)
+            spans.append(Span(start, start + n, sp.type))
+            at = sp.end
+        parts.append(r.text[at:])
+        records.append(TextRecord("".join(parts), spans))
+    return TextDataset(records, _TEXT_PSI, max_len=64).batch()
+
+
 # --------------------------------------------------------------------------------------------------------
 # The zoo
 # --------------------------------------------------------------------------------------------------------
@@ -198,6 +230,7 @@ ZOO: list[Case] = [
          _then_declared(_within_blocks)),
     Case("box-mask", _image(BoxMask(fill=-1.0), box=True), _then_declared(_inside_boxes)),
     Case("box-mask-private-label", _image(BoxMask(label_public=False), box=True), _then_declared(_inside_boxes)),
+    Case("token-view", _token_view, _inside_spans),
 ]  # fmt: skip
 
 cases = pytest.mark.parametrize("case", ZOO, ids=[c.id for c in ZOO])

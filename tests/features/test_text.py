@@ -81,3 +81,14 @@ def test_annotated_jsonl_is_checked_line_by_line(tmp_path):
 def test_bad_declarations_are_one_line_errors_up_front(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TextSpans(**kwargs)
+
+
+def test_detections_never_read_inside_annotated_spans():
+    """Attacker: an annotation overlapping what a detector would find must not let the hidden characters decide
+    how far the joined span reaches (Ψ would then reveal them)."""
+    psi = TextSpans(("number",), detect=("number",))
+    ann = [Span(3, 6, "number")]
+    views = {psi(text, ann) for text in ("id 1234567", "id abc4567", "id 9994567", "id ---4567")}
+    assert len(views) == 1, views
+    # detections elsewhere in the text still run
+    assert psi("id abc4567 and 99999999", ann).endswith("and [NUMBER]")

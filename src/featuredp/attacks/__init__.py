@@ -1,8 +1,10 @@
 """Privacy audits: membership and attribute inference, canary audits, empirical ε lower bounds.
 
 The core works on arrays of scores and imports numpy/scipy/scikit-learn only — never torch
-(a subprocess test pins it). :mod:`featuredp.attacks.torch_adapter` turns a torch model and
-data into those arrays; ``featuredp audit`` runs everything on a trained run directory.
+(a subprocess test pins it); :mod:`featuredp.attacks.text` audits language models through scoring and
+generation callables (canary exposure, span extraction, span inference).
+:mod:`featuredp.attacks.torch_adapter` turns a torch model and data into those arrays; ``featuredp audit``
+runs everything on a trained run directory.
 """
 
 from featuredp.attacks.attribute import (
@@ -56,6 +58,15 @@ from featuredp.attacks.metrics import (
     tpr_at_fpr,
     wilson_interval,
 )
+from featuredp.attacks.text import (
+    TextCanary,
+    chance_exposure,
+    digit_candidates,
+    exposure,
+    exposure_report,
+    span_inference,
+)
+from featuredp.attacks.text import extraction as text_extraction  # the name `extraction` is the submodule's
 
 __all__ = [
     "FPR_LEVELS",
@@ -67,12 +78,17 @@ __all__ = [
     "MultiRunBound",
     "OneRunBound",
     "ShadowModelAttack",
+    "TextCanary",
     "ThresholdResult",
     "accuracy",
     "balanced_accuracy",
+    "chance_exposure",
     "clopper_pearson",
     "confidence_attack",
+    "digit_candidates",
     "estimate_ball",
+    "exposure",
+    "exposure_report",
     "extract_logistic_regression",
     "feature_canaries",
     "feature_canary_scores",
@@ -95,6 +111,8 @@ __all__ = [
     "roc_curve",
     "score_attack",
     "simulate_dpsgd_gradient_canaries",
+    "span_inference",
+    "text_extraction",
     "theorem4_bound",
     "tpr_at_fpr",
     "wilson_interval",

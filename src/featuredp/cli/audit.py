@@ -13,7 +13,9 @@ from typing import Any
 from featuredp.cli._data_args import add_data_arguments, use_data_args_for_run
 from featuredp.cli._flags import check_out_dir, note, whole_number
 
-ATTACKS = ("attribute", "membership", "canary")
+ATTACKS = ("attribute", "membership", "canary", "exposure", "extraction", "span")
+#: the audits of a text run (``featuredp train --task text``): featuredp.experiments.text_lm.TEXT_ATTACKS
+TEXT_ATTACKS = ("exposure", "extraction", "span")
 CANARY_KINDS = ("feature", "mislabelled", "gradient")
 
 
@@ -34,7 +36,10 @@ def register(subparsers: Any) -> None:
         "of privacy: every canary report prints the largest ε its design could certify.",
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `featuredp train --out`")
-    p.add_argument("--attack", choices=ATTACKS, default="attribute")
+    p.add_argument("--attack", choices=ATTACKS, default=None,
+                   help="tabular runs: attribute (default), membership, canary; text runs: span (span inference "
+                   "against Theorem 4's bound; default), exposure (the canaries planted by train --canaries), "
+                   "extraction")
     p.add_argument("--attribute", type=_columns, default=None,
                    help="private attribute(s) to infer, comma-separated (default: the run's private columns)")
     p.add_argument("--targets", type=whole_number, default=None,
@@ -93,6 +98,12 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not (run_dir / "run.json").exists():
         raise FileNotFoundError(f"RUN_DIR must be a run directory with run.json, got {str(run_dir)!r}")
+    if _is_text_run(run_dir):
+        return _audit_text(args, run_dir)
+    if args.attack in TEXT_ATTACKS:
+        raise ValueError(f"--attack {args.attack} audits a text run (featuredp train --task text); {run_dir} is "
+                         "not one")
+    args.attack = args.attack or "attribute"
 
     import torch
 
@@ -214,3 +225,30 @@ def _settle_targets(args: argparse.Namespace, n_train: int, n_test: int) -> None
             note("audit", f"using {args.targets:,} targets per group (the data holds no more: {why})")
     elif args.targets > most:
         raise ValueError(f"--targets must be <= {most:,} for this run's data ({why}), got {args.targets:,}")
+
+
+def _is_text_run(run_dir: Path) -> bool:
+    """Whether run.json marks a text run (read without torch; a broken file is load_run's to report)."""
+    try:
+        return json.loads((run_dir / "run.json").read_text(encoding="utf-8")).get("task") == "text"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _audit_text(args: argparse.Namespace, run_dir: Path) -> int:
+    """``--attack exposure|extraction|span`` on a text run: the report to RUN_DIR/audit/text_<attack>.{json,md}."""
+    import torch
+
+    from featuredp.experiments.text_runs import audit_text_run, text_audit_lines
+
+    attack = args.attack or "span"  # exposure needs canaries planted at training time (train --canaries)
+    if attack not in TEXT_ATTACKS:
+        raise ValueError(f"--attack {attack} is for tabular runs; a text run takes --attack {'|'.join(TEXT_ATTACKS)}")
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
+    payload = audit_text_run(run_dir, attack, out=args.out)
+    if args.json:
+        print(json.dumps(_plain(payload)))
+        return 0
+    print("\n".join(text_audit_lines(payload)))
+    print(f"reports: {', '.join(payload['report_files'])}")
+    return 0

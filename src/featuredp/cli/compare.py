@@ -21,6 +21,7 @@ from typing import Any
 from featuredp.cli._data_args import add_data_arguments, resolve_data
 from featuredp.cli._device import add_device_argument, check_device
 from featuredp.cli._flags import number_list
+from featuredp.cli._text_args import add_text_arguments
 from featuredp.experiments.diffusion_options import add_diffusion_arguments
 from featuredp.experiments.presets import IMAGE_FEATURE_MAPS
 from featuredp.methods import METHOD_NAMES
@@ -29,7 +30,7 @@ from featuredp.methods import METHOD_NAMES
 #: must stay light (that module imports the accountants)
 PROTOCOLS = ("default", "paper")
 
-TASKS = ("tabular", "diffusion", "image-classification")
+TASKS = ("tabular", "diffusion", "image-classification", "text")
 #: the default ε of ``--protocol paper``: at σ = 1 and sampling rate 1/16 one step already spends ε ≈ 1.2 at
 #: δ = 1e-5, so the default grid's ε = 1 would be refused
 PAPER_EPSILONS = [2.0, 4.0, 8.0]
@@ -59,7 +60,9 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--task", choices=TASKS, default="tabular",
                    help="tabular (default); diffusion (docs/images.md); image-classification: a small CNN on "
-                   "Fashion-MNIST with the blurred image public (docs/image-classification.md)")
+                   "Fashion-MNIST with the blurred image public (docs/image-classification.md); text: a causal LM "
+                   "whose training texts' private spans are protected, audited for exposure, extraction and span "
+                   "inference (docs/text.md)")
     p.add_argument("--dataset", default=None,
                    help="tabular: adult | census-income | purchase-style | criteo-style | ... (default adult); "
                         "diffusion: see its options; image-classification: fashion-mnist (default; fetched on first "
@@ -68,13 +71,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--epsilons", type=number_list, default=None, help="comma-separated targets (default 1,2,4,8)")
     p.add_argument("--epsilon", type=float, default=None, help="a single target ε (alias of --epsilons)")
     p.add_argument("--seeds", type=int, default=None,
-                   help="repetitions per cell (default 3; --quick: 1); each has its own public seed")
+                   help="repetitions per cell (default 3; --quick and --task text: 1); each has its own public seed")
     p.add_argument("--seed", type=int, default=None,
                    help="first public seed (default 0). Seeds fix only the public randomness (initialisation, public "
                    "batches); every cell's noise and private batches come from fresh OS entropy")
     p.add_argument("--out", required=True, help="results folder")
     p.add_argument("--quick", action="store_true",
-                   help="a reduced grid for CI and trying things (about 6 s on Adult, 2 cores)")
+                   help="a reduced grid for CI and trying things (about 6 s on Adult; --task text: about 8 min, "
+                   "2 cores)")
     p.add_argument("--tune", action="store_true",
                    help="tune a small grid per method and ε on a validation split of the training data "
                         "(not accounted for in ε; summary.md says so)")
@@ -99,6 +103,7 @@ def register(subparsers: Any) -> None:
                    help="the public view Ψ: blur (Gaussian, σ = --blur-sigma, default 1) or pixelate (block means of "
                    "--pixelate-factor × --pixelate-factor pixels)")
     g.add_argument("--pixelate-factor", type=int, default=4, help="block size of --feature-map pixelate (default 4)")
+    add_text_arguments(p)
     p.set_defaults(func=run, resume_hint=_resume_hint)
 
 
@@ -143,7 +148,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.epsilon is not None and args.epsilons is not None:
         raise ValueError(f"give --epsilons or --epsilon, not both (got {args.epsilons} and {args.epsilon})")
     epsilons = args.epsilons if args.epsilons is not None else [args.epsilon] if args.epsilon is not None else None
-    n_seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
+    n_seeds = args.seeds if args.seeds is not None else (1 if args.quick or args.task == "text" else 3)
     if n_seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {n_seeds}")
     first = args.seed or 0
@@ -151,6 +156,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"--seed must be >= 0, got {first}")
     if args.task == "image-classification":
         return _run_images(args, epsilons, list(range(first, first + n_seeds)))
+    if args.task == "text":
+        return _run_text(args, epsilons, list(range(first, first + n_seeds)))
     dataset = args.dataset or "adult"
     options: dict[str, Any] = {"cache_dir": args.cache_dir} if args.cache_dir else {}
     if getattr(args, "dataset_path", None):  # your own file: --dataset csv|purchase100|criteo --dataset-path FILE
@@ -207,7 +214,7 @@ def _run_images(args: argparse.Namespace, epsilons: list[float] | None, seeds: l
     if dataset not in IMAGE_DATASETS:
         raise ValueError(f"--dataset must be one of {', '.join(IMAGE_DATASETS)} for --task image-classification, "
                          f"got {dataset!r}")  # fmt: skip
-    for flag, given in (("--private", args.private), ("--tune", args.tune), ("--data", getattr(args, "data", None))):
+    for flag, given in (("--private", args.private), ("--data", getattr(args, "data", None))):
         if given:
             raise ValueError(f"{flag} is for tabular data; --task image-classification declares its private part "
                              "with --feature-map (what Ψ removes is private)")  # fmt: skip
@@ -228,7 +235,7 @@ def _run_images(args: argparse.Namespace, epsilons: list[float] | None, seeds: l
     cfg = GridConfig(
         dataset=dataset, out=args.out, methods=args.methods or list(METHOD_NAMES),
         epsilons=epsilons if epsilons is not None else ([2.0, 8.0] if args.quick else [1.0, 2.0, 4.0, 8.0]),
-        seeds=seeds, quick=args.quick, delta=getattr(args, "delta", None), dataset_options=options,
+        seeds=seeds, quick=args.quick, tune=args.tune, delta=getattr(args, "delta", None), dataset_options=options,
         report_only=args.report_only, device=args.device, progress=not (args.json or args.quiet),
         overwrite=args.overwrite,
         command=_command_line("featuredp compare --task image-classification"),
@@ -243,13 +250,37 @@ def _run_images(args: argparse.Namespace, epsilons: list[float] | None, seeds: l
     return _report(args, cfg, runner.run())
 
 
-def _report(args: argparse.Namespace, cfg: Any, result: dict[str, Any]) -> int:
+def _run_text(args: argparse.Namespace, epsilons: list[float] | None, seeds: list[int]) -> int:
+    """``--task text``: the text comparison (flags checked, then the data, then the cells)."""
+    from featuredp.cli._text_args import text_data_options
+    from featuredp.experiments.text_lm import TEXT_METHODS, TextCompareConfig, run_text_compare
+
+    for flag, given in (("--dataset", args.dataset), ("--private", args.private), ("--tune", args.tune),
+                        ("--label", args.label)):  # fmt: skip
+        if given:
+            raise ValueError(f"{flag} is for tabular data; --task text takes --data FILE.jsonl and --spans (or the "
+                             "generated corpus without --data)")  # fmt: skip
+    for m in args.methods or []:
+        if m not in TEXT_METHODS:
+            raise ValueError(f"--methods: --task text runs {','.join(TEXT_METHODS)}, got {m!r}")
+    cfg = TextCompareConfig(
+        out=args.out, methods=args.methods or list(TEXT_METHODS),
+        epsilons=epsilons if epsilons is not None else [1.0, 3.0, 8.0], seeds=seeds, quick=args.quick,
+        data=text_data_options(args), delta=getattr(args, "delta", None), device=args.device,
+        progress=not (args.json or args.quiet), overwrite=args.overwrite, report_only=args.report_only,
+        command=_command_line("featuredp compare --task text"),
+    )  # fmt: skip
+    return _report(args, cfg, run_text_compare(cfg), files=("results.json", "summary.md", "text_privacy.png"))
+
+
+def _report(args: argparse.Namespace, cfg: Any, result: dict[str, Any],
+            files: tuple[str, ...] = ("results.csv", "summary.md", "privacy_utility.png")) -> int:  # fmt: skip
     """Print a grid's result: the JSON, or summary.md and the files written."""
     if args.json:
         print(json.dumps(result, indent=2, default=_json_default))
     else:
         print((cfg.out / "summary.md").read_text())
-        print(f"wrote {cfg.out / 'results.csv'}, {cfg.out / 'summary.md'}, {cfg.out / 'privacy_utility.png'}")
+        print(f"wrote {', '.join(str(cfg.out / f) for f in files)}")
     return 0
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from featuredp.cli._data_args import add_data_arguments, resolve_data
 from featuredp.cli._device import add_device_argument, add_precision_argument, check_device
 from featuredp.cli._flags import TRAIN_FLAGS, check_run_out, check_training_values, flag_names
+from featuredp.cli._text_args import add_text_arguments
 from featuredp.methods import METHOD_NAMES
 
 
@@ -36,6 +37,9 @@ def register(subparsers: Any) -> None:
         description=f"Train {' | '.join(METHOD_NAMES)} on a tabular dataset whose --private columns are "
         "protected. Unset hyperparameters use tuned per-method defaults (docs/engine.md).",
     )
+    p.add_argument("--task", choices=("tabular", "text"), default="tabular",
+                   help="tabular (default); text: a causal LM on --data FILE.jsonl (or the generated support corpus) "
+                   "whose --spans are private (docs/text.md)")
     p.add_argument("--dataset", default="adult", help="dataset name (default: adult, bundled)")
     p.add_argument("--private", type=_columns, default=None,
                    help="comma-separated private raw columns (default: the dataset's, sex,race for adult); "
@@ -110,6 +114,7 @@ def register(subparsers: Any) -> None:
                         "logarithmic costs less ε for the same mean but has a heavier tail of long searches)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_text_arguments(p)
     p.set_defaults(func=run, resume_hint=_resume_hint)
 
 
@@ -118,6 +123,14 @@ def run(args: argparse.Namespace) -> int:
     from featuredp.experiments.runs import replacing_run
 
     _check_flags(args)
+    if args.task == "text":
+        from featuredp.cli._train_text import train_text
+
+        with flag_names(TRAIN_FLAGS):
+            if args.overwrite and args.out:
+                with replacing_run(args.out):
+                    return train_text(args)
+            return train_text(args)
     with flag_names(TRAIN_FLAGS):
         if args.overwrite and args.out:
             with replacing_run(args.out):

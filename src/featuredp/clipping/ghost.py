@@ -17,8 +17,11 @@ torch.func per-example gradients).
 Supported layers (exact module types): Linear (any number of leading dims),
 Embedding (padding_idx), EmbeddingBag (sum/mean, ragged bags, per-sample
 weights, padding_idx), Conv1d/Conv2d (any stride, dilation, groups, padding
-mode), LayerNorm, GroupNorm, RMSNorm. Parameters of any other layer, or used
-outside their layer's call (tied weights), fall back to torch.func per-example
+mode), LayerNorm, GroupNorm, RMSNorm. A parameter shared by supported layers
+(a token embedding tied to the output head) combines their contributions with
+the cross terms (:class:`featuredp.clipping.rules.Mixed`). Parameters of any
+other layer, shared with one, or used outside a layer's call (a weight reused
+functionally, ``F.linear(h, emb.weight)``), fall back to torch.func per-example
 gradients for just those parameters; :attr:`GhostGradients.fallback_layers`
 lists them and a warning says so. Norms of both paths add up.
 
@@ -282,6 +285,9 @@ class GhostGradients:
         for _, m in model.named_modules(remove_duplicate=False):
             for _, p in m.named_parameters(recurse=False, remove_duplicate=False):
                 owners.setdefault(id(p), set()).add(id(m))
+        # A parameter held by several layers (a tied embedding and output head) is ghost-clipped only if every
+        # one of them has a rule: their contributions are then combined (rules.Mixed, with the cross terms).
+        ruled = {id(m) for m in model.modules() if rule_for(m)[0] is not None}
         layers: list[_Layer] = []
         covered: set[str] = set()
         reasons: dict[str, str] = {}
@@ -296,8 +302,8 @@ class GhostGradients:
                 continue
             params = {}
             for attr, p in direct:
-                if len(owners[id(p)]) > 1:
-                    reasons[label] = f"parameter {attr!r} is shared with another layer"
+                if not owners[id(p)] <= ruled:
+                    reasons[label] = f"parameter {attr!r} is shared with a layer without a ghost rule"
                 else:
                     params[attr] = canonical[id(p)]
             if params:
@@ -325,7 +331,8 @@ class GhostGradients:
             for attr, pname in list(layer.params.items()):
                 if pname in names:
                     del layer.params[attr]
-                    plan.fallback.append(pname)
+                    if pname not in plan.fallback:  # a parameter of several layers falls back once
+                        plan.fallback.append(pname)
                     plan.fallback_layers.append(f"{layer.name} ({type(layer.module).__name__}): {reason}")
         plan.layers = [layer for layer in plan.layers if layer.params]
         self.fallback_layers = plan.fallback_layers
@@ -754,7 +761,7 @@ class GhostGradients:
             bad = self._validate(plan, params, combined, parts, losses)
             plan.validated = True
             if bad:  # parameters used outside their layer's call: redo this chunk with them in the fallback
-                self._demote(plan, bad, "parameter also used outside the layer's call (e.g. tied weights)")
+                self._demote(plan, bad, "parameter also used outside the layer's call (e.g. reused functionally)")
                 return self._chunk(plan, model, loss_fn, batch, draws, C, params, inspect)
 
         for pname, dense in self._fallback_grads(model, loss_fn, batch, draws, plan.fallback).items():
@@ -809,7 +816,7 @@ class GhostGradients:
         A parameter of a supported layer that is also used outside the layer's call (a tied or functionally
         reused weight) would otherwise silently miss that part of its gradient.
         """
-        names = [n for layer in plan.layers for n in layer.params.values()]
+        names = list(dict.fromkeys(n for layer in plan.layers for n in layer.params.values()))  # tied: once
         if not names:
             return []
         truth = torch.autograd.grad(losses.sum(), [params[n] for n in names], allow_unused=True, retain_graph=True)

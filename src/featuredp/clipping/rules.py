@@ -24,6 +24,13 @@ every supported layer:
   LayerNorm / GroupNorm / RMSNorm affine parameters, and the torch.func
   fallback).
 
+A parameter that layers of different kinds reach — a token embedding tied to the output
+head gets :class:`Rows` from the lookups and :class:`Outer` from the head — is one
+:class:`Mixed` contribution: each kind's parts combined by that kind, plus the cross terms
+2⟨c_k,i, c_l,i⟩ of its squared norm from a formula per pair of kinds (Rows × Outer without
+forming the (V, d) gradient per example), or, for a pair without one, from per-example
+gradients materialised a block of examples at a time.
+
 Norms in the Gram form are checked for cancellation and recomputed in float64 where the
 terms nearly cancel (ℓ − ℓ_pub with a good ℓ_pub), because float32 would lose the small
 difference that clipping depends on.
@@ -85,6 +92,7 @@ __all__ = [
     "Contribution",
     "Dense",
     "LayerRule",
+    "Mixed",
     "NormCache",
     "NotPerExampleError",
     "Outer",
@@ -170,15 +178,38 @@ class Contribution(ABC):
         """One contribution from several passes through the same parameter (at least two, all of this kind)."""
 
 
+def _shape_of(c: Contribution) -> torch.Size | None:
+    """The parameter's shape, for the kinds that record it (None for a kind that does not)."""
+    if isinstance(c, Dense):
+        return c.grad.shape[1:]
+    shape = getattr(c, "shape", None)
+    return None if shape is None else torch.Size(shape)
+
+
 def combine(parts: Sequence[Contribution]) -> Contribution:
-    """One contribution from all the calls that reached one parameter (all of one kind)."""
+    """One contribution from all the calls that reached one parameter.
+
+    Parts of one kind are combined by that kind (tokens side by side, passes kept apart, ...); a parameter
+    reached by layers of different kinds (a token embedding tied to the output head: :class:`Rows` and
+    :class:`Outer`) becomes a :class:`Mixed` of one combined part per kind, whose norm adds the cross terms.
+    """
     first = parts[0]
     if len(parts) == 1:
         return first
-    kind = type(first)
-    if any(type(p) is not kind for p in parts):
-        raise TypeError("cannot combine contributions of different kinds for one parameter")
-    return kind.combine(parts)
+    shapes = [_shape_of(p) for p in parts]
+    known = {s for s in shapes if s is not None}
+    if len(known) > 1:
+        kinds = "different kinds" if len({type(p) for p in parts}) > 1 else "one kind"
+        listed = ", ".join(f"{type(p).__name__} {tuple(s) if s is not None else '?'}" for p, s in zip(parts, shapes))
+        raise TypeError(f"cannot combine contributions of {kinds} for one parameter of different shapes: {listed}")
+    by_kind: dict[type[Contribution], list[Contribution]] = {}
+    for p in parts:
+        # Flatten what an earlier combine grouped, so that each kind is combined once, by its own rule.
+        flat = p.parts if isinstance(p, (Mixed, Passes)) else [p]
+        for q in flat:
+            by_kind.setdefault(type(q), []).append(q)
+    merged = [ps[0] if len(ps) == 1 else kind.combine(ps) for kind, ps in by_kind.items()]
+    return merged[0] if len(merged) == 1 else Mixed(merged)
 
 
 def _chunks(n: int, per_item: int) -> list[slice]:
@@ -336,8 +367,26 @@ def _passes_sq_norms_of(parts: Sequence[Outer], B: int) -> tuple[torch.Tensor, t
     return sq, bound
 
 
+class _SumOfParts(Contribution):
+    """A contribution whose per-example gradient is the sum of its ``parts``' (the reductions that add up)."""
+
+    parts: Sequence[Contribution]
+
+    def abs_sum(self) -> torch.Tensor:
+        """The parts' entrywise bounds added up."""
+        return add_up([p.abs_sum() for p in self.parts])
+
+    def examples(self, rows: torch.Tensor) -> torch.Tensor:
+        """The parts' per-example gradients added up, (k, *param.shape)."""
+        return add_up([p.examples(rows) for p in self.parts])
+
+    def term_bounds(self, rows: torch.Tensor) -> torch.Tensor:
+        """The parts' bounds added up (for passes: Σ_p ‖a_p‖‖g_p‖ per example)."""
+        return add_up([p.term_bounds(rows) for p in self.parts])
+
+
 @dataclass(eq=False)
-class Passes(Contribution):
+class Passes(_SumOfParts):
     """Per-example gradient Σ_p g_p a_pᵀ of a weight that several passes reach with one token each.
 
     FDP's ℓ(x) − ℓ_pub(x') sends every example through each Linear layer twice. The passes are kept
@@ -382,18 +431,6 @@ class Passes(Contribution):
         assert total is not None  # parts is never empty
         return total.reshape(self.shape)
 
-    def abs_sum(self) -> torch.Tensor:
-        """The passes' entrywise bounds added up."""
-        return add_up([p.abs_sum() for p in self.parts])
-
-    def examples(self, rows: torch.Tensor) -> torch.Tensor:
-        """The passes' per-example gradients added up, (k, *param.shape)."""
-        return add_up([p.examples(rows) for p in self.parts])
-
-    def term_bounds(self, rows: torch.Tensor) -> torch.Tensor:
-        """Σ_p ‖a_p‖‖g_p‖ per example."""
-        return add_up([p.term_bounds(rows) for p in self.parts])
-
     def without(self, drop: torch.Tensor) -> Contribution:
         """Every pass without the dropped examples."""
         return Passes([p.without(drop) for p in self.parts], self.shape)
@@ -414,18 +451,26 @@ class Rows(Contribution):
     batch_size: int
     shape: torch.Size
 
-    def squared_norms(self, cache: NormCache | None = None) -> torch.Tensor:
-        """Per-example squared norms (float64); tokens of one example that hit the same row add up first."""
+    def aggregated(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(example, row, summed value in float64) per distinct (example, row), sorted by example then row.
+
+        Tokens of one example that hit the same row add up first (in float64: FDP's two passes mostly hit the
+        same rows with nearly cancelling values).
+        """
         V = self.shape[0]
-        out = torch.zeros(self.batch_size, dtype=torch.float64, device=self.value.device)
-        if self.example.numel() == 0:
-            return out
-        # Tokens of one example that hit the same row add up before squaring: group by (example, row).
         keys = self.example * V + self.index
         uniq, inverse = torch.unique(keys, return_inverse=True)
         agg = torch.zeros(uniq.numel(), self.value.shape[1], dtype=torch.float64, device=self.value.device)
         agg.index_add_(0, inverse, self.value.to(torch.float64))
-        out.index_add_(0, torch.div(uniq, V, rounding_mode="floor"), agg.pow(2).sum(1))
+        return torch.div(uniq, V, rounding_mode="floor"), torch.remainder(uniq, V), agg
+
+    def squared_norms(self, cache: NormCache | None = None) -> torch.Tensor:
+        """Per-example squared norms (float64); tokens of one example that hit the same row add up first."""
+        out = torch.zeros(self.batch_size, dtype=torch.float64, device=self.value.device)
+        if self.example.numel() == 0:
+            return out
+        example, _, agg = self.aggregated()
+        out.index_add_(0, example, agg.pow(2).sum(1))
         return out
 
     def weighted_sum(self, factors: torch.Tensor) -> torch.Tensor:
@@ -514,6 +559,134 @@ class Dense(Contribution):
     def combine(cls, parts: Sequence[Dense]) -> Contribution:
         """The per-example gradients added up."""
         return Dense(add_up([p.grad for p in parts]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One parameter reached by layers of different kinds (tied weights).
+
+#: ``cross(x, y) -> (B,) float64``: Σ over the parameter's entries of x's and y's per-example gradients (their
+#: inner product per example), for one ordered pair of kinds.
+CrossTerm = Callable[[Any, Any], torch.Tensor]
+
+
+def _rows_outer_cross(rows: Rows, outer: Outer) -> torch.Tensor:
+    """⟨Rows_i, Outer_i⟩ = Σ_j Σ_t g_t[index_j] (a_t · value_j) over example i's distinct rows j and tokens t.
+
+    The rows an example's tokens hit are few (at most its number of tokens), so this costs T·n·d per example
+    for n distinct rows instead of the T·V·d of materialising the (V, d) gradient; it is computed in float64
+    (cheap next to the model's own forward), so its rounding never competes with the norm it corrects.
+    """
+    B = rows.batch_size
+    out = torch.zeros(B, dtype=torch.float64, device=rows.value.device)
+    if rows.example.numel() == 0:
+        return out
+    if outer.a.shape[2] != 1 or len(outer.shape) != 2:  # groups: only a dense comparison is simple
+        return _materialised_cross(rows, outer, B, out.device)
+    example, row, agg = rows.aggregated()
+    counts = torch.bincount(example, minlength=B)
+    n = int(counts.max())
+    slot = torch.arange(example.numel(), device=example.device) - (torch.cumsum(counts, 0) - counts)[example]
+    # Each example's distinct rows side by side, padded with zero values (which add nothing).
+    value = agg.new_zeros(B, n, agg.shape[1]).index_put_((example, slot), agg)
+    index = row.new_zeros(B, n).index_put_((example, slot), row)
+    a, g = outer.full_a(), outer.g
+    T = a.shape[1]
+    a, g = a.reshape(B, T, -1), g.reshape(B, T, -1)
+    for sl in _chunks(B, T * (n + a.shape[-1])):
+        dots = torch.matmul(a[sl].to(torch.float64), value[sl].transpose(1, 2))  # (b, T, n): a_t · value_j
+        picked = torch.gather(g[sl], 2, index[sl].unsqueeze(1).expand(-1, T, -1))  # (b, T, n): g_t[index_j]
+        out[sl] = (dots * picked.to(torch.float64)).sum((1, 2))
+    return out
+
+
+def _rows_passes_cross(rows: Rows, passes: Passes) -> torch.Tensor:
+    """The cross term with each single-token pass, added up."""
+    return add_up([_rows_outer_cross(rows, p) for p in passes.parts])
+
+
+_CROSS_TERMS: dict[tuple[type[Contribution], type[Contribution]], CrossTerm] = {
+    (Rows, Outer): _rows_outer_cross,
+    (Rows, Passes): _rows_passes_cross,
+}
+
+
+def _materialised_cross(x: Contribution, y: Contribution, B: int, device: torch.device) -> torch.Tensor:
+    """⟨x_i, y_i⟩ from materialised per-example gradients, a block of examples at a time (the fallback for
+    pairs of kinds without a formula in ``_CROSS_TERMS``; as accurate as autograd's own float32 gradients)."""
+    shape = _shape_of(x) or _shape_of(y)
+    per_item = 2 * shape.numel() if shape is not None else _BLOCK_ELEMENTS
+    out = torch.zeros(B, dtype=torch.float64, device=device)
+    for sl in _chunks(B, per_item):
+        rows = torch.arange(sl.start, sl.stop, device=device)
+        ex, ey = x.examples(rows), y.examples(rows)
+        out[sl] = (ex.to(torch.float64) * ey.to(torch.float64)).reshape(len(rows), -1).sum(1).to(device)
+    return out
+
+
+def _cross(x: Contribution, y: Contribution, B: int, device: torch.device) -> torch.Tensor:
+    """⟨x_i, y_i⟩ per example (float64, (B,)): by formula where one is known for the two kinds."""
+    f = _CROSS_TERMS.get((type(x), type(y)))
+    if f is not None:
+        return f(x, y)
+    f = _CROSS_TERMS.get((type(y), type(x)))
+    if f is not None:
+        return f(y, x)
+    return _materialised_cross(x, y, B, device)
+
+
+@dataclass(eq=False)
+class Mixed(_SumOfParts):
+    """A parameter reached by layers of different kinds: the per-example gradient is Σ_k (part k's).
+
+    A token embedding tied to the output head (GPT-2) gives the same (V, d) table a :class:`Rows` part (the
+    lookups) and an :class:`Outer` part (the head's matmul). The squared norm of their sum is
+    Σ_k ‖c_k,i‖² + 2 Σ_{k<l} ⟨c_k,i, c_l,i⟩; each part keeps its own (cancellation-guarded) norm, and the
+    cross terms come from a formula per pair of kinds (Rows × Outer and Rows × Passes) without forming the
+    (V, d) gradient per example. A pair without a formula materialises per-example gradients a block of
+    examples at a time (``_BLOCK_ELEMENTS``). Examples whose parts nearly cancel each other
+    (Σ_k ‖c_k‖² + cross ≪ (Σ_k ‖c_k‖)²) are recomputed from their materialised gradients, as accurate as
+    autograd's; that does not happen for ordinary models, whose embedding and head gradients are far from
+    opposite.
+    """
+
+    parts: list[Contribution]  # at least two, of different kinds, for one parameter
+
+    @property
+    def shape(self) -> torch.Size | None:
+        """The parameter's shape (None if no part records it)."""
+        return next((s for s in map(_shape_of, self.parts) if s is not None), None)
+
+    def squared_norms(self, cache: NormCache | None = None) -> torch.Tensor:
+        """Σ_k ‖c_k‖² + 2 Σ_{k<l} ⟨c_k, c_l⟩ per example (float64)."""
+        own = [p.squared_norms(cache) for p in self.parts]
+        sq = add_up(own)
+        B = sq.shape[0]
+        for i in range(len(self.parts)):
+            for j in range(i + 1, len(self.parts)):
+                sq = sq + 2 * _cross(self.parts[i], self.parts[j], B, sq.device).to(sq.device)
+        bound = add_up([o.clamp(min=0).sqrt() for o in own]).pow(2)
+        risky = (sq < _CANCELLATION * bound).nonzero().flatten()
+        if risky.numel():
+            shape = self.shape
+            per_item = (len(self.parts) + 1) * (shape.numel() if shape is not None else _BLOCK_ELEMENTS)
+            for sl in _chunks(int(risky.numel()), per_item):
+                rows = risky[sl]
+                grads = self.examples(rows)
+                sq[rows] = torch.linalg.vector_norm(grads.reshape(len(rows), -1), dim=1).to(torch.float64).pow(2)
+        return sq
+
+    def weighted_sum(self, factors: torch.Tensor) -> torch.Tensor:
+        """Σ_k (part k's weighted sum)."""
+        return add_up([p.weighted_sum(factors) for p in self.parts])
+
+    def without(self, drop: torch.Tensor) -> Contribution:
+        """Every part without the dropped examples."""
+        return Mixed([p.without(drop) for p in self.parts])
+
+    @classmethod
+    def combine(cls, parts: Sequence[Mixed]) -> Contribution:
+        """The parts of all, regrouped by kind (:func:`combine`)."""
+        return combine(parts)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Models for FDP training (tabular, and a small image CNN) and a spec format to rebuild them from run.json.
+"""Models for FDP training (tabular, a small image CNN, a causal LM) and a spec format to rebuild them from run.json.
 
 ``build_model(spec)`` turns a JSON-able dict into a model; ``spec_for(dataset, kind)``
 makes that dict for a TabularDataset. Specs are stored in run.json so that a run
@@ -17,10 +17,12 @@ from featuredp.models.cnn import SmallCNN
 from featuredp.models.layers import ColumnLinear
 from featuredp.models.linear import LogisticRegression, SparseLogisticRegression
 from featuredp.models.mlp import MLP
+from featuredp.models.transformer import CausalTransformer
 
 __all__ = [
     "MLP",
     "MODEL_KINDS",
+    "CausalTransformer",
     "ColumnLinear",
     "LogisticRegression",
     "SmallCNN",
@@ -29,7 +31,11 @@ __all__ = [
     "spec_for",
 ]
 
-MODEL_KINDS = ("mlp", "logreg", "sparse_logreg", "small_cnn")
+MODEL_KINDS = ("mlp", "logreg", "sparse_logreg", "small_cnn", "causal_transformer")
+# Kinds with their own spec (not fitted to a TabularDataset by spec_for).
+_OWN_SPEC = ("small_cnn", "causal_transformer")
+_TRANSFORMER_KEYS = ("vocab_size", "max_len", "d_model", "n_layers", "n_heads", "d_ff", "tie_embeddings",
+                     "layer_norm_eps")
 
 
 def build_model(spec: dict[str, Any], *, seed: int | None = None) -> nn.Module:
@@ -53,13 +59,19 @@ def build_model(spec: dict[str, Any], *, seed: int | None = None) -> nn.Module:
         if kind == "small_cnn":  # images: in_channels, image_size, num_classes, widths, groups
             return SmallCNN(args.get("in_channels", 1), args.get("image_size", 28), args.get("num_classes", 10),
                             tuple(args.get("widths", (16, 32))), args.get("groups", 4))
+        if kind == "causal_transformer":  # text: a typo'd key would silently train another model, so refuse it
+            unknown = sorted(set(args) - set(_TRANSFORMER_KEYS))
+            if unknown or "vocab_size" not in args:
+                raise ValueError(f"causal_transformer spec needs vocab_size and takes {', '.join(_TRANSFORMER_KEYS)}; "
+                                 f"got {sorted(args)}")
+            return CausalTransformer(**args)
         return SparseLogisticRegression(args["dense_index"], args["cat_cardinalities"], args["n_classes"],
                                         args.get("bias", True))
 
 
 def spec_for(dataset: Any, kind: str = "mlp", **options: Any) -> dict[str, Any]:
     """A model spec fitted to a TabularDataset's shape (``options``: hidden, activation, bias)."""
-    kind = check_choice("model", kind, tuple(k for k in MODEL_KINDS if k != "small_cnn"))  # images: own spec
+    kind = check_choice("model", kind, tuple(k for k in MODEL_KINDS if k not in _OWN_SPEC))  # images, text: own spec
     n_classes = max(2, len(dataset.classes))
     d = int(dataset.X.shape[1])
     if kind == "mlp":

@@ -242,7 +242,11 @@ def _observed_step(trainer: Any, state: Any, split: Any, batch_all: Any, params:
         del sampler.sample, strategy.clipped_sum, noise.add  # the instances' own methods again
         if split is not None:
             del split.draws
-    run.after = {k: v.detach().clone() for k, v in trainer.model.state_dict().items() if k not in params}
+    # A tied weight appears in state_dict under each of its names; only the trained one is in params, and its
+    # aliases must not count as frozen tensors that changed.
+    trained = {id(p) for p in params.values()}
+    run.after = {k: v.detach().clone() for k, v in trainer.model.state_dict(keep_vars=True).items()
+                 if k not in params and id(v) not in trained}  # fmt: skip
     if trainer.dist is not None:  # the released quantities are the totals over the ranks
         # Each rank's share of the all-reduced noisy sum: its noisy sum if it drew noise, else its clipped sum.
         share = run.noisy if run.noisy else run.clipped

@@ -1,0 +1,709 @@
+"""Correlated noise for DP-SGD and FDP: banded matrix-factorization DP-FTRL (BandMF), a building block.
+
+Not wired into the Trainer or the CLI yet (issue 27): this module holds the strategy, the noise, the sampler and
+the accounting, each tested on its own.
+
+The mechanism. Let x be the stream of clipped gradient sums (row t = step t, one row per step, n steps) and A the
+workload: the linear map from gradients to what training uses of them. With plain SGD the iterates are
+θ_t = θ_0 − η·(A x)_t with A the prefix sums (lower-triangular ones). With SGD momentum β (torch's ``SGD``, no
+dampening: v_t = β·v_{t−1} + g_t, θ_t = θ_{t−1} − η·v_t) the iterates are θ_t = θ_0 − η·Σ_{r≤t} a_{t−r}·g_r, so
+
+    A[t, r] = a_{t−r} = Σ_{s=r}^{t} β^{s−r} = (1 − β^{t−r+1}) / (1 − β)     for r <= t, 0 above the diagonal
+
+(lower-triangular Toeplitz; β = 0 gives the prefix sums). BandMF factors A = B·C with C lower-triangular, b-banded
+and Toeplitz (C[i, j] = c_{i−j} for 0 <= i − j < b, 0 elsewhere; c_0 = 1) and releases C x + z, z ~ N(0, σ²·I) per
+coordinate (σ in units of the clip norm). Training then uses B (C x + z) = A (x + C⁻¹ z): each step adds the
+correlated noise w_t = (C⁻¹ z)_t to its gradient sum, computed online by the banded recurrence
+w_t = (z_t − Σ_{j=1}^{b−1} c_j·w_{t−j}) / c_0 (:class:`BandedNoise`). The total squared error of the workload is
+E‖A C⁻¹ z‖_F² = σ²·‖A C⁻¹‖_F² per coordinate, and the σ that privacy needs is proportional to sens(C), so the
+strategy minimises ‖A C⁻¹‖_F²·sens(C)² (:func:`banded_toeplitz_strategy`; scale-free in C).
+
+Sensitivity (the lemma). A record that takes part in steps t_1 < t_2 < ... < t_k changes C x by
+Σ_i C[:, t_i]·g_i with ‖g_i‖ <= 1 (clip norm 1). If consecutive participations are at least b steps apart
+(b-min-sep) and C is b-banded, column t_i is supported on rows t_i .. t_i + b − 1, so the k columns have disjoint
+supports, the cross terms vanish and ‖Σ_i C[:, t_i] g_i‖² = Σ_i ‖C[:, t_i]‖²·‖g_i‖² <= k·max_j ‖C[:, j]‖²: the
+sensitivity for k participations is sqrt(k)·(max column norm), attained by g_i on the worst column. This is the
+argument for b-banded matrices under b-min-separated participation (the participation schema of Section 3 of
+Choquette-Choo, Ganesh, McKenna, McMahan, Rush, Thakurta, Xu, "(Amplified) Banded Matrix Factorization: A unified
+approach to private training", NeurIPS 2023, arXiv:2306.08153); ``tests/test_bandmf.py`` checks it by enumeration.
+For a banded Toeplitz C the largest column is the first: max column norm = ‖(c_0, ..., c_{min(b, n)−1})‖₂
+(:func:`sensitivity`).
+
+Amplification and accounting (:func:`bandmf_event`). With the cyclic Poisson sampling of the same paper (Section 5,
+Algorithm 2; :class:`BMinSepSampler`): records are split into b partitions by a secret random permutation and step t
+Poisson-samples partition t mod b at rate q = m·b/n (m the expected batch). Theorem 4 there (Theorem 1 is its
+informal statement; the numbering as cited by jax_privacy's docs/batch_selection.md and its toeplitz module)
+reduces the privacy of b-banded BandMF run for n steps to that of DP-SGD with Poisson sampling rate q, noise
+multiplier σ / (max column norm of C), run for ceil(n/b) steps: one record lives in one partition, and the b steps
+of each round touch it at most once. jax_privacy implements exactly this reduction
+(``jax_privacy.accounting.amplified_bandmf_event``: ``dpsgd_event(noise_multiplier, sampling_prob,
+ceil(iterations / num_bands))`` with the noise multiplier stated for "a strategy matrix [with] maximum L2 column
+norm of one"; ``matrix_factorization.toeplitz.optimize_coefs_for_amplifications`` cites Theorem 4 and Algorithm 2).
+With b = 1 (C = I) the event is DP-SGD's, exactly.
+
+Not to be confused: Dong & Ganesh (arXiv:2602.09338) call a *different* sampler "b-min-sep subsampling" (a record
+is eligible whenever it sat out the last b steps) and account for it by Monte Carlo only; the accounting here holds
+for the cyclic Poisson sampler of Choquette-Choo et al., which is what :class:`BMinSepSampler` draws.
+
+Randomness: the noise z comes from a featuredp noise source (:class:`~featuredp.noise.TorchNoise` or
+:class:`~featuredp.noise.SecureNoise`), the permutation and the coins from the private sampling stream
+(:func:`featuredp.sampling.make_streams`). The noise history and the permutation are secret: they live only in
+``state_dict`` (the private checkpoint), never in a repr or a run file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.optimize import minimize
+from scipy.signal import lfilter
+
+from featuredp._keys import Uncopyable
+from featuredp._validate import check_int, check_nonnegative, check_positive, check_real
+from featuredp.accounting import DpEvent, calibrate_noise_multiplier, compute_epsilon, dpsgd_event
+from featuredp.noise import NoiseSource, _add_in_float64
+from featuredp.sampling import PoissonSampler
+
+__all__ = [
+    "BAND_CHOICES",
+    "RMSE_SETTINGS",
+    "BMinSepSampler",
+    "BandedNoise",
+    "CyclicPoissonSampler",
+    "banded_toeplitz_strategy",
+    "bandmf_epsilon",
+    "bandmf_event",
+    "bandmf_sampling_rate",
+    "best_bands",
+    "calibrate_bandmf_noise",
+    "noise_rmse",
+    "relative_rmse",
+    "rmse_table",
+    "sensitivity",
+    "strategy_loss",
+    "strategy_matrix",
+    "workload_coefficients",
+]
+
+#: the numbers of bands :func:`best_bands` tries by default
+BAND_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+
+
+# ----------------------------------------------------------------------------- strategy
+
+
+def _check_momentum(momentum: object) -> float:
+    beta = check_real("momentum", momentum)
+    if not 0 <= beta < 1:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+    return beta
+
+
+def _check_coeffs(coeffs: object) -> np.ndarray:
+    """The Toeplitz coefficients as a 1-D finite float64 array with c_0 > 0."""
+    try:
+        c = np.array(coeffs, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"coeffs must be a sequence of real numbers, got {type(coeffs).__name__}") from None
+    if c.ndim != 1 or c.size == 0:
+        raise ValueError(f"coeffs must be a non-empty 1-D sequence, got shape {c.shape}")
+    if not np.all(np.isfinite(c)):
+        raise ValueError(f"coeffs must be finite, got {c.tolist()!r}")
+    if not c[0] > 0:
+        raise ValueError(f"coeffs[0] must be > 0 (C must be invertible), got {float(c[0])!r}")
+    return c
+
+
+def workload_coefficients(n: int, momentum: float = 0.0) -> np.ndarray:
+    """The Toeplitz coefficients a_0..a_{n−1} of the workload A (module docstring): a_k = Σ_{j<=k} β^j.
+
+    >>> workload_coefficients(3).tolist()
+    [1.0, 1.0, 1.0]
+    >>> workload_coefficients(3, momentum=0.5).tolist()
+    [1.0, 1.5, 1.75]
+    """
+    n = check_int("n", n, minimum=1)
+    beta = _check_momentum(momentum)
+    return np.cumsum(beta ** np.arange(n, dtype=np.float64))
+
+
+def strategy_matrix(coeffs: Sequence[float] | np.ndarray, n: int) -> np.ndarray:
+    """The n×n lower-triangular banded Toeplitz matrix C with first column ``coeffs`` (cut or zero-padded to n).
+
+    >>> strategy_matrix([1.0, 0.5], 3).tolist()
+    [[1.0, 0.0, 0.0], [0.5, 1.0, 0.0], [0.0, 0.5, 1.0]]
+    """
+    c = _check_coeffs(coeffs)
+    n = check_int("n", n, minimum=1)
+    out = np.zeros((n, n), dtype=np.float64)
+    for j, cj in enumerate(c[:n]):
+        out[np.arange(j, n), np.arange(0, n - j)] = cj
+    return out
+
+
+def sensitivity(coeffs: Sequence[float] | np.ndarray, n: int) -> float:
+    """The largest column norm of the n×n banded Toeplitz C: ‖coeffs[:n]‖₂ (its first column holds them all).
+
+    Under b-min-separated participation with b >= len(coeffs), k participations have sensitivity
+    sqrt(k) times this (module docstring, "the lemma").
+
+    >>> sensitivity([1.0, 0.75], 10)
+    1.25
+    """
+    c = _check_coeffs(coeffs)
+    n = check_int("n", n, minimum=1)
+    return float(np.linalg.norm(c[:n]))
+
+
+def _noising_column(c: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """The first column of A C⁻¹ (a lower-triangular Toeplitz matrix like A and C): C⁻¹ a by the banded recurrence."""
+    return np.asarray(lfilter([1.0], c, a), dtype=np.float64)
+
+
+def _frobenius_squared(h: np.ndarray) -> float:
+    """‖T‖_F² of the n×n lower-triangular Toeplitz T with first column h: coefficient k appears n − k times."""
+    n = h.size
+    return float(np.dot(np.arange(n, 0, -1, dtype=np.float64), h * h))
+
+
+def strategy_loss(coeffs: Sequence[float] | np.ndarray, n: int, *, momentum: float = 0.0) -> float:
+    """‖A C⁻¹‖_F²·sens(C)²: the total squared error of the n-step workload per unit of noise multiplier.
+
+    Invariant to the scale of C. With ``coeffs = [1.0]`` (DP-SGD, C = I) and prefix sums it is n(n + 1)/2.
+
+    >>> strategy_loss([1.0], 4)
+    10.0
+    """
+    c = _check_coeffs(coeffs)
+    n = check_int("n", n, minimum=1)
+    h = _noising_column(c[:n], workload_coefficients(n, momentum))
+    return _frobenius_squared(h) * float(np.dot(c[:n], c[:n]))
+
+
+def noise_rmse(coeffs: Sequence[float] | np.ndarray, n: int, std: float, *, momentum: float = 0.0) -> float:
+    """Root mean squared noise of the n workload queries (per coordinate) when z ~ N(0, std²): std·sqrt(‖A C⁻¹‖_F²/n).
+
+    ``std`` is the standard deviation of z in units of the clip norm (σ·sens(C) for a target noise multiplier σ);
+    divide by the expected batch for the noise of the averaged gradients.
+
+    >>> round(noise_rmse([1.0], 3, 2.0), 6)  # DP-SGD: sqrt((1 + 2 + 3) / 3)·2
+    2.828427
+    """
+    c = _check_coeffs(coeffs)
+    n = check_int("n", n, minimum=1)
+    std = check_nonnegative("std", std)
+    h = _noising_column(c[:n], workload_coefficients(n, momentum))
+    return std * math.sqrt(_frobenius_squared(h) / n)
+
+
+def _toeplitz_sqrt(a: np.ndarray) -> np.ndarray:
+    """s with s * s = a (convolution, first len(a) terms) and s_0 = sqrt(a_0): the Toeplitz square root of A."""
+    s = np.zeros_like(a)
+    s[0] = math.sqrt(a[0])
+    for k in range(1, a.size):
+        s[k] = (a[k] - np.dot(s[1:k], s[k - 1 : 0 : -1])) / (2 * s[0])
+    return s
+
+
+def _log_loss_and_grad(x: np.ndarray, a: np.ndarray, weights: np.ndarray) -> tuple[float, np.ndarray]:
+    """log(‖A C⁻¹‖_F²·‖c‖²) and its gradient in c_1..c_{b−1} (c_0 = 1), both exact, O(n·b).
+
+    With h = C⁻¹ a and g = 2·w·h (w_k = n − k), ∂‖A C⁻¹‖_F²/∂c_j = −(C⁻ᵀ g)ᵀ S_j h, where S_j shifts down by j; C⁻ᵀ
+    is the row-and-column reversal of C⁻¹, so both solves are the same banded recurrence (``lfilter``).
+    """
+    c = np.concatenate(([1.0], x))
+    with np.errstate(all="ignore"):
+        h = _noising_column(c, a)
+        frob = float(np.dot(weights, h * h))
+        sens2 = float(np.dot(c, c))
+        if not (math.isfinite(frob) and frob > 0):
+            # An unstable C (C⁻¹ blows up): a large value sends the line search back.
+            return 1e6, np.zeros_like(x)
+        g = 2.0 * weights * h
+        u = _noising_column(c, g[::-1])[::-1]
+        n = h.size
+        d_frob = np.array([-np.dot(u[j:], h[: n - j]) for j in range(1, c.size)])
+    grad = d_frob / frob + 2.0 * x / sens2
+    if not np.all(np.isfinite(grad)):
+        return 1e6, np.zeros_like(x)
+    return math.log(frob) + math.log(sens2), grad
+
+
+def banded_toeplitz_strategy(n_steps: int, bands: int, *, momentum: float = 0.0, iters: int = 2000) -> np.ndarray:
+    """The ``bands`` coefficients c_0 = 1, c_1..c_{b−1} of the b-banded Toeplitz C that minimises ‖A C⁻¹‖_F²·sens(C)².
+
+    A is the n-step workload with SGD momentum ``momentum`` (module docstring: A[t, r] = Σ_{s=r}^{t} β^{s−r}; prefix
+    sums at β = 0) and sens(C) the largest column norm (the sensitivity of one participation; b-min-separated
+    participations add in quadrature, so the same C is optimal for any number of them). The objective is
+    minimised in float64 with exact gradients by L-BFGS (scipy), from the truncated Toeplitz square root of A; the
+    result is deterministic, and never worse than that start or than C = I (DP-SGD). ``bands`` above ``n_steps``
+    leaves the extra coefficients 0 (they never touch an n-step run).
+
+    >>> c = banded_toeplitz_strategy(16, 2)
+    >>> float(c[0]), bool(0 < c[1] < 1)
+    (1.0, True)
+    >>> strategy_loss(c, 16) < strategy_loss([1.0], 16)
+    True
+    """
+    n = check_int("n_steps", n_steps, minimum=1)
+    b = check_int("bands", bands, minimum=1)
+    beta = _check_momentum(momentum)
+    iters = check_int("iters", iters, minimum=0)
+    out = np.zeros(b, dtype=np.float64)
+    out[0] = 1.0
+    k = min(b, n)
+    if k == 1:
+        return out
+    a = workload_coefficients(n, beta)
+    weights = np.arange(n, 0, -1, dtype=np.float64)
+    starts = [_toeplitz_sqrt(a)[1:k], np.zeros(k - 1)]
+    best_x, best_f = starts[1], _log_loss_and_grad(starts[1], a, weights)[0]
+    for x0 in starts:
+        f0 = _log_loss_and_grad(x0, a, weights)[0]
+        if f0 < best_f:
+            best_x, best_f = x0, f0
+        if iters == 0:
+            continue
+        res = minimize(
+            _log_loss_and_grad, x0, args=(a, weights), jac=True, method="L-BFGS-B",
+            options={"maxiter": iters, "ftol": 1e-15, "gtol": 1e-10},
+        )  # fmt: skip
+        f = _log_loss_and_grad(res.x, a, weights)[0]
+        if f < best_f:
+            best_x, best_f = np.asarray(res.x, dtype=np.float64), f
+    out[1:k] = best_x
+    return out
+
+
+# ----------------------------------------------------------------------------- noise
+
+_NOT_COPIED = (
+    "BandedNoise holds the last b-1 noise vectors, which fix part of the noise of the next steps: it must not be "
+    "copied or pickled (save state_dict() to the private checkpoint only)"
+)
+
+
+class BandedNoise(Uncopyable, NoiseSource):
+    """Correlated noise w_t = (C⁻¹ z)_t for step t, online, for the b-banded Toeplitz C with first column ``coeffs``.
+
+    Each call draws z_t ~ N(0, I_dim) from ``source`` (a :class:`~featuredp.noise.TorchNoise` or
+    :class:`~featuredp.noise.SecureNoise`: their float64 Box–Muller, their cut tail) and applies the recurrence
+    w_t = (z_t − Σ_{j=1}^{b−1} c_j·w_{t−j}) / c_0 in float64, keeping only the last b − 1 vectors
+    (memory (b − 1)·dim·8 bytes). :meth:`add` adds std·w_t to the sums in float64 and rounds once, exactly as the
+    sources add std·z_t: with ``coeffs = [1.0]`` it returns bit for bit what ``source.add`` returns for the same
+    generator state.
+
+    ``std`` (σ·C in the Trainer's terms) is fixed by the first :meth:`add` and refused if it changes: the privacy
+    analysis is of C x + z with one σ for all steps. ``std = 0`` adds nothing and draws nothing (a non-private run).
+    The history is secret (it fixes part of the next steps' noise): it is in :meth:`state_dict` only, for the
+    private checkpoint; the object refuses copies and pickling.
+    """
+
+    _not_copied = _NOT_COPIED
+
+    def __init__(self, coeffs: Sequence[float] | np.ndarray, dim: int, source: NoiseSource) -> None:
+        self.coeffs = _check_coeffs(coeffs)
+        self.dim = check_int("dim", dim, minimum=1)
+        if not isinstance(source, NoiseSource) or isinstance(source, BandedNoise):
+            raise TypeError(f"source must be a featuredp.noise source (TorchNoise, SecureNoise), got "
+                            f"{type(source).__name__}")  # fmt: skip
+        self.source = source
+        self.secure = source.secure
+        # The mechanism releases C x + z: the sampler's cut tail is z's, per pair of coordinates, as for DP-SGD.
+        self.tail_mass_per_pair = source.tail_mass_per_pair
+        self.description = (
+            f"banded correlated noise C^-1 z (BandMF, {self.bands} bands, float64 recurrence) of z from: "
+            f"{source.description}"
+        )
+        self._history: torch.Tensor | None = None  # (b − 1, dim) float64; row t mod (b − 1) holds w_t
+        self._step = 0
+        self._std: float | None = None
+
+    @property
+    def bands(self) -> int:
+        """b, the number of nonzero diagonals of C."""
+        return int(self.coeffs.size)
+
+    @property
+    def step(self) -> int:
+        """How many noise vectors have been drawn."""
+        return self._step
+
+    def sample(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """The next w_t as a float64 vector of length ``dim`` on ``device`` (secret: it is the step's noise)."""
+        dev = torch.device("cpu") if device is None else torch.device(device)
+        # The sources' own draw: 0 + 1·z in float64 is z exactly (their add keeps the float64 sum).
+        z = self.source.add({"z": torch.zeros(self.dim, dtype=torch.float64, device=dev)}, 1.0)["z"]
+        c = self.coeffs
+        b = c.size
+        t = self._step
+        if b == 1:
+            w = z if c[0] == 1.0 else z.div_(float(c[0]))
+        else:
+            if self._history is None:
+                self._history = torch.zeros((b - 1, self.dim), dtype=torch.float64, device=dev)
+            elif self._history.device != dev:
+                self._history = self._history.to(dev)
+            hist = self._history
+            w = z
+            for j in range(1, min(b, t + 1)):  # w_{t−j} = 0 before the first step
+                w.sub_(hist[(t - j) % (b - 1)], alpha=float(c[j]))
+            if c[0] != 1.0:
+                w.div_(float(c[0]))
+            # Row t mod (b − 1) held w_{t−b+1}, read above for the last time.
+            hist[t % (b - 1)].copy_(w)
+        self._step = t + 1
+        return w
+
+    def add(self, sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
+        """``sums`` + std·w_t (one flat draw over all tensors, in order), summed in float64, each rounded once."""
+        std = check_nonnegative("std", std)
+        total = sum(int(v.numel()) for v in sums.values())
+        if total != self.dim:
+            raise ValueError(f"sums must hold dim={self.dim} numbers in all, got {total}")
+        if self._std is None:
+            self._std = std
+        elif std != self._std:
+            raise ValueError(f"std must stay {self._std!r} for the whole run (one σ for C x + z), got {std!r}")
+        if std == 0:
+            return {k: v.clone() for k, v in sums.items()}
+        w = self.sample(next(iter(sums.values())).device)
+        return _add_in_float64(sums, w, std)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The source's generator state, the step, the std and the last b − 1 noise vectors (all secret)."""
+        return {
+            "source": self.source.state_dict(),
+            "coeffs": torch.from_numpy(self.coeffs.copy()),
+            "dim": self.dim,
+            "step": self._step,
+            "std": self._std,
+            "history": (torch.empty(0, dtype=torch.float64) if self._history is None
+                        else self._history.detach().to("cpu").clone()),
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; the coefficients and ``dim`` must be this object's."""
+        coeffs = state["coeffs"].to(torch.float64).numpy()
+        if coeffs.shape != self.coeffs.shape or not np.array_equal(coeffs, self.coeffs):
+            raise ValueError("the checkpoint's BandMF coefficients differ from this run's; resume with the same")
+        if int(state["dim"]) != self.dim:
+            raise ValueError(f"the checkpoint's noise dim={int(state['dim'])} differs from this run's dim={self.dim}")
+        self.source.load_state_dict(state["source"])
+        self._step = int(state["step"])
+        self._std = None if state["std"] is None else float(state["std"])
+        hist = state["history"]
+        self._history = None if hist.numel() == 0 else hist.to(torch.float64).clone()
+
+    def __repr__(self) -> str:  # never the history
+        return f"BandedNoise(bands={self.bands}, dim={self.dim}, step={self._step})"
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+class BMinSepSampler:
+    """Cyclic Poisson sampling (Choquette-Choo et al. 2023, Algorithm 2): b-min-separated participation.
+
+    The ``dataset_size`` records are split into ``bands`` partitions of near-equal size by a secret random
+    permutation drawn from ``generator`` (the private sampling stream); step t samples each record of partition
+    t mod b independently with probability q = expected_batch·b/n. A record can only join steps of one residue
+    class mod b, so two of its participations are always at least b steps apart. ``expected_batch`` is the
+    normaliser of the private sum, as for :class:`~featuredp.sampling.PoissonSampler` (the partitions differ in
+    size by at most one record).
+
+    ``generator`` is a ``numpy.random.Generator`` (from :func:`featuredp.sampling.make_streams`, OS entropy unless
+    the user seeds the run) or a :class:`~featuredp.noise.ChaCha20Generator`; an integer seed is refused, so that no
+    published seed can fix the partition. With ``bands = 1`` nothing is permuted and the batches are those of
+    ``PoissonSampler(dataset_size, expected_batch/dataset_size, generator)``, draw for draw. The permutation is
+    secret (it says which steps can contain a record): it is in :meth:`state_dict` only.
+
+    Not the "b-min-sep subsampling" of Dong & Ganesh (2026), whose accounting differs (module docstring).
+    """
+
+    def __init__(self, dataset_size: int, expected_batch: float, bands: int, generator: Any) -> None:
+        self.dataset_size = check_int("dataset_size", dataset_size, minimum=1)
+        self.expected_batch = check_positive("expected_batch", expected_batch)
+        self.bands = check_int("bands", bands, minimum=1)
+        if self.bands > self.dataset_size:
+            raise ValueError(f"bands must be <= dataset_size={self.dataset_size}, got {bands!r}")
+        q = self.expected_batch * self.bands / self.dataset_size
+        if q > 1:
+            raise ValueError(
+                f"bands={bands!r} is too many for expected_batch={expected_batch!r} and dataset_size="
+                f"{self.dataset_size}: a partition of n/b records cannot supply the batch; use bands <= "
+                f"{max(1, int(self.dataset_size // self.expected_batch))}"
+            )
+        self.sampling_rate = q
+        # PoissonSampler does the checks of the generator's type (an int seed is refused there).
+        PoissonSampler(1, q, generator)
+        self.generator = generator
+        self._step = 0
+        self._parts = self._partition()
+
+    def _partition(self) -> list[np.ndarray]:
+        n, b = self.dataset_size, self.bands
+        if b == 1:
+            return [np.arange(n, dtype=np.int64)]
+        if isinstance(self.generator, np.random.Generator):
+            perm = self.generator.permutation(n).astype(np.int64)
+        else:
+            # ChaCha20: ranks of 53-bit uniforms (ties, at probability about n²·2⁻⁵⁴, keep index order).
+            perm = np.argsort(self.generator.random(n), kind="stable").astype(np.int64)
+        return [np.sort(perm[k::b]) for k in range(b)]
+
+    @property
+    def expected_batch_size(self) -> float:
+        """m = n·q/b, the normaliser of the private sum (never the realised size)."""
+        return self.expected_batch
+
+    def sample(self) -> np.ndarray:
+        """Indices of the next step's batch: a Poisson sample of partition t mod b, sorted, int64 (may be empty)."""
+        part = self._parts[self._step % self.bands]
+        self._step += 1
+        local = PoissonSampler(part.size, self.sampling_rate, self.generator).sample()
+        return part[local]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The permutation (secret), the step and a secure generator's state (a numpy one's belongs to Streams)."""
+        state: dict[str, Any] = {
+            "partitions": [torch.from_numpy(p.copy()) for p in self._parts],
+            "step": self._step,
+        }
+        state.update(PoissonSampler(1, self.sampling_rate, self.generator).state_dict())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (same dataset size and bands).
+
+        Constructing the sampler draws a fresh permutation from a numpy generator: restore the generator's state
+        (:meth:`featuredp.sampling.Streams.load_state_dict`) after constructing the sampler, not before.
+        """
+        parts = [p.numpy().astype(np.int64) for p in state["partitions"]]
+        tiles = np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+        if len(parts) != self.bands or not np.array_equal(tiles, np.arange(self.dataset_size)):
+            raise ValueError("the checkpoint's partitions do not fit this run's dataset_size and bands")
+        PoissonSampler(1, self.sampling_rate, self.generator).load_state_dict(state)
+        self._parts = parts
+        self._step = int(state["step"])
+
+    def __repr__(self) -> str:  # never the permutation
+        return (f"BMinSepSampler(dataset_size={self.dataset_size}, expected_batch={self.expected_batch}, "
+                f"bands={self.bands}, step={self._step})")  # fmt: skip
+
+
+#: Choquette-Choo et al.'s name for the same sampler.
+CyclicPoissonSampler = BMinSepSampler
+
+
+# ----------------------------------------------------------------------------- accounting
+
+
+def bandmf_sampling_rate(expected_batch: float, n: int, bands: int) -> float:
+    """q = min(1, expected_batch·bands/n): each record's inclusion probability at the steps of its partition.
+
+    >>> bandmf_sampling_rate(512, 60000, 4)
+    0.034133333333333335
+    """
+    m = check_positive("expected_batch", expected_batch)
+    n = check_int("n", n, minimum=1)
+    b = check_int("bands", bands, minimum=1)
+    return min(1.0, m * b / n)
+
+
+def bandmf_event(
+    noise_multiplier: float,
+    expected_batch: float,
+    n: int,
+    steps: int,
+    bands: int,
+    coeffs: Sequence[float] | np.ndarray,
+) -> DpEvent:
+    """The dp_accounting event of ``steps`` BandMF steps with cyclic Poisson sampling (amplified BandMF).
+
+    ``noise_multiplier`` is σ, the standard deviation of z in units of the clip norm; ``coeffs`` the b' <= ``bands``
+    coefficients of C (a b'-banded C is b-banded). By Choquette-Choo et al. (2023), Theorem 4 (module docstring)
+    the run is as private as DP-SGD with sampling rate q = min(1, expected_batch·bands/n), noise multiplier
+    σ / sens(C) (sens = the largest column norm) and ceil(steps/bands) steps: this returns
+    ``dpsgd_event(σ / sens(C), q, ceil(steps / bands))``, so with ``bands = 1`` and ``coeffs = [1.0]`` it is
+    DP-SGD's event exactly.
+
+    >>> bandmf_event(1.0, 512, 60000, 117, 1, [1.0]) == dpsgd_event(1.0, 512 / 60000, 117)
+    True
+    """
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    steps, c, q = _amplified(expected_batch, n, steps, bands, coeffs)
+    return dpsgd_event(sigma / sensitivity(c, steps), q, -(-steps // int(bands)))
+
+
+def _amplified(expected_batch: float, n: int, steps: int, bands: int, coeffs: Sequence[float] | np.ndarray
+               ) -> tuple[int, np.ndarray, float]:  # fmt: skip
+    """(steps, coefficients, sampling rate m·b/n), checked: C may not be wider than the sampler's separation b."""
+    steps = check_int("steps", steps, minimum=1)
+    b = check_int("bands", bands, minimum=1)
+    c = _check_coeffs(coeffs)
+    if c.size > b:
+        raise ValueError(f"coeffs has {c.size} bands, more than bands={b}: the sampler's separation must be at "
+                         "least the bandwidth of C")  # fmt: skip
+    return steps, c, bandmf_sampling_rate(expected_batch, n, b)
+
+
+def bandmf_epsilon(
+    noise_multiplier: float,
+    expected_batch: float,
+    n: int,
+    steps: int,
+    bands: int,
+    coeffs: Sequence[float] | np.ndarray,
+    delta: float,
+    *,
+    relation: str = "add-remove",
+    accountant: str = "pld",
+) -> float:
+    """ε(δ) of :func:`bandmf_event` (the same accountants as :func:`featuredp.accounting.compute_epsilon`)."""
+    event = bandmf_event(noise_multiplier, expected_batch, n, steps, bands, coeffs)
+    return compute_epsilon(event, delta, relation=relation, accountant=accountant)
+
+
+def calibrate_bandmf_noise(
+    target_epsilon: float,
+    delta: float,
+    expected_batch: float,
+    n: int,
+    steps: int,
+    bands: int,
+    coeffs: Sequence[float] | np.ndarray,
+    *,
+    relation: str = "add-remove",
+    accountant: str = "pld",
+    tolerance: float = 0.01,
+) -> float:
+    """σ, the std of z (units of the clip norm), at which BandMF gives ε <= ``target_epsilon`` at ``delta``.
+
+    :func:`featuredp.accounting.calibrate_noise_multiplier` on the equivalent DP-SGD event (rate q,
+    ceil(steps/bands) steps) times sens(C), rounded up so that σ / sens(C) is never below the calibrated
+    multiplier: the achieved ε is in [(1 − tolerance)·target, target], never above. Raises
+    ``UnreachableTargetError`` as that function does.
+    """
+    steps, c, q = _amplified(expected_batch, n, steps, bands, coeffs)
+    nm = calibrate_noise_multiplier(
+        target_epsilon, delta, q, -(-steps // int(bands)), relation=relation, accountant=accountant,
+        tolerance=tolerance,
+    )
+    sens = sensitivity(c, steps)
+    sigma = nm * sens
+    for _ in range(64):  # the event divides again: keep its multiplier >= the calibrated one (an ulp or two)
+        if sigma / sens >= nm:
+            break
+        sigma = math.nextafter(sigma, math.inf)
+    return sigma
+
+
+# ----------------------------------------------------------------------------- the RMSE figure
+
+
+def relative_rmse(
+    target_epsilon: float,
+    delta: float,
+    n: int,
+    expected_batch: float,
+    steps: int,
+    bands: int,
+    *,
+    momentum: float = 0.0,
+    coeffs: Sequence[float] | np.ndarray | None = None,
+    relation: str = "add-remove",
+    accountant: str = "pld",
+    tolerance: float = 1e-3,
+) -> float:
+    """Noise RMSE of the workload under amplified BandMF over that of DP-SGD, both calibrated to the same (ε, δ).
+
+    BandMF: C from :func:`banded_toeplitz_strategy` (or ``coeffs``), σ_b from :func:`calibrate_bandmf_noise`,
+    RMSE = σ_b·sqrt(‖A C⁻¹‖_F²/steps). DP-SGD: b = 1, C = I, Poisson rate expected_batch/n, ``steps`` steps. Both
+    batches are ``expected_batch``, so dividing by it changes neither. Below 1: BandMF adds less noise.
+    """
+    b = check_int("bands", bands, minimum=1)
+    c = banded_toeplitz_strategy(steps, b, momentum=momentum) if coeffs is None else _check_coeffs(coeffs)
+    kw: dict[str, Any] = {"relation": relation, "accountant": accountant, "tolerance": tolerance}
+    sigma_b = calibrate_bandmf_noise(target_epsilon, delta, expected_batch, n, steps, b, c, **kw)
+    sigma_1 = calibrate_bandmf_noise(target_epsilon, delta, expected_batch, n, steps, 1, [1.0], **kw)
+    rmse_b = noise_rmse(c, steps, sigma_b, momentum=momentum)
+    rmse_1 = noise_rmse([1.0], steps, sigma_1, momentum=momentum)
+    return rmse_b / rmse_1
+
+
+def best_bands(
+    target_epsilon: float,
+    delta: float,
+    n: int,
+    expected_batch: float,
+    steps: int,
+    *,
+    choices: Sequence[int] = BAND_CHOICES,
+    momentum: float = 0.0,
+    relation: str = "add-remove",
+    accountant: str = "pld",
+    tolerance: float = 1e-3,
+) -> tuple[int, float, dict[int, float]]:
+    """(best b, its :func:`relative_rmse`, the ratio of every feasible b) over ``choices``.
+
+    A b is feasible when a partition can supply the expected batch (expected_batch·b <= n).
+    """
+    n = check_int("n", n, minimum=1)
+    m = check_positive("expected_batch", expected_batch)
+    ratios: dict[int, float] = {}
+    for b in choices:
+        b = check_int("choices[i]", b, minimum=1)
+        if m * b > n:
+            continue
+        ratios[b] = relative_rmse(target_epsilon, delta, n, m, steps, b, momentum=momentum, relation=relation,
+                                  accountant=accountant, tolerance=tolerance)  # fmt: skip
+    if not ratios:
+        raise ValueError(f"choices must hold a b with expected_batch·b <= n={n}, got {list(choices)!r}")
+    best = min(ratios, key=lambda k: (ratios[k], k))
+    return best, ratios[best], ratios
+
+
+#: The settings of the RMSE table (issue 27): (name, n, expected batch m, steps T, δ). The image preset is
+#: IMAGE_PRESETS["fashion-mnist"] (60,000 images, m = 512, one epoch: T = round(60000/512) = 117); Adult is
+#: PRESETS["adult"]'s DP-SGD (n = 32,561 training rows, m = 1024, 5 epochs: T = round(5·32561/1024) = 159) and
+#: its FDP (Alg. 1) (m = 512, 3 epochs: T = 191). tests/test_bandmf.py checks them against the presets.
+RMSE_SETTINGS: tuple[tuple[str, int, int, int, float], ...] = (
+    ("fashion-mnist", 60_000, 512, 117, 1e-5),
+    ("adult (dpsgd)", 32_561, 1024, 159, 1e-5),
+    ("adult (fdp)", 32_561, 512, 191, 1e-5),
+)
+
+
+def rmse_table(
+    epsilons: Sequence[float] = (0.1, 1.0, 8.0), *, momentum: float = 0.0, accountant: str = "pld"
+) -> list[dict[str, Any]]:
+    """One row per (setting, ε) of :data:`RMSE_SETTINGS`: the best b of :data:`BAND_CHOICES` and its RMSE ratio."""
+    rows = []
+    for name, n, m, steps, delta in RMSE_SETTINGS:
+        for eps in epsilons:
+            b, ratio, ratios = best_bands(eps, delta, n, m, steps, momentum=momentum, accountant=accountant)
+            rows.append({"setting": name, "n": n, "m": m, "steps": steps, "delta": delta, "epsilon": eps,
+                         "best_bands": b, "ratio": ratio, "ratios": ratios})  # fmt: skip
+    return rows
+
+
+def _main() -> None:  # pragma: no cover - the table of the report: python -m featuredp.bandmf
+    # PLD is featuredp's accountant; RDP is what jax_privacy's amplified-BandMF helper calibrates with by default.
+    for momentum, accountant in ((0.0, "pld"), (0.0, "rdp"), (0.9, "pld")):
+        workload = "prefix sums" if momentum == 0 else f"SGD momentum {momentum}"
+        print(f"\nworkload: {workload}; both σ calibrated with the {accountant.upper()} accountant")
+        print("| setting | n | m | T | ε | best b | RMSE ratio | ratio per b |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in rmse_table(momentum=momentum, accountant=accountant):
+            per_b = ", ".join(f"{b}: {v:.3f}" for b, v in r["ratios"].items())
+            print(f"| {r['setting']} | {r['n']} | {r['m']} | {r['steps']} | {r['epsilon']:g} | {r['best_bands']} | "
+                  f"{r['ratio']:.3f} | {per_b} |")  # fmt: skip
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _main()

@@ -1,0 +1,97 @@
+"""The text task's flags (``--task text`` of ``compare`` and ``train``): the data, the private spans, the canaries.
+
+Torch-free: building the parser never imports the training code; :func:`text_data_options` checks the values
+(one line naming the flag) before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+#: the built-in span detectors (``--detect``): :data:`featuredp.features.text.DETECTORS`, repeated here so that
+#: building the parser stays light
+DETECTOR_NAMES = ("email", "phone", "card", "number", "date", "name")
+
+
+def _list(text: str) -> list[str]:
+    items = [v.strip() for v in text.split(",") if v.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+    return items
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    return values
+
+
+def add_text_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``text`` argument group: --spans, --detect, --names-file, --max-len, --text-train-size, --canaries."""
+    g = parser.add_argument_group(
+        "text (--task text; docs/text.md)",
+        "a causal LM on texts whose private spans are protected: --data FILE.jsonl (one {\"text\", \"spans\": "
+        "[{\"start\", \"end\", \"type\"}]} per line) --spans email,phone,name, or the generated support corpus "
+        "without --data",
+    )
+    g.add_argument("--spans", type=_list, default=None, metavar="T1,T2",
+                   help="the private span types (with --data: required; default for the generated corpus: all of "
+                   "name,email,phone,card,address,date,number)")
+    g.add_argument("--detect", type=_list, default=[], metavar="D1,D2",
+                   help=f"built-in detectors to run as well ({','.join(DETECTOR_NAMES)}); each must be in --spans. "
+                   "A span no annotation marks and no detector finds is public")
+    g.add_argument("--names-file", default=None, metavar="FILE",
+                   help="one name per line, for --detect name")
+    g.add_argument("--max-len", type=int, default=None, help="tokens per text (UTF-8 bytes + specials; default 128)")
+    g.add_argument("--text-train-size", type=int, default=None, metavar="N",
+                   help="use the first N training texts (default: the preset's for the corpus, all of --data)")
+    g.add_argument("--canaries", type=_counts, default=None, metavar="R1,R2",
+                   help="plant the exposure audit's canaries this many times each (compare: default 1,10,100; "
+                   "train: none unless given; 0: none). They are private spans of type 'secret' from a public seed")
+
+
+def text_data_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``load_text_data`` keyword arguments from the flags, each checked with a one-line error naming it."""
+    opts: dict[str, Any] = {}
+    data = getattr(args, "data", None)
+    if data is not None:
+        path = Path(data)
+        if not path.is_file():
+            raise ValueError(f"--data: no file {data!r}")
+        if not args.spans:
+            raise ValueError("--spans: name the private span types of --data (e.g. --spans email,phone,name)")
+        opts["path"] = str(path)
+    if args.spans:
+        opts["spans"] = list(args.spans)
+    for d in args.detect:
+        if d not in DETECTOR_NAMES:
+            raise ValueError(f"--detect must be among {','.join(DETECTOR_NAMES)}, got {d!r}")
+        if not args.spans or d not in args.spans:
+            raise ValueError(f"--detect {d}: add {d!r} to --spans (a detected span is private only if its type is)")
+    if args.detect:
+        opts["detect"] = list(args.detect)
+    if "name" in args.detect:
+        if not args.names_file:
+            raise ValueError("--detect name needs --names-file FILE (one name per line)")
+        names_path = Path(args.names_file)
+        if not names_path.is_file():
+            raise ValueError(f"--names-file: no file {args.names_file!r}")
+        opts["names"] = [n.strip() for n in names_path.read_text(encoding="utf-8").splitlines() if n.strip()]
+    if args.max_len is not None:
+        if args.max_len < 16:
+            raise ValueError(f"--max-len must be >= 16, got {args.max_len}")
+        opts["max_len"] = args.max_len
+    if args.text_train_size is not None:
+        if args.text_train_size < 10:
+            raise ValueError(f"--text-train-size must be >= 10, got {args.text_train_size}")
+        opts["n_train"] = args.text_train_size
+    if args.canaries is not None:
+        counts = [c for c in args.canaries if c != 0]
+        if any(c < 0 for c in counts):
+            raise ValueError(f"--canaries must be non-negative counts, got {args.canaries}")
+        opts["canary_repeats"] = counts
+    return opts

@@ -1,0 +1,74 @@
+"""``featuredp train --task text``: one causal LM whose training texts' private spans are protected."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from featuredp.cli._device import check_device
+from featuredp.cli._text_args import text_data_options
+
+#: train flags of the tabular task that --task text refuses (one line each, before any work)
+_TABULAR_ONLY = {"--dataset": "dataset", "--private": "private", "--label": "label", "--model": "model",
+                 "--hidden": "hidden", "--loss-split": "loss_split", "--tune": "tune", "--resume": "resume",
+                 "--ledger": "ledger", "--schema": "schema", "--seed": "seed"}  # fmt: skip
+_TEXT_METHODS = ("nonprivate", "public", "dpsgd", "fdp_dpsgd", "fdp")
+
+
+def train_text(args: argparse.Namespace) -> int:
+    """Check the flags, train, save the run and print the summary."""
+    import torch
+
+    from featuredp.experiments.text_runs import train_text_run
+
+    for flag, name in _TABULAR_ONLY.items():
+        value = getattr(args, name, None)
+        if value and not (flag == "--dataset" and value == "adult"):
+            raise ValueError(f"{flag} is not for --task text (it takes --data FILE.jsonl --spans ...)")
+    if args.method not in _TEXT_METHODS:
+        raise ValueError(f"--method for --task text must be one of {', '.join(_TEXT_METHODS)}, got {args.method!r}")
+    check_device(args.device, args.precision)
+    options = text_data_options(args)
+    options.setdefault("canary_repeats", [])
+    torch.set_num_threads(1)
+    overrides = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
+                 "max_grad_norm": args.max_grad_norm, "alpha": args.alpha, "public_batch_size": args.public_batch_size,
+                 "public_weight": args.public_weight, "pretrain_epochs": args.pretrain_epochs,
+                 "pretrain_batch_size": args.pretrain_batch_size, "momentum": args.momentum,
+                 "optimizer": args.optimizer}  # fmt: skip
+    settings: dict[str, Any] = {}
+    if args.noise_multiplier is not None:
+        settings["noise_multiplier"] = args.noise_multiplier
+    if args.secure_rng:
+        settings["secure_rng"] = True
+    for name in ("accountant", "relation"):
+        if getattr(args, name) is not None:
+            settings[name] = getattr(args, name)
+    summary = train_text_run(out=args.out, method=args.method, epsilon=args.epsilon, delta=args.delta,
+                             given=options, overrides=overrides, public_seed=args.public_seed,
+                             device=args.device, progress=not (args.quiet or args.json), **settings)  # fmt: skip
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    eps = "inf (no privacy)" if summary["epsilon"] is None else f"{summary['epsilon']:.4g}"
+    lines = [
+        f"method            {summary['method']} (task text)",
+        f"data              {summary['data']}; private: {summary['private']}",
+        f"perplexity        {summary['perplexity']:.4g} held-out, full text ({summary['public_perplexity']:.4g} on the "
+        "redacted text)",
+        f"epsilon           {eps}" + (f" (delta={summary['delta']:g})" if summary["delta"] else ""),
+    ]
+    if summary["noise_multiplier"] is not None:
+        lines.append(f"noise multiplier  {summary['noise_multiplier']:.4g}  (C={summary['max_grad_norm']:g}, "
+                     f"sampling rate {summary['sampling_rate']:.4g}, {summary['steps']} private steps)")
+    lines.append(f"guarantee         {summary['guarantee']}")
+    if summary["truncated"]:
+        lines.append(f"note              {summary['truncated']} training texts were longer than --max-len and were "
+                     "cut")
+    if summary["out"]:
+        lines.append(f"saved             {summary['out']} (audit: featuredp audit {summary['out']} --attack "
+                     "exposure|extraction|span)")
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
