@@ -103,6 +103,8 @@ def text_privacy_plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike
                            label=f"{record.label} ({ref[0]:.2f})")  # fmt: skip
                 drawn[metric][method] = ref[0]
         ax.set_xscale("log")
+        if metric == "perplexity":  # the scrubbed model can be an order of magnitude off: ratios read best in log
+            ax.set_yscale("log")
         eps = sorted({float(r["epsilon"]) for r in rows if r["epsilon"] is not None})
         if eps:
             ax.set_xticks(eps)
