@@ -197,3 +197,11 @@ def test_audit_of_a_name_detector_run_is_refused_not_rebuilt_without_the_names(
                   "--names-file", str(names), "--method", "public", "--out", str(run), "--json"])  # fmt: skip
     assert not [n for n in listed if f'"{n}"' in (run / "run.json").read_text()]
     _refused(capsys, ["audit", str(run), "--attack", "span"], "--detect name")
+
+
+def test_the_clis_detector_names_are_the_packages() -> None:
+    """The parser keeps its own copy (building it must not import torch): it must not drift from the detectors."""
+    from featuredp.cli._text_args import DETECTOR_NAMES
+    from featuredp.features.text import DETECTORS
+
+    assert set(DETECTOR_NAMES) == {*DETECTORS, "name"}

@@ -203,7 +203,8 @@ def grid_cells(cfg: GridConfig) -> list[Cell]:
     return cells
 
 
-def _hash(obj: Any) -> str:
+def settings_hash(obj: Any) -> str:
+    """A short digest of JSON-able settings (cells and grids are named and compared by it)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -362,13 +363,14 @@ class GridRunner:
             "tuned": _tune_key(cell.method, cell.epsilon) in self.tuned,
             "params": json.dumps(params, sort_keys=True),
         }
-        record = {"config_hash": _hash(self.cell_config(cell)), "row": row, "guarantee": summary.get("guarantee")}
+        record = {"config_hash": settings_hash(self.cell_config(cell)), "row": row,
+                  "guarantee": summary.get("guarantee")}
         atomic_write_json(self.cell_path(cell), record)
         return row
 
     def cell_path(self, cell: Cell) -> Path:
         """``cells/<key>__<hash of the cell's configuration>.json``: cells of other settings never collide."""
-        return self.cfg.out / "cells" / f"{cell.key}__{_hash(self.cell_config(cell))}.json"
+        return self.cfg.out / "cells" / f"{cell.key}__{settings_hash(self.cell_config(cell))}.json"
 
     def stored(self, cell: Cell) -> dict[str, Any] | None:
         """The stored row of ``cell`` if it was finished with the same configuration.
@@ -376,7 +378,7 @@ class GridRunner:
         Reads ``cell_path(cell)``, or a cell of an earlier version named ``cells/<key>.json`` whose
         recorded configuration hash matches.
         """
-        digest = _hash(self.cell_config(cell))
+        digest = settings_hash(self.cell_config(cell))
         for path in (self.cell_path(cell), self.cfg.out / "cells" / f"{cell.key}.json"):
             if not path.is_file():
                 continue
@@ -417,7 +419,7 @@ class GridRunner:
                 theirs = json.loads(path.read_text()).get("config")
             except (json.JSONDecodeError, OSError, UnicodeDecodeError, AttributeError):
                 theirs = {"unreadable": str(path)}
-            if _hash(theirs) == _hash(mine):
+            if settings_hash(theirs) == settings_hash(mine):
                 return False
             what = _describe_difference(theirs if isinstance(theirs, dict) else {}, mine)
         elif (out / "results.csv").is_file():
@@ -505,7 +507,7 @@ class GridRunner:
             return None
         base = self.with_protocol(method, eps, self.base_params(method))
         candidates = [dict(zip(space, values)) for values in itertools.product(*space.values())]
-        tag = _hash({"base": base, "candidates": candidates, "load": self.load_options, "data": self.data_key,
+        tag = settings_hash({"base": base, "candidates": candidates, "load": self.load_options, "data": self.data_key,
                      "delta": self.delta,
                      "val_fraction": self.cfg.val_fraction, "private": self.cfg.private})
         return self.cfg.out / "tuning" / f"{_tune_key(method, eps)}__{tag}.json", tag, base, candidates

@@ -36,7 +36,7 @@ from featuredp.batches import evaluate
 from featuredp.data.images import IMAGE_DATASETS, ImageDataset, load_image_dataset
 from featuredp.engine import Trainer, init_seed
 from featuredp.experiments.grid import GridConfig, GridRunner
-from featuredp.experiments.presets import IMAGE_FEATURE_MAPS, image_preset_for
+from featuredp.experiments.presets import IMAGE_FEATURE_MAPS, image_preset_for, trainer_arguments
 from featuredp.features.image import GaussianBlur, ImageFeatureMap, Pixelate
 from featuredp.losses import ImageClassificationSplit
 from featuredp.methods import get_method
@@ -118,13 +118,7 @@ def train_image_cell(
     split = ImageClassificationSplit(fmap)
     spec = image_model_spec(train, model)
     net = build_model(spec, seed=init_seed(seed))
-    kwargs = dict(params)
-    if record.private:
-        if epsilon is None and kwargs.get("noise_multiplier") is None:
-            raise ValueError(f"method {record.name!r} needs an epsilon (a target) or a noise_multiplier")
-        kwargs.update(target_epsilon=epsilon, delta=delta)
-    if device is not None:
-        kwargs["device"] = device
+    kwargs = trainer_arguments(record, dict(params), epsilon=epsilon, delta=delta, device=device)
     trainer = Trainer(net, record.name, loss_split=split, public_seed=seed, progress=False, **kwargs)
     result = trainer.fit(train.batch())
     metrics = None if test is None else evaluate(trainer.model, test.batch())

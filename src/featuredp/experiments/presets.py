@@ -48,6 +48,7 @@ __all__ = [
     "method_params",
     "override",
     "preset_for",
+    "trainer_arguments",
     "unused_params",
 ]
 
@@ -231,6 +232,25 @@ LABEL_DP_DEFAULTS: dict[str, Any] = {"pretrain_epochs": 0, "alpha": 1.0, "max_gr
 _PRIVATE_ONLY = ("noise_multiplier", "max_grad_norm", "strategy", "physical_batch_size")  # clipping and noise
 _PUBLIC_BATCH_ONLY = ("alpha", "public_weight")  # α and w of Algorithm 1's w·g_pub + α·g_priv
 _PRETRAIN_ONLY = ("pretrain_epochs", "pretrain_lr", "pretrain_batch_size")
+
+
+def trainer_arguments(method: str | Method, params: dict[str, Any], *, epsilon: float | None, delta: float,
+                      device: str | None = None) -> dict[str, Any]:
+    """``params`` completed for a Trainer: a private method's target ε and δ (it needs ε or a noise multiplier), and
+    the device when given.
+
+    >>> trainer_arguments("dpsgd", {"lr": 0.1}, epsilon=2.0, delta=1e-5)
+    {'lr': 0.1, 'target_epsilon': 2.0, 'delta': 1e-05}
+    """
+    record = method if isinstance(method, Method) else get_method(method)
+    out = dict(params)
+    if record.private:
+        if epsilon is None and out.get("noise_multiplier") is None:
+            raise ValueError(f"method {record.name!r} needs an epsilon (a target) or a noise_multiplier")
+        out.update(target_epsilon=epsilon, delta=delta)
+    if device is not None:
+        out["device"] = device
+    return out
 
 
 def unused_params(method: str | Method) -> frozenset[str]:

@@ -27,7 +27,6 @@ of its settings (a rerun reuses finished cells; an interrupted cell leaves nothi
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
 import sys
@@ -54,7 +53,8 @@ from featuredp.data.text import (
 )
 from featuredp.data.text_corpus import support_dialogues
 from featuredp.engine import Trainer, init_seed
-from featuredp.experiments.presets import TEXT_PRESET
+from featuredp.experiments.grid import settings_hash
+from featuredp.experiments.presets import TEXT_PRESET, trainer_arguments
 from featuredp.experiments.text_report import render_text_summary, text_privacy_plot
 from featuredp.features.text import Span, TextSpans, placeholder
 from featuredp.features.tokens import TokenView
@@ -356,13 +356,8 @@ def train_text_model(*, data: TextData, method: str, epsilon: float | None, delt
     split = CausalLMSplit(TokenView(data.psi))
     spec = text_model_spec(data, model)
     net = build_model(spec, seed=None if seed is None else init_seed(seed))
-    kwargs = {**fit_batches(params, len(data.train)), **settings}
-    if record.private:
-        if epsilon is None and kwargs.get("noise_multiplier") is None:
-            raise ValueError(f"method {record.name!r} needs an epsilon (a target) or a noise_multiplier")
-        kwargs.update(target_epsilon=epsilon, delta=delta)
-    if device is not None:
-        kwargs["device"] = device
+    kwargs = trainer_arguments(record, {**fit_batches(params, len(data.train)), **settings}, epsilon=epsilon,
+                               delta=delta, device=device)  # fmt: skip
     t0 = time.perf_counter()
     trainer = Trainer(net, record.name, loss_split=split, public_seed=seed, progress=progress, **kwargs)
     result = trainer.fit(data.train.batch())
@@ -451,11 +446,7 @@ def cell_key(grid: Mapping[str, Any], method: str, epsilon: float | None, seed: 
     """The hash of everything that determines one cell's result: the data, model, audits, δ and this method's
     settings, never the rest of the grid (a ``--methods`` subset or more ε reuse the cells they share)."""
     own = {k: grid[k] for k in ("task", "load", "model", "audit", "delta")}
-    return _hash({**own, "method": method, "params": grid["methods"][method], "cell": [method, epsilon, seed]})
-
-
-def _hash(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return settings_hash({**own, "method": method, "params": grid["methods"][method], "cell": [method, epsilon, seed]})
 
 
 def run_text_compare(cfg: TextCompareConfig) -> dict[str, Any]:
@@ -470,10 +461,10 @@ def run_text_compare(cfg: TextCompareConfig) -> dict[str, Any]:
     grid_file = cfg.out / "grid.json"
     if grid_file.exists() and not cfg.overwrite:
         theirs = json.loads(grid_file.read_text()).get("hash")
-        if theirs != _hash(grid):
+        if theirs != settings_hash(grid):
             raise ValueError(f"--out {str(cfg.out)!r} holds a different text comparison (grid.json); choose another "
                              "folder or pass --overwrite")  # fmt: skip
-    atomic_write_json(grid_file, {"hash": _hash(grid), **grid})
+    atomic_write_json(grid_file, {"hash": settings_hash(grid), **grid})
     say = (lambda msg: print(f"compare text: {msg}", file=sys.stderr, flush=True)) if cfg.progress else (
         lambda msg: None)  # fmt: skip
     t_data = time.perf_counter()
