@@ -27,6 +27,7 @@ from _launch import TEARDOWN_ABORT, free_port
 from featuredp import accounting
 from featuredp.batches import as_batch, gather
 from featuredp.clipping import VmapGradients
+from featuredp.distributed import exact_float32
 from featuredp.engine import Trainer
 from featuredp.features import Columns
 from featuredp.models import LogisticRegression
@@ -229,3 +230,18 @@ def test_a_group_featuredp_creates_is_destroyed_at_exit(monkeypatch):
     assert destroyed == [1]
     alive[0] = True  # a group the user initialised is not ours: no handler
     assert distributed.context(torch.device("cpu")) is not None and len(handlers) == 1
+
+
+def test_exact_float32_turns_tf32_and_nondeterministic_kernels_off_on_cuda_and_restores_them():
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    before = (matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark)
+    try:
+        matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark = True, True, False, True
+        with exact_float32(torch.device("cpu")):  # the CPU has no TF32: nothing to change
+            assert cudnn.allow_tf32 and not cudnn.deterministic
+        with exact_float32(torch.device("cuda")):  # the flags are Python state: settable without a GPU
+            assert (matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark) == (False, False, True,
+                                                                                                   False)
+        assert (matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark) == (True, True, False, True)
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark = before

@@ -33,7 +33,10 @@ from featuredp._validate import (
 )
 from featuredp.accounting.events import check_accountant, check_relation
 
-__all__ = ["PerformanceConfig", "PrivacyConfig", "ScheduleConfig", "split_settings"]
+__all__ = ["NOISE_KINDS", "PerformanceConfig", "PrivacyConfig", "ScheduleConfig", "split_settings"]
+
+#: the noise of the private steps: DP-SGD's independent Gaussian, or BandMF's correlated noise (featuredp.bandmf)
+NOISE_KINDS = ("independent", "bandmf")
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,9 @@ class PrivacyConfig:
     algorithm; w = 0 clips ∇ℓ and draws no public batch (with α = 1: ``fdp_dpsgd``).
     ``seed`` (secret, research only) seeds every stream; ``public_seed`` only the public ones;
     ``secure_rng`` draws the noise and the private sampling from ChaCha20 (see ``docs/engine.md``).
+    ``noise``: ``"independent"`` (DP-SGD's fresh Gaussian noise every step, the default) or ``"bandmf"``
+    (banded matrix-factorization correlated noise with ``bands`` bands and cyclic Poisson sampling,
+    :mod:`featuredp.bandmf`; ``bands=None`` lets the plan choose). ``bands`` is only for ``"bandmf"``.
     """
 
     noise_multiplier: float | None = None
@@ -58,6 +64,8 @@ class PrivacyConfig:
     seed: int | None = None
     public_seed: int | None = None
     secure_rng: bool = False
+    noise: str = "independent"
+    bands: int | None = None
 
     def __post_init__(self) -> None:
         _set(self, "noise_multiplier", _opt(check_nonnegative, "noise_multiplier", self.noise_multiplier))
@@ -73,6 +81,11 @@ class PrivacyConfig:
                                                                                  minimum=0))
         if not isinstance(self.secure_rng, bool):
             raise TypeError(f"secure_rng must be True or False, got {self.secure_rng!r}")
+        _set(self, "noise", check_choice("noise", self.noise, NOISE_KINDS))
+        if self.bands is not None:
+            _set(self, "bands", check_int("bands", self.bands, minimum=1))
+            if self.noise != "bandmf":
+                raise ValueError(f"bands is for noise='bandmf', got bands={self.bands!r} with noise={self.noise!r}")
 
 
 @dataclass(frozen=True)

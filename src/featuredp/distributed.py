@@ -17,6 +17,9 @@ The rules that keep one multi-process run the *same* mechanism as one process (d
 
 The ranks are trusted: each sees its own unnoised clipped sum (secure aggregation is out of scope).
 
+One rule is about the device, not the ranks: on CUDA a private step runs in exact float32
+(:func:`exact_float32`), as it does on the CPU.
+
 >>> shard_bounds(10, 0, 3), shard_bounds(10, 2, 3)
 ((0, 3), (6, 10))
 """
@@ -24,8 +27,10 @@ The ranks are trusted: each sees its own unnoised clipped sum (secure aggregatio
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,12 +44,36 @@ __all__ = [
     "all_reduce_mean",
     "all_reduce_sum",
     "context",
+    "exact_float32",
     "rank_checkpoint_path",
     "shard_bounds",
 ]
 
 # A rank that died must not leave the others waiting forever.
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+@contextlib.contextmanager
+def exact_float32(device: torch.device) -> Iterator[None]:
+    """On CUDA: float32 matrix products and convolutions without TF32, and deterministic cuDNN algorithms, for
+    the duration (restored after). A no-op elsewhere.
+
+    By default cuDNN convolutions round their inputs to TF32 (10-bit mantissa) and may pick kernels that sum in a
+    different order on each call, so two backward passes of the same example differ by ~1e-3 of the gradient.
+    Ghost clipping measures each example's norm in one pass and sums the clipped gradients in another: with
+    TF32 a contribution could exceed C by that much, and the every-step separability check (which recomputes
+    examples alone and compares) cannot tell rounding from mixing. ``precision="bf16"`` is the fast mode.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = (matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark)
+    matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark = False, False, True, False
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark = saved
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ from featuredp.accounting import (
     sampler_tail_delta,
     sampler_tail_mass,
 )
+from featuredp.bandmf import BAND_CHOICES, banded_toeplitz_strategy, best_bands, calibrate_bandmf_noise, sensitivity
 from featuredp.batches import as_batch, evaluate, forward, gather, resolve_device, to_device
 from featuredp.clipping import GradientStrategy, check_no_batch_mixing, get_strategy, trainable_parameters
 from featuredp.clipping.base import AutocastLoss, LossFn, check_precision
@@ -80,9 +81,10 @@ from featuredp.distributed import (
     all_reduce_sum,
     broadcast_parameters,
     context,
+    exact_float32,
     rank_checkpoint_path,
 )
-from featuredp.errors import DataValidationError
+from featuredp.errors import DataValidationError, UnreachableTargetError
 from featuredp.features import Batch, PublicFeatureMap
 from featuredp.losses import LabelDPSplit, LossSplit, default_split
 from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS, Method, get_method
@@ -126,6 +128,8 @@ def init_seed(seed: int | None) -> int:
 
 #: Algorithm 1's default public batch m' as a multiple of the expected private batch m (at most n)
 PUBLIC_BATCH_FACTOR = 4
+#: BandMF's bands when none are given and there is no target ε to choose them for (lowered to what fits the run)
+DEFAULT_BANDS = 8
 
 
 class Trainer:
@@ -197,6 +201,9 @@ class Trainer:
             raise ValueError(f"method {self.method!r} needs noise_multiplier= or target_epsilon= (with delta=)")
         if record.private and self.privacy.delta is None:
             raise ValueError(f"method {self.method!r} needs delta=")
+        if self.privacy.noise == "bandmf" and not record.private:
+            raise ValueError(f"noise='bandmf' is for the private methods {list(PRIVATE_METHODS)}, got "
+                             f"method={self.method!r}")  # fmt: skip
         if self.privacy.seed is not None and record.private:
             warn_private_seed("seed", self.privacy.seed)  # public_seed= fixes only the public randomness
         self.device = _model_device(model) if self.performance.device is None else resolve_device(
@@ -205,6 +212,10 @@ class Trainer:
         check_precision(self.performance.precision, self.device)
         # torchrun (or the user's own process group): a data-parallel run of the same mechanism.
         self.dist: DistContext | None = context(self.device, mode=self.performance.distributed)
+        if self.dist is not None and self.privacy.noise == "bandmf":
+            # Every rank would need the same secret partition of the records; refused until that is wired.
+            raise ValueError(f"noise='bandmf' runs in one process only, got world_size={self.dist.world_size}: "
+                             "use noise='independent' for a data-parallel run")  # fmt: skip
         if self.dist is not None:
             broadcast_parameters(self.model)
         self.feature_map = loss_split.feature_map if loss_split is not None else feature_map
@@ -261,6 +272,9 @@ class Trainer:
             "seeded": p.seed is not None,
             "public_seed": p.public_seed,
             "secure_rng": p.secure_rng,
+            "noise": p.noise,
+            # BandMF's bands as run (the plan's: chosen there when not given), None for independent noise.
+            "bands": self.plan.bands if self.plan is not None else p.bands,
             "device": str(self.device),
             "world_size": 1 if self.dist is None else self.dist.world_size,
             "precision": self.performance.precision,
@@ -286,7 +300,8 @@ class Trainer:
         reports = []
         for _ in range(records):
             rows = rng.choice(n, size=min(batch_size, n - 1) + 1, replace=False)
-            reports.append(replay_step(self, data, record=int(rows[0]), batch=[int(i) for i in rows[1:]]))
+            with exact_float32(self.device):
+                reports.append(replay_step(self, data, record=int(rows[0]), batch=[int(i) for i in rows[1:]]))
         return reports
 
     def make_plan(self, n: int) -> PrivacyPlan:
@@ -325,18 +340,41 @@ class Trainer:
         if delta is not None and record.private:
             delta = check_delta(delta, n)  # warns (PrivacyRiskWarning) when delta >= 1/n
         sigma, budget = p_cfg.noise_multiplier, None
+        bands, coeffs = None, None
+        if record.private and p_cfg.noise == "bandmf":
+            assert delta is not None  # checked in __init__
+            bands, coeffs = self._bandmf_strategy(n, m, steps, delta)
         if record.private:
             assert delta is not None  # checked in __init__
+            acct: dict[str, Any] = {"relation": p_cfg.relation, "accountant": p_cfg.accountant}
             if sigma is None:
                 assert p_cfg.target_epsilon is not None  # checked in __init__
-                sigma = calibrate_noise_multiplier(p_cfg.target_epsilon, delta, p, steps, relation=p_cfg.relation,
-                                                   accountant=p_cfg.accountant)
+                if coeffs is None:
+                    sigma = calibrate_noise_multiplier(p_cfg.target_epsilon, delta, p, steps, **acct)
+                else:  # never overshoots: σ / sens(C) is at least DP-SGD's calibrated multiplier on the rounds
+                    assert bands is not None
+                    sigma = calibrate_bandmf_noise(p_cfg.target_epsilon, delta, m, n, steps, bands, coeffs, **acct)
                 budget = steps
             elif p_cfg.target_epsilon is not None:
                 if sigma == 0:
                     raise ValueError("noise_multiplier=0 cannot meet any target_epsilon; drop target_epsilon")
-                budget = calibrate_steps(p_cfg.target_epsilon, delta, p, sigma, relation=p_cfg.relation,
-                                         accountant=p_cfg.accountant)
+                if coeffs is None:
+                    budget = calibrate_steps(p_cfg.target_epsilon, delta, p, sigma, **acct)
+                else:
+                    # BandMF spends by rounds of b steps (bandmf_event): the largest whole number of rounds within
+                    # the target, at every band's column norm (the first b − 1 steps only cost less).
+                    assert bands is not None
+                    q = min(1.0, m * bands / n)
+                    try:
+                        rounds = calibrate_steps(p_cfg.target_epsilon, delta, q, sigma / sensitivity(coeffs, steps),
+                                                 **acct)  # fmt: skip
+                    except UnreachableTargetError:
+                        raise UnreachableTargetError(
+                            f"target_epsilon={p_cfg.target_epsilon!r} is not reachable with noise='bandmf': one round "
+                            f"of bands={bands} steps at noise_multiplier={sigma!r} already exceeds it; raise "
+                            "noise_multiplier or lower bands"
+                        ) from None
+                    budget = rounds * bands
             if sigma and math.isinf(p_cfg.max_grad_norm):
                 raise ValueError("max_grad_norm=inf (no clipping) has unbounded sensitivity; it is only allowed "
                                  "with noise_multiplier=0 (a non-private reference run)")
@@ -360,6 +398,9 @@ class Trainer:
             budget_steps=budget,
             relation=p_cfg.relation,
             accountant=p_cfg.accountant,
+            noise=p_cfg.noise if record.private else "independent",
+            bands=bands,
+            noise_coeffs=None if coeffs is None else tuple(float(c) for c in coeffs),
         )
         if record.private and sigma:
             # What the noise sampler cannot produce is added to the reported δ (ARCHITECTURE rule 12); refuse up
@@ -370,6 +411,33 @@ class Trainer:
             check_sampler_tail(eps, delta, most, _noised_coordinates(self.model), noise_multiplier=sigma,
                                tail_mass_per_pair=(SecureNoise if p_cfg.secure_rng else TorchNoise).tail_mass_per_pair)
         return plan
+
+    def _bandmf_strategy(self, n: int, m: float, steps: int, delta: float) -> tuple[int, np.ndarray]:
+        """BandMF's bands b (given, or chosen) and the strategy's coefficients for this run's T private steps.
+
+        b must fit the run (b <= T) and the sampler (m·b <= n: each of the b partitions supplies the expected
+        batch). ``bands=None``: with a target ε, the b of :data:`featuredp.bandmf.BAND_CHOICES` with the least
+        noise RMSE at that ε (:func:`featuredp.bandmf.best_bands`, a public computation); without one,
+        :data:`DEFAULT_BANDS`, lowered to what fits. The workload is SGD momentum's when the optimiser is SGD with
+        momentum, the prefix sums otherwise (Adam: its update is not linear in the gradients).
+        """
+        p_cfg, s_cfg = self.privacy, self.schedule
+        beta = s_cfg.momentum if s_cfg.optimizer == "sgd" else 0.0
+        fits = max(1, min(steps, int(n // m)))
+        b = p_cfg.bands
+        if b is None:
+            if p_cfg.target_epsilon is not None:
+                b = best_bands(p_cfg.target_epsilon, delta, n, m, steps, choices=[c for c in BAND_CHOICES if c <= fits],
+                               momentum=beta, relation=p_cfg.relation, accountant=p_cfg.accountant,
+                               tolerance=0.01)[0]  # fmt: skip
+            else:
+                b = min(DEFAULT_BANDS, fits)
+        if b > steps:
+            raise ValueError(f"bands must be <= the run's {steps} private steps, got bands={b}")
+        if m * b / n > 1:
+            raise ValueError(f"bands={b} is too many for batch_size {m:g} and {n} records (a partition of n/b records "
+                             f"must supply the expected batch): use bands <= {max(1, int(n // m))}")  # fmt: skip
+        return b, banded_toeplitz_strategy(steps, b, momentum=beta)
 
     # -- training ----------------------------------------------------------------------------------------
     def fit(
@@ -430,8 +498,9 @@ class Trainer:
             agree_across_ranks(self._rank_settings(state, split, shard, n))
         reservation = self._reserve(state)  # before any private step: an overspend is refused up front
         main = self.dist is None or self.dist.is_main
+        desc = self.method if plan.noise != "bandmf" else f"{self.method} bandmf b={plan.bands}"
         pbar = tqdm(total=total, initial=state.step, disable=not (self.performance.progress and main),
-                    file=sys.stderr, desc=self.method, leave=False, dynamic_ncols=True)  # fmt: skip
+                    file=sys.stderr, desc=desc, leave=False, dynamic_ncols=True)  # fmt: skip
         try:
             while state.step < total:
                 if max_steps is not None and steps_this_call >= max_steps:
@@ -442,7 +511,8 @@ class Trainer:
                     state.stop_reason = "budget"  # stop before a step would exceed the budget
                     break
                 # A private step is counted inside _step, before its noisy update is applied (see there).
-                shown = self._step(state, split, batch_all, params, pre, count=not pre and plan.is_private)
+                with exact_float32(self.device):
+                    shown = self._step(state, split, batch_all, params, pre, count=not pre and plan.is_private)
                 state.step += 1
                 steps_this_call += 1
                 if state.step in log_at:
@@ -629,6 +699,8 @@ class Trainer:
         if plan.is_private and delta is not None:
             # The guarantee covers what the noise sampler cannot produce: its cut tail's mass η over every
             # noise pair this run drew turns (ε, δ) into (ε, δ + (1 + e^ε)·η) (featuredp.accounting.sampler).
+            # BandMF too: its mechanism releases C x + z, and BandedNoise draws z from the same source, the same
+            # number of fresh normals per step (dim), so the count and the per-pair mass are the same.
             noised = state.private_steps if plan.noise_multiplier else 0  # σ = 0 draws no noise
             dim, mass = _noised_coordinates(self.model), state.noise.tail_mass_per_pair
             extra = sampler_tail_delta(eps, noised, dim, mass)
@@ -644,6 +716,20 @@ class Trainer:
                 "not_covered": "the floating-point granularity of the noise (featuredp.noise)",
             }
             delta += extra
+        if plan.noise == "bandmf" and plan.noise_coeffs is not None and plan.bands is not None:
+            t = max(1, state.private_steps)
+            report["correlated_noise"] = {
+                "noise": "bandmf",
+                "bands": plan.bands,
+                "coefficients": list(plan.noise_coeffs),  # public: a function of T, b and the workload
+                "max_column_norm": sensitivity(plan.noise_coeffs, t),
+                "effective_noise_multiplier": (plan.noise_multiplier or 0.0) / sensitivity(plan.noise_coeffs, t),
+                "sampling": f"cyclic Poisson over {plan.bands} secret partitions, rate "
+                            f"{min(1.0, plan.expected_batch_size * plan.bands / plan.dataset_size):.4g} per partition",
+                "rounds": -(-state.private_steps // plan.bands),
+                "accounting": "amplified BandMF (Choquette-Choo et al. 2023, Thm 4): DP-SGD at rate m·b/n, "
+                              "multiplier σ / max column norm of C, ceil(T/b) rounds",
+            }  # fmt: skip
         composed = _MODEL_RUNS.composed_epsilon(self.model, state)
         if composed is not None:
             report["model_epsilon_all_runs"] = composed

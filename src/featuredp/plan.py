@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from featuredp.accounting import epsilon_for
+from featuredp.accounting import DpEvent, compute_epsilon, dpsgd_event, epsilon_for
+from featuredp.accounting.bandmf import bandmf_event, bandmf_sampling_rate, sensitivity
 from featuredp.methods import get_method
 
 __all__ = ["Disclosure", "PrivacyPlan", "TrainResult", "inf_to_str", "str_to_inf"]
@@ -97,8 +98,12 @@ class PrivacyPlan:
     ``public_weight`` (w) are Algorithm 1's (1.0 for the other methods);
     ``pretrain_batch_size`` is the batch of public pre-training (None: no
     pre-training, or a plan written before the field existed, which pre-trained
-    on ``public_batch_size``). Fields added later default to their old meaning,
-    so older plan dicts still load.
+    on ``public_batch_size``). ``noise`` is ``"independent"`` (DP-SGD's noise) or
+    ``"bandmf"``: correlated noise with ``bands`` bands, the strategy's Toeplitz
+    coefficients ``noise_coeffs`` (public: a function of T, b and the workload)
+    and cyclic Poisson sampling, accounted by :func:`featuredp.bandmf.bandmf_event`
+    (:meth:`event`); ``noise_multiplier`` is then σ, the std of z in units of C.
+    Fields added later default to their old meaning, so older plan dicts still load.
 
     >>> plan = PrivacyPlan("fdp", dataset_size=1000, expected_batch_size=100, sampling_rate=0.1, steps=10,
     ...                    noise_multiplier=2.0, max_grad_norm=1.0, delta=1e-5)
@@ -125,6 +130,13 @@ class PrivacyPlan:
     budget_steps: int | None = None
     relation: str = "add-remove"
     accountant: str = "pld"
+    noise: str = "independent"
+    bands: int | None = None
+    noise_coeffs: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.noise_coeffs is not None:  # a JSON list from run.json or a checkpoint: compare as a tuple
+            object.__setattr__(self, "noise_coeffs", tuple(float(c) for c in self.noise_coeffs))
 
     @property
     def pretrain_batch(self) -> int:
@@ -159,10 +171,50 @@ class PrivacyPlan:
             return math.inf
         if self.delta is None:
             raise ValueError(f"the plan of private method {self.method!r} needs delta to state ε(δ)")
+        if self.noise == "bandmf":
+            return compute_epsilon(self.event(t), self.delta, relation=self.relation, accountant=self.accountant)
         return epsilon_for(
             self.noise_multiplier, self.sampling_rate, t, self.delta,
             relation=self.relation, accountant=self.accountant,
         )  # fmt: skip
+
+    def event(self, steps: int, *, segment: bool = False) -> DpEvent:
+        """The dp_accounting event of ``steps`` private steps of this plan (σ > 0; a private method).
+
+        Independent noise: DP-SGD's ``dpsgd_event(σ, p, steps)``. BandMF: :func:`featuredp.bandmf.bandmf_event`
+        (DP-SGD at rate m·b/n, multiplier σ / max column norm of C, ⌈steps/b⌉ rounds). ``segment=True``: the
+        event of ``steps`` steps that need not start at the run's first step (a resumed run's part, for the
+        ledger); BandMF then takes the column norm of all of C, since a later segment's steps see every band.
+        Composing the segments' events never gives less than the whole run's (⌈t₁/b⌉ + ⌈t₂/b⌉ >= ⌈T/b⌉ rounds
+        at the largest column norm); for independent noise they compose to it exactly.
+        """
+        if not self.noise_multiplier:
+            raise ValueError(f"a plan with noise_multiplier={self.noise_multiplier!r} has no privacy event")
+        if self.noise != "bandmf":
+            return dpsgd_event(self.noise_multiplier, self.sampling_rate, steps)
+        if self.bands is None or self.noise_coeffs is None:
+            raise ValueError("a plan with noise='bandmf' needs bands and noise_coeffs")
+        counted = max(int(steps), len(self.noise_coeffs)) if segment else int(steps)
+        return bandmf_event(self.noise_multiplier, self.expected_batch_size, self.dataset_size, counted, self.bands,
+                            self.noise_coeffs)  # fmt: skip
+
+    def dpsgd_terms(self, steps: int) -> tuple[float, float, int]:
+        """(σ, q, T) of the Poisson-subsampled Gaussian mechanism that ``steps`` private steps are accounted as:
+        the plan's own for independent noise; for BandMF σ / max column norm of C, rate m·b/n and ⌈steps/b⌉
+        rounds (:meth:`event`). What an audit's bound or a simulated attack must use, not the raw σ and p.
+
+        >>> PrivacyPlan("dpsgd", 1000, 10, 0.01, 50, noise_multiplier=1.0, max_grad_norm=1.0).dpsgd_terms(50)
+        (1.0, 0.01, 50)
+        """
+        if not self.noise_multiplier:
+            raise ValueError(f"a plan with noise_multiplier={self.noise_multiplier!r} has no privacy event")
+        if self.noise != "bandmf":
+            return float(self.noise_multiplier), float(self.sampling_rate), int(steps)
+        if self.bands is None or self.noise_coeffs is None:
+            raise ValueError("a plan with noise='bandmf' needs bands and noise_coeffs")
+        sens = sensitivity(self.noise_coeffs, max(1, int(steps)))
+        q = bandmf_sampling_rate(self.expected_batch_size, self.dataset_size, self.bands)
+        return float(self.noise_multiplier) / sens, q, -(-int(steps) // self.bands)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (∞ written as the string "inf")."""
@@ -201,10 +253,19 @@ class PrivacyPlan:
             return f"(0, 0)-FDP{what}: training read only the public view Ψ(S)"
         if not method.private:
             return "no privacy guarantee (non-private training)"
-        acc = (
-            f"Poisson-subsampled Gaussian, noise multiplier {self.noise_multiplier:.4g}, sampling rate "
-            f"{self.sampling_rate:.4g}, {{T}} private steps, {self.accountant.upper()} accountant, {rel} neighbours"
-        )
+        if self.noise == "bandmf":
+            acc = (
+                f"noise bandmf: banded matrix-factorization correlated noise with {self.bands} bands, noise std "
+                f"{self.noise_multiplier:.4g}·C, cyclic Poisson sampling over {self.bands} partitions, {{T}} private "
+                f"steps, amplified BandMF accounting (Choquette-Choo et al. 2023, Thm 4), {self.accountant.upper()} "
+                f"accountant, {rel} neighbours"
+            )
+        else:
+            acc = (
+                f"Poisson-subsampled Gaussian, noise multiplier {self.noise_multiplier:.4g}, sampling rate "
+                f"{self.sampling_rate:.4g}, {{T}} private steps, {self.accountant.upper()} accountant, {rel} "
+                "neighbours"
+            )
         if not method.needs_feature_map:
             return f"({epsilon:.4g}, {delta:g})-DP for whole records, hence the same FDP for any Ψ ({acc})"
         pre = " after public pre-training on Ψ(S) (no cost)" if self.pretrain_steps else ""

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from featuredp.accounting import BudgetLedger, Reservation, compose_events, compute_epsilon, dpsgd_event
+from featuredp.bandmf import BandedNoise, BMinSepSampler
 from featuredp.config import PrivacyConfig, ScheduleConfig
 from featuredp.distributed import shard_bounds
 from featuredp.errors import BudgetExceededError, PrivacyRiskWarning
@@ -131,7 +132,7 @@ class RunState:
     plan: PrivacyPlan
     fingerprint: dict[str, str]
     streams: Streams
-    private_sampler: PoissonSampler
+    private_sampler: PoissonSampler | BMinSepSampler
     shuffler: EpochShuffler
     public_sampler: UniformSampler
     public_shuffler: EpochShuffler
@@ -169,6 +170,10 @@ class RunState:
         the indices, at the global rate, from streams of its own, and draws its share of the public
         and shuffled batches (:mod:`featuredp.distributed`). ``shard_size``: this rank holds only its
         shard, of that many records (indices 0 .. shard_size − 1 of its data), and samples all of them.
+
+        A BandMF plan (``plan.noise == "bandmf"``, one process only) samples with :class:`BMinSepSampler` from the
+        same secret private-sampling stream (or key) and adds :class:`BandedNoise` over the same noise source; the
+        public batch keeps its own independent sampler either way.
         """
         streams = make_streams(privacy.seed, public_seed=privacy.public_seed,
                                rank=rank if world_size > 1 else None)  # fmt: skip
@@ -177,14 +182,26 @@ class RunState:
         local = n if shard_size is None else shard_size
         m_int = share(max(1, round(plan.expected_batch_size)), rank, world_size)
         noise: NoiseSource
+        private_sampler: PoissonSampler | BMinSepSampler
+        sampling_generator: Any
         if privacy.secure_rng:
             # Keys from os.urandom, or from the user's seed for a reproducible (and secret) run.
             keys = [streams.noise.bytes(32), streams.private_sampling.bytes(32)] if streams.seeded else [None, None]
             noise = SecureNoise(ChaCha20Generator(keys[0]))
-            private_sampler = PoissonSampler(stop - start, plan.sampling_rate, ChaCha20Generator(keys[1]), offset=start)
+            sampling_generator = ChaCha20Generator(keys[1])
         else:
             noise = TorchNoise(torch_generator(random_seed_from(streams.noise), device))
-            private_sampler = PoissonSampler(stop - start, plan.sampling_rate, streams.private_sampling, offset=start)
+            sampling_generator = streams.private_sampling
+        if plan.noise == "bandmf":
+            if world_size > 1 or shard_size is not None:
+                raise ValueError(f"noise='bandmf' runs in one process only, got world_size={world_size}")
+            if plan.bands is None or plan.noise_coeffs is None:
+                raise ValueError("a plan with noise='bandmf' needs bands and noise_coeffs")
+            # The secret partition is drawn here, from the private sampling stream (or its key).
+            private_sampler = BMinSepSampler(n, plan.expected_batch_size, plan.bands, sampling_generator)
+            noise = BandedNoise(plan.noise_coeffs, sum(int(p.numel()) for p in params), noise)
+        else:
+            private_sampler = PoissonSampler(stop - start, plan.sampling_rate, sampling_generator, offset=start)
         m_pub = share(plan.public_batch_size or max(1, round(plan.expected_batch_size)), rank, world_size)
         # The shuffler serves public pre-training (batches of m_pre) or the public method's steps (m_pre = m').
         m_pre = share(plan.pretrain_batch, rank, world_size)
@@ -239,6 +256,12 @@ class RunState:
                 f"the checkpoint has format {ck.get('format')!r}, this featuredp writes {CHECKPOINT_FORMAT}; it was "
                 "written by another version and cannot be resumed: start a new run"
             )
+        saved_noise = _noise_of(ck.get("plan"))
+        if saved_noise != _noise_of(self.plan.to_dict()):
+            raise ValueError(
+                f"the checkpoint's run used noise={saved_noise[0]!r} with bands={saved_noise[1]!r}, this run "
+                f"noise={self.plan.noise!r} with bands={self.plan.bands!r}: resume with the same noise and bands"
+            )
         if not _same_plan(ck.get("plan"), self.plan):
             raise ValueError(
                 "the checkpoint belongs to a different plan (dataset size, batch sizes, noise or steps differ); "
@@ -271,6 +294,13 @@ class RunState:
         self.public_draws.set_state(ck["draws"]["public"])
         self.noise.load_state_dict(ck["noise"])
         self.averager.load_state_dict(ck["averager"])
+
+
+def _noise_of(plan: Any) -> tuple[Any, Any]:
+    """(noise, bands) of a plan dict; a plan written before correlated noise existed used independent noise."""
+    if not isinstance(plan, dict):
+        return ("independent", None)
+    return (plan.get("noise", "independent"), plan.get("bands"))
 
 
 def _same_plan(saved: Any, plan: PrivacyPlan) -> bool:
@@ -336,7 +366,8 @@ def reserve(ledger: BudgetLedger | None, state: RunState) -> Reservation | None:
     remaining = planned - state.private_steps
     if remaining <= 0:
         return None
-    event = dpsgd_event(plan.noise_multiplier, plan.sampling_rate, remaining)
+    # A segment's event (BandMF: every band's column norm), so that a resumed run's parts never add up to less.
+    event = plan.event(remaining, segment=True)
     return ledger.reserve(f"featuredp Trainer {plan.method}: up to {remaining} private steps", event=event)
 
 
@@ -348,7 +379,7 @@ def settle(reservation: Reservation | None, plan: PrivacyPlan, private_steps: in
         reservation.cancel()  # no private step ran: the data was never touched by the mechanism
         return
     try:
-        reservation.settle(event=dpsgd_event(plan.noise_multiplier, plan.sampling_rate, private_steps))
+        reservation.settle(event=plan.event(private_steps, segment=True))
     except BudgetExceededError:
         # Fewer steps never cost more, but if rounding ever said so, keep the (larger) reserved amount
         # rather than lose the record or mask the exception that may be unwinding the caller.
@@ -367,10 +398,7 @@ class ModelRuns:
         """Note the private steps ``state`` has applied to ``model`` so far."""
         plan = state.plan
         if plan.is_private and state.private_steps:
-            self._runs.setdefault(model, {})[state.run_id] = {
-                "noise_multiplier": plan.noise_multiplier, "sampling_rate": plan.sampling_rate,
-                "steps": state.private_steps,
-            }  # fmt: skip
+            self._runs.setdefault(model, {})[state.run_id] = _phase(plan, state.private_steps)
 
     def earlier(self, model: nn.Module, state: RunState) -> list[dict[str, Any]]:
         """The other runs' private phases on ``model``."""
@@ -398,9 +426,24 @@ class ModelRuns:
             return None
         phases = [*earlier]
         if state.private_steps:
-            phases.append({"noise_multiplier": plan.noise_multiplier, "sampling_rate": plan.sampling_rate,
-                           "steps": state.private_steps})
+            phases.append(_phase(plan, state.private_steps))
         if any(not p["noise_multiplier"] for p in phases):
             return "inf"
-        events = [dpsgd_event(p["noise_multiplier"], p["sampling_rate"], p["steps"]) for p in phases]
+        events = [_phase_event(p) for p in phases]
         return compute_epsilon(compose_events(*events), plan.delta, relation=plan.relation, accountant=plan.accountant)
+
+
+def _phase(plan: PrivacyPlan, steps: int) -> dict[str, Any]:
+    """One run's private phase on a model (with its plan when its noise is BandMF's, whose event needs it)."""
+    phase: dict[str, Any] = {"noise_multiplier": plan.noise_multiplier, "sampling_rate": plan.sampling_rate,
+                             "steps": steps}  # fmt: skip
+    if getattr(plan, "noise", "independent") == "bandmf":
+        phase["plan"] = plan
+    return phase
+
+
+def _phase_event(phase: dict[str, Any]) -> Any:
+    """A phase's event: DP-SGD's, or a BandMF segment's (a resumed run records each part; they never add to less)."""
+    if "plan" in phase:
+        return phase["plan"].event(phase["steps"], segment=True)
+    return dpsgd_event(phase["noise_multiplier"], phase["sampling_rate"], phase["steps"])

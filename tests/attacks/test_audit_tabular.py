@@ -10,10 +10,12 @@ import pytest
 import torch
 from torch import nn
 
+from featuredp.accounting.tradeoff import attribute_inference_bound
 from featuredp.attacks import feature_canaries, feature_canary_scores, one_run_audit, theorem4_bound
 from featuredp.attacks import torch_adapter as ta
 from featuredp.attacks.tabular import attribute_audit, membership_audit
 from featuredp.data.tabular import TabularDataset
+from featuredp.plan import PrivacyPlan
 
 
 def _synthetic(n: int, rng: np.random.Generator) -> TabularDataset:
@@ -151,17 +153,35 @@ def test_model_inversion_reaches_target_class():
 
 
 def test_run_bound_uses_the_tight_tradeoff_curve():
-    from types import SimpleNamespace
-
     from featuredp.accounting import epsilon_for
     from featuredp.attacks.tabular import run_bound
 
-    plan = SimpleNamespace(noise_multiplier=1.2, sampling_rate=0.016, steps=190, accountant="pld")
+    plan = PrivacyPlan("dpsgd", 1000, 16, 0.016, 190, noise_multiplier=1.2, max_grad_norm=1.0, delta=1e-5)
     eps = epsilon_for(1.2, 0.016, 190, 1e-5)
     tight, how = run_bound(0.85, eps, 1e-5, plan)
     loose = theorem4_bound(0.85, epsilon=eps, delta=1e-5)
     assert 0.85 <= tight < loose - 0.01 and "trade-off" in how
     assert run_bound(0.85, math.inf, 1e-5, plan)[0] == 1.0
+
+
+def test_run_bound_of_a_bandmf_run_is_that_of_its_accounted_mechanism():
+    # BandMF with σ = 1 over 4 bands is accounted as DP-SGD at σ / max column norm, rate 4·m/n, ⌈T/4⌉ rounds: a
+    # bound computed from the raw (σ, p, T) would be the bound of another mechanism (here a far smaller one).
+    from featuredp.accounting import epsilon_for
+    from featuredp.attacks.tabular import run_bound
+    from featuredp.bandmf import banded_toeplitz_strategy, sensitivity
+
+    coeffs = tuple(float(c) for c in banded_toeplitz_strategy(200, 4))
+    plan = PrivacyPlan("dpsgd", 1000, 16, 0.016, 200, noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5,
+                       noise="bandmf", bands=4, noise_coeffs=coeffs)  # fmt: skip
+    terms = (1.0 / sensitivity(coeffs, 200), 0.064, 50)
+    assert plan.dpsgd_terms(200) == pytest.approx(terms)
+    eps = plan.epsilon(200)
+    assert eps == pytest.approx(epsilon_for(*terms, 1e-5), rel=1e-9)
+    bound, how = run_bound(0.85, eps, 1e-5, plan)
+    assert bound == pytest.approx(attribute_inference_bound(terms, 0.85, relation="add-remove"), abs=1e-9)
+    assert f"T={terms[2]}" in how
+    assert bound > attribute_inference_bound((1.0, 0.016, 200), 0.85, relation="add-remove") + 0.01
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -95,11 +95,12 @@ def run_bound(
     if math.isinf(epsilon):
         return 1.0, "no guarantee (ε = ∞): the bound is vacuous"
     if plan is not None and plan.noise_multiplier and (steps or plan.steps):
-        t = int(steps or plan.steps)
-        b = attribute_inference_bound((plan.noise_multiplier, plan.sampling_rate, t), ball, relation="add-remove",
-                                      accountant=plan.accountant or "pld")  # fmt: skip
-        return float(b), f"1 − f(Ball), f the accountant's trade-off curve of (σ={plan.noise_multiplier:.4g}, " \
-            f"p={plan.sampling_rate:.4g}, T={t}), add/remove (Thm 4 is stated for f-DP_i^Ψ)"
+        # BandMF runs are accounted as DP-SGD with other terms (PrivacyPlan.dpsgd_terms): the raw σ and p would
+        # give a bound that is not the run's.
+        sigma, p, t = plan.dpsgd_terms(int(steps or plan.steps))
+        b = attribute_inference_bound((sigma, p, t), ball, relation="add-remove", accountant=plan.accountant or "pld")
+        return float(b), f"1 − f(Ball), f the accountant's trade-off curve of (σ={sigma:.4g}, " \
+            f"p={p:.4g}, T={t}), add/remove (Thm 4 is stated for f-DP_i^Ψ)"
     return theorem4_bound(ball, epsilon=epsilon, delta=delta), "1 − f_{ε,δ}(Ball) from the claimed (ε, δ)"
 
 
@@ -605,8 +606,9 @@ def _claims(method: str, result: TrainResult) -> dict[str, float]:
     if steps == 0:
         return {"add_remove": 0.0, "replace_one": 0.0, "record_level": 0.0 if _record_level(record) else math.inf}
     assert plan.delta is not None  # the engine refuses a private method without δ
-    ar = epsilon_for(plan.noise_multiplier, plan.sampling_rate, steps, plan.delta)
-    ro = epsilon_for(plan.noise_multiplier, plan.sampling_rate, steps, plan.delta, relation="replace-one")
+    terms = plan.dpsgd_terms(steps)
+    ar = epsilon_for(*terms, plan.delta)
+    ro = epsilon_for(*terms, plan.delta, relation="replace-one")
     # DP-SGD is record-level DP; the FDP methods read Ψ(S) (labels, public columns) freely
     return {"add_remove": ar, "replace_one": ro, "record_level": ar if _record_level(record) else math.inf}
 
@@ -632,10 +634,10 @@ def _gradient_canary_audit(run: Any, canaries: int, runs: int, delta: float, bet
         raise ValueError("gradient canaries need a private run (noise multiplier and steps in its plan)")
     rng = np.random.default_rng(seed)
     steps = int(run.info.get("result", {}).get("steps") or plan.steps)
-    scores, bits = simulate_dpsgd_gradient_canaries(canaries * runs, plan.noise_multiplier, plan.sampling_rate,
-                                                    steps, rng)  # fmt: skip
+    terms = plan.dpsgd_terms(steps)  # the mechanism the run is accounted as (BandMF: its amplified DP-SGD)
+    scores, bits = simulate_dpsgd_gradient_canaries(canaries * runs, *terms, rng)
     one = one_run_audit(scores, bits, delta, beta=beta)
-    claim = epsilon_for(plan.noise_multiplier, plan.sampling_rate, steps, delta)
+    claim = epsilon_for(*terms, delta)
     out = {
         "attack": "canary",
         "kind": "gradient",

@@ -1,4 +1,5 @@
-"""``--device``, shared by the commands that train (``train``, ``demo``, ``compare``, ``benchmark``)."""
+"""``--device``, shared by the commands that train or replay (``train``, ``demo``, ``compare``, ``benchmark``,
+``check-model``)."""
 
 from __future__ import annotations
 

@@ -183,6 +183,8 @@ TRAIN_FLAGS = {
     "momentum": "--momentum",
     "alpha": "--alpha",
     "public_weight": "--public-weight",
+    "noise": "--noise",
+    "bands": "--bands",
 }
 del TRAIN_FLAGS["steps"]  # train has no --steps: a step count in a message is the computed one
 

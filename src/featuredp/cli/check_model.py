@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from featuredp.cli._data_args import add_data_arguments, resolve_data
+from featuredp.cli._device import add_device_argument, check_device
 from featuredp.methods import PRIVATE_METHODS
 
 
@@ -53,6 +54,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-grad-norm", type=float, default=0.1,
                    help="clipping norm C of the replay (default 0.1: small, so the records are clipped and the "
                    "bound is met with equality)")
+    add_device_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_data_arguments(p)
     p.set_defaults(func=run)
@@ -65,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} must be >= {low}, got {value}")
     if not args.max_grad_norm > 0:
         raise ValueError(f"--max-grad-norm must be > 0, got {args.max_grad_norm}")
+    check_device(args.device, "bf16" if "bf16" in args.precisions else "fp32")
     from featuredp.clipping import STRATEGIES
 
     try:
@@ -88,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     failed = any(r.outcome == "failed" for _, r in reports)
     if args.json:
         print(json.dumps({"dataset": args.dataset, "model": args.model, "records": args.records,
+                          "device": args.device or "cpu",
                           "batch_size": args.batch_size, "max_grad_norm": args.max_grad_norm, "configurations": rows,
                           "failed": failed, "covered_by_epsilon": False}))  # fmt: skip
         return 1 if failed else 0
@@ -133,6 +137,7 @@ def _replay_all(args: argparse.Namespace, options: dict[str, Any], hidden: list[
                     trainer = Trainer(build_model(spec), method, steps=1, batch_size=args.batch_size,
                                       noise_multiplier=1.0, max_grad_norm=args.max_grad_norm, delta=1e-5,
                                       strategy=strategy, precision=precision, secure_rng=secure, progress=False,
+                                      device=args.device,
                                       feature_map=Columns(private) if needs_map else None)  # fmt: skip
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")  # ghost's fallback notices; the table says what matters

@@ -9,7 +9,7 @@ from typing import Any
 
 from featuredp.cli._data_args import add_data_arguments, resolve_data
 from featuredp.cli._device import add_device_argument, add_precision_argument, check_device
-from featuredp.cli._flags import TRAIN_FLAGS, check_run_out, check_training_values, flag_names
+from featuredp.cli._flags import TRAIN_FLAGS, check_run_out, check_training_values, flag_names, whole_number
 from featuredp.cli._text_args import add_text_arguments
 from featuredp.methods import METHOD_NAMES
 
@@ -50,6 +50,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--epsilon", type=float, default=None, help="target epsilon (sigma is calibrated)")
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--noise-multiplier", type=float, default=None, help="sigma (with --epsilon: budget stop)")
+    p.add_argument("--noise", choices=("independent", "bandmf"), default="independent",
+                   help="noise of the private steps: independent (DP-SGD's fresh Gaussian each step, default) or "
+                   "bandmf (banded matrix-factorization correlated noise with cyclic Poisson sampling: less noise at "
+                   "the same epsilon for larger epsilon; docs/accounting.md)")
+    p.add_argument("--bands", type=whole_number, default=None, metavar="B",
+                   help="--noise bandmf: the number of bands b (at most the private steps, and n/m). Default: the b "
+                   "of 1, 2, 4, ..., 64 with the least noise at --epsilon (bandmf.best_bands, a few seconds); "
+                   "with --noise-multiplier alone, 8")
     p.add_argument("--epochs", type=float, default=None)
     p.add_argument("--max-grad-norm", type=float, default=None, help="clipping norm C")
     p.add_argument("--batch-size", type=int, default=None, help="expected private batch size m (p = m/n)")
@@ -160,6 +168,8 @@ def _train(args: argparse.Namespace) -> int:
         pretrain_batch_size=args.pretrain_batch_size, momentum=args.momentum, optimizer=args.optimizer,
         pretrain_epochs=args.pretrain_epochs, accountant=args.accountant, relation=args.relation,
     )  # fmt: skip
+    if args.noise != "independent":
+        common.update(noise=args.noise, bands=args.bands)
     if args.tune or args.method == "fdp_auto":
         from featuredp.experiments.tuning import TuningSettings, tune
 
@@ -187,7 +197,11 @@ def _print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> int:
         f"test accuracy     {summary['accuracy']:.4f}",
         f"epsilon           {eps}" + (f" (delta={summary['delta']:g})" if summary["delta"] else ""),
     ]
-    if summary["noise_multiplier"] is not None:
+    if summary["noise_multiplier"] is not None and summary.get("noise") == "bandmf":
+        lines.append(f"noise             bandmf, {summary['bands']} bands: correlated noise of std "
+                     f"{summary['noise_multiplier']:.4g}·C (C={summary['max_grad_norm']:g}), cyclic Poisson sampling "
+                     f"over {summary['bands']} partitions, {summary['steps']} private steps")
+    elif summary["noise_multiplier"] is not None:
         lines.append(f"noise multiplier  {summary['noise_multiplier']:.4g}  (C={summary['max_grad_norm']:g}, "
                      f"sampling rate {summary['sampling_rate']:.4g}, {summary['steps']} private steps)")
     if summary["stopped_early"]:
@@ -270,6 +284,23 @@ def _check_flags(args: argparse.Namespace) -> None:
     """Every value and --out/--resume/--overwrite, before any data is read (one line naming the flag)."""
     check_training_values(args)
     check_run_out(args)
+    if args.bands is not None:
+        from featuredp._validate import check_int
+
+        check_int("--bands", args.bands, minimum=1)
+        if args.noise != "bandmf":
+            raise ValueError(f"--bands is for --noise bandmf, got --bands {args.bands} with --noise {args.noise}")
+    if args.noise == "bandmf":
+        from featuredp.methods import PRIVATE_METHODS
+
+        if args.method not in PRIVATE_METHODS:
+            raise ValueError(f"--noise bandmf is for the private methods {', '.join(PRIVATE_METHODS)}, got "
+                             f"--method {args.method}")
+        if args.tune or args.method == "fdp_auto":
+            raise ValueError("--noise bandmf does not combine with --tune or --method fdp_auto yet: give the "
+                             "settings, or use --noise independent")
+        if args.task == "text":
+            raise ValueError("--noise bandmf is for --task tabular (the text task does not take it yet)")
     if args.method == "fdp_auto" and args.public_weight is not None:
         raise ValueError("--method fdp_auto chooses --public-weight itself: leave it out (or use --method fdp)")
     if args.tune or args.method == "fdp_auto":

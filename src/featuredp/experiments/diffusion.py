@@ -237,7 +237,7 @@ def _train_claimed(method: str, ctx: _Context) -> dict[str, Any]:
         lr=s.lr,
         averaging="ema",
         ema_decay=s.ema_decay or _auto_ema(_steps_of(record, s)),
-        physical_batch_size=64,
+        physical_batch_size=s.physical_batch_size,
         public_seed=s.seed,  # initialisation and public batches only; the private randomness stays secret
         progress=True,
         device=s.device,  # None: where the model is (the CPU)

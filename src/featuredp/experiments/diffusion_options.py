@@ -53,6 +53,9 @@ def add_diffusion_arguments(parser: argparse.ArgumentParser) -> None:
                    help="steps of the non-private reference (default steps + public-steps: as much training as "
                         "the FDP methods get in total)")
     g.add_argument("--batch-size", type=int, default=128, help="expected private batch m (and public batch m')")
+    g.add_argument("--physical-batch-size", type=int, default=64,
+                   help="examples per forward/backward pass (memory only: the expected batch m is unchanged; a GPU "
+                        "takes 256 or more)")
     g.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
     g.add_argument("--max-grad-norm", type=float, default=0.1, help="clipping norm C (paper: 0.1)")
     g.add_argument("--alpha", type=float, default=1.0, help="weight α of the private gradient in Algorithm 1")
@@ -143,11 +146,12 @@ class DiffusionSettings:
     device: str | None = None
     checkpoint_every: int = 250
     resume: bool = False
+    physical_batch_size: int = 64
 
     def public_dict(self) -> dict[str, Any]:
         """The settings that describe the runs (for result.json and summary.json; no paths, output flags or
         device: where a run computes changes its results only by float rounding)."""
-        skip = ("out", "json", "overwrite", "summary", "device", "checkpoint_every", "resume")
+        skip = ("out", "json", "overwrite", "summary", "device", "checkpoint_every", "resume", "physical_batch_size")
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
 
@@ -231,6 +235,7 @@ def settings_from_args(args: argparse.Namespace, **given: Any) -> DiffusionSetti
         device=None if get("device") is None else str(get("device")),
         checkpoint_every=check_int("checkpoint_every", get("checkpoint_every", 250), minimum=1),
         resume=bool(get("resume", False)),
+        physical_batch_size=check_int("physical_batch_size", get("physical_batch_size", 64), minimum=1),
     )
     if quick:  # a smoke run: seconds, not minutes; the numbers mean nothing
         s.train_size = min(s.train_size or 256, 256)

@@ -105,6 +105,8 @@ def train_one(
     keep_checkpoint: bool = False,
     progress: bool = True,
     baselines: bool = False,
+    noise: str = "independent",
+    bands: int | None = None,
     **params: Any,
 ) -> TrainedModel:
     """Train ``method`` on ``dataset`` (or ``data``) with ``private`` columns and evaluate it.
@@ -144,6 +146,7 @@ def train_one(
             same model (``public_only``: free under FDP; None without a Ψ), and the last training loss shown
             (``summary["train_loss"]``: ℓ_pub on public batches for the FDP methods, ℓ for non-private ones;
             a private batch's loss is never shown).
+        noise, bands: the Trainer's (``"bandmf"``: correlated noise, for a private method only).
         params: Trainer keyword arguments (epochs, batch_size, noise_multiplier, max_grad_norm,
             alpha, lr, pretrain_epochs, public_batch_size, ...) replacing the preset's; None values
             are ignored and keys the method does not read are dropped
@@ -194,6 +197,9 @@ def train_one(
             raise ValueError(f"method {record.name!r} needs --epsilon (a target) or --noise-multiplier")
         kwargs["target_epsilon"] = epsilon
         kwargs["delta"] = delta
+    if noise != "independent" or bands is not None:
+        # Not through the preset's parameters: a non-private method given bandmf is refused, never dropped.
+        kwargs.update(noise=noise, bands=bands)
     if device is not None:
         kwargs["device"] = device
     if precision != "fp32":
@@ -228,6 +234,8 @@ def train_one(
         "epsilon": None if math.isinf(result.epsilon) else result.epsilon,
         "delta": result.delta,
         "noise_multiplier": plan.noise_multiplier,
+        "noise": plan.noise,
+        "bands": plan.bands,
         "max_grad_norm": plan.max_grad_norm,
         "sampling_rate": plan.sampling_rate,
         "batch_size": plan.expected_batch_size,
