@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from featuredp.data import TabularDataset
+from featuredp.losses import LossSplit, forward
 
 
 def make_tabular(n: int = 300, seed: int = 0, *, codes: bool = False, n_classes: int = 2) -> TabularDataset:
@@ -36,3 +37,15 @@ def make_tabular(n: int = 300, seed: int = 0, *, codes: bool = False, n_classes:
         feature_sources=["age", "hours", "sex", "sex", "race", "race", "race"],
         label_name="label", classes=classes, default_private=["sex", "race"],
     )
+
+
+class ZeroSplit(LossSplit):
+    """ℓ = ℓ_pub = 0·logits: every gradient is exactly zero, so an update is pure noise (the noise tests)."""
+
+    name = "zero"
+
+    def loss(self, model, batch, draws):
+        return 0.0 * forward(model, batch).sum(-1)
+
+    def _public_loss(self, model, view, draws):
+        return 0.0 * forward(model, view).sum(-1)

@@ -17,27 +17,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _fdp_synth
 
 import featuredp.distributed as fdist
-from _fdp_synth import make_tabular
-from featuredp.batches import forward
+from _fdp_synth import ZeroSplit, make_tabular
+from featuredp.bandmf import BMinSepSampler
 from featuredp.engine import Trainer
 from featuredp.features import Columns, LabelPrivate
-from featuredp.losses import LossSplit
 from featuredp.models import LogisticRegression
 from featuredp.sampling import PoissonSampler
 
 torch.set_num_threads(1)
-
-
-class ZeroSplit(LossSplit):
-    """ℓ = ℓ_pub = 0·logits: every gradient is zero, so an update is pure noise."""
-
-    name = "zero"
-
-    def loss(self, model, batch, draws):
-        return 0.0 * forward(model, batch).sum(-1)
-
-    def _public_loss(self, model, view, draws):
-        return 0.0 * forward(model, view).sum(-1)
 
 
 def _model(seed: int = 0) -> LogisticRegression:
@@ -49,16 +36,16 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten().clone() for p in model.parameters()])
 
 
-def _record_batches() -> list[np.ndarray]:
+def _record_batches(sampler: type = PoissonSampler) -> list[np.ndarray]:
     seen: list[np.ndarray] = []
-    real = PoissonSampler.sample
+    real = sampler.sample
 
-    def spy(self: PoissonSampler) -> np.ndarray:
+    def spy(self: object) -> np.ndarray:
         idx = real(self)
         seen.append(idx.copy())
         return idx
 
-    PoissonSampler.sample = spy  # type: ignore[method-assign]
+    sampler.sample = spy  # type: ignore[method-assign]
     return seen
 
 
@@ -89,6 +76,26 @@ def main(scenario: str, out: Path) -> None:
                 max_grad_norm=0.5, lr=1.0, momentum=0.0, strategy="vmap", progress=False).fit(batch)  # fmt: skip
         if rank == 0:
             torch.save({"noise": (before - _flat(model)).double()}, out / f"{scenario}.pt")
+    elif scenario == "bandmf":
+        # Cyclic Poisson over the ranks' shards, and the correlated noise added once: the batches of a 200-step
+        # run, then the first update of a run whose gradients are all zero (w_1 = z_1: std σC/m on every rank).
+        seen = _record_batches(BMinSepSampler)
+        Trainer(_model(), "dpsgd", steps=200, batch_size=25, noise_multiplier=4.0, delta=1e-4, noise="bandmf",
+                bands=4, strategy="vmap", progress=False).fit(data)  # fmt: skip
+        torch.save([s.tolist() for s in seen], out / f"bandmf{rank}.pt")
+        gen = torch.Generator().manual_seed(0)
+        batch = {"x": torch.randn(100, 300, generator=gen), "y": torch.randint(0, 2, (100,), generator=gen)}
+        torch.manual_seed(0)
+        model = LogisticRegression(300, 5)
+        before = _flat(model)
+        Trainer(model, "dpsgd", loss_split=ZeroSplit(LabelPrivate()), steps=4, batch_size=10, noise_multiplier=2.0,
+                max_grad_norm=0.5, delta=1e-4, lr=1.0, momentum=0.0, strategy="vmap", noise="bandmf", bands=2,
+                progress=False).fit(batch, max_steps=1)  # fmt: skip
+        flats: list[torch.Tensor | None] = [None, None]
+        torch.distributed.all_gather_object(flats, _flat(model))
+        if rank == 0:
+            torch.save({"noise": (before - _flat(model)).double(), "same": bool(torch.equal(flats[0], flats[1]))},
+                       out / "bandmf-noise.pt")  # fmt: skip
     elif scenario == "inclusion":
         seen = _record_batches()
         Trainer(_model(), "dpsgd", steps=300, batch_size=50, noise_multiplier=1.0, strategy="vmap",

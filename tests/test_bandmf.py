@@ -225,8 +225,31 @@ def test_participation_is_b_min_separated_within_one_partition():
     full = bm.BMinSepSampler(n, n / b, b, _numpy_gen(1))
     parts = [full.sample() for _ in range(b)]
     assert sorted(np.concatenate(parts).tolist()) == list(range(n))
-    assert {len(p) for p in parts} == {n // b}
     assert all(np.array_equal(full.sample(), p) for p in parts)  # the cycle repeats
+
+
+def _assignment(n: int, b: int, seed: int) -> np.ndarray:
+    """Each record's partition, read off a q = 1 sampler (each step returns its whole partition)."""
+    s = bm.BMinSepSampler(n, n / b, b, _numpy_gen(seed))
+    part = np.empty(n, dtype=np.int64)
+    for k in range(b):
+        part[s.sample()] = k
+    return part
+
+
+def test_adding_a_record_leaves_every_other_records_partition_as_it_was():
+    # Add-or-remove accounting needs the neighbour D + x to treat D's records exactly as D does. With an equal
+    # split of a random permutation one more record reshuffles the split (records move between partitions); with
+    # one independent coin per record, drawn in index order, the first n records keep their parts.
+    n, b = 999, 4
+    for seed in range(5):
+        assert np.array_equal(_assignment(n + 1, b, seed)[:n], _assignment(n, b, seed))
+    # The parts are independent draws, not an equal split: their sizes vary like Binomial(n, 1/b).
+    sizes = np.array([np.bincount(_assignment(4000, 4, seed), minlength=4) for seed in range(40)])
+    assert sizes.std() == pytest.approx(math.sqrt(4000 * 0.25 * 0.75), rel=0.25)
+    # Power: the old equal split (sizes never differ by more than one) fails the same check.
+    equal = np.array([np.bincount(np.random.default_rng(s).permutation(4000) % 4, minlength=4) for s in range(40)])
+    assert equal.std() < 1
 
 
 @pytest.mark.statistical

@@ -103,6 +103,30 @@ def test_noise_has_total_std_sigma_c_added_once(tmp_path):
 
 
 @pytest.mark.statistical
+def test_bandmf_across_ranks_is_cyclic_poisson_of_the_whole_dataset_with_noise_added_once(tmp_path):
+    _torchrun("bandmf", tmp_path)
+    ranks = [torch.load(tmp_path / f"bandmf{r}.pt") for r in (0, 1)]
+    T, n, b, q = 200, 200, 4, 25 * 4 / 200
+    steps: dict[int, list[int]] = {}
+    for r, batches in enumerate(ranks):
+        assert len(batches) == T
+        for t, batch in enumerate(batches):
+            assert all(r * 100 <= i < (r + 1) * 100 for i in batch)  # each rank samples its own shard only
+            for i in batch:
+                steps.setdefault(i, []).append(t)
+    for s in steps.values():  # one residue class mod b per record: participations at least b apart
+        assert len({t % b for t in s}) == 1 and min(np.diff(s), default=b) >= b
+    counts = np.array([len(steps.get(i, [])) for i in range(n)])
+    z = (counts - T / b * q) / math.sqrt(T / b * q * (1 - q))  # Binomial(T/b, q) per record
+    assert _variance_pvalue(z) > 1e-3 and abs(z.mean()) < 4 / math.sqrt(n)
+    res = torch.load(tmp_path / "bandmf-noise.pt")
+    assert res["same"]  # every rank holds the same model
+    noise, std = res["noise"].numpy(), 2.0 * 0.5 / 10  # step 1 of BandMF: w_1 = z_1, std σC/m
+    assert noise.size == 1505 and _variance_pvalue(noise / std) > 1e-3
+    assert _variance_pvalue(noise / (std * math.sqrt(2))) < 1e-6  # noise added on both ranks would be √2 larger
+
+
+@pytest.mark.statistical
 def test_every_record_is_included_at_rate_p_and_ranks_are_independent(tmp_path):
     _torchrun("inclusion", tmp_path)
     ranks = [torch.load(tmp_path / f"inclusion{r}.pt") for r in (0, 1)]

@@ -13,13 +13,13 @@ from scipy import stats
 from torch import nn
 from torch.nn import functional as nnf
 
-from _fdp_synth import make_tabular
+from _fdp_synth import ZeroSplit, make_tabular
 from featuredp import accounting, engine, run_state
 from featuredp.clipping import VmapGradients
 from featuredp.engine import Trainer, evaluate
 from featuredp.errors import DataValidationError
 from featuredp.features import Columns, LabelPrivate
-from featuredp.losses import GaussianPadding, LossSplit, Masking, forward
+from featuredp.losses import GaussianPadding, Masking
 from featuredp.models import LogisticRegression
 from featuredp.sampling import PoissonSampler, UniformSampler, make_streams
 
@@ -92,18 +92,6 @@ def test_fdp_step_is_public_mean_plus_alpha_times_private_sum_over_m(monkeypatch
 # ---------------------------------------------------------------------------------------------------------
 # Noise: std σ·C on the sum (then /m, times α for fdp); a 2/3-std version must be rejected
 # ---------------------------------------------------------------------------------------------------------
-class _ZeroSplit(LossSplit):
-    """ℓ = ℓ_pub = 0·logits: every gradient is exactly zero, so an update is pure noise."""
-
-    name = "zero"
-
-    def loss(self, model, batch, draws):
-        return 0.0 * forward(model, batch).sum(-1)
-
-    def _public_loss(self, model, view, draws):
-        return 0.0 * forward(model, view).sum(-1)
-
-
 def _variance_pvalue(z: np.ndarray) -> float:
     chi2 = float(np.sum(z**2))
     k = z.size
@@ -121,7 +109,7 @@ def test_added_noise_has_std_sigma_c_over_m(method, alpha, secure_rng, precision
     model = LogisticRegression(300, 5)
     before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
     sigma, C, m = 2.0, 0.5, 10
-    Trainer(model, method, loss_split=_ZeroSplit(LabelPrivate()), steps=1, batch_size=m, noise_multiplier=sigma,
+    Trainer(model, method, loss_split=ZeroSplit(LabelPrivate()), steps=1, batch_size=m, noise_multiplier=sigma,
             max_grad_norm=C, alpha=alpha, lr=1.0, momentum=0.0, seed=11, secure_rng=secure_rng,
             precision=precision, progress=False).fit(data)  # fmt: skip
     after = torch.cat([p.detach().flatten() for p in model.parameters()])

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.nn import functional as nnf
 
-from _fdp_synth import make_tabular
+from _fdp_synth import ZeroSplit, make_tabular
 from featuredp import accounting, bandmf, run_state
 from featuredp.accounting import BudgetLedger
 from featuredp.cli import main
@@ -282,8 +282,8 @@ def test_replay_neighbours_differ_only_through_the_strategys_sensitivity(monkeyp
     class Replay(bandmf.BMinSepSampler):
         """The cyclic sampler of D in both runs (same secret partition and coins); D + x adds x at its steps."""
 
-        def __init__(self, dataset_size, expected_batch, bands, generator):
-            super().__init__(n, expected_batch, bands, generator)
+        def __init__(self, dataset_size, expected_batch, bands, generator, **kw):
+            super().__init__(n, expected_batch, bands, generator)  # D's rate m·b/n in both runs: the same coins
             self.with_record = dataset_size > n
 
         def sample(self):
@@ -349,18 +349,6 @@ def test_replay_neighbours_differ_only_through_the_strategys_sensitivity(monkeyp
 # ---------------------------------------------------------------------------------------------------------
 # The noise the Trainer adds over a run has the factorization's covariance (with power)
 # ---------------------------------------------------------------------------------------------------------
-class _ZeroSplit(LossSplit):
-    """ℓ = ℓ_pub = 0·logits: every gradient is exactly zero, so an update is pure noise."""
-
-    name = "zero"
-
-    def loss(self, model, batch, draws):
-        return 0.0 * forward(model, batch).sum(-1)
-
-    def _public_loss(self, model, view, draws):
-        return 0.0 * forward(model, view).sum(-1)
-
-
 def _engine_noise(noise: str, T: int, bands: int | None) -> tuple[np.ndarray, tuple[float, ...] | None]:
     """The per-step noise the engine added (in units of σC), one row per step, one column per coordinate."""
     d, k, m, sigma, clip = 4000, 10, 4, 2.0, 0.5
@@ -372,7 +360,7 @@ def _engine_noise(noise: str, T: int, bands: int | None) -> tuple[np.ndarray, tu
         snaps.append(torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()]))
 
     kw = {"noise": noise} if noise == "independent" else {"noise": noise, "bands": bands}
-    t = Trainer(model, "dpsgd", loss_split=_ZeroSplit(LabelPrivate()), steps=T, batch_size=m, noise_multiplier=sigma,
+    t = Trainer(model, "dpsgd", loss_split=ZeroSplit(LabelPrivate()), steps=T, batch_size=m, noise_multiplier=sigma,
                 max_grad_norm=clip, lr=1.0, momentum=0.0, log_points=T, seed=13, progress=False, **kw)  # fmt: skip
     t.fit(data, callback=snap)
     steps = torch.stack(snaps).double().diff(dim=0)  # θ_t − θ_{t−1} = −σC·w_t / m
@@ -401,25 +389,21 @@ def test_noise_the_trainer_adds_has_the_factorization_covariance_and_independent
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Data-parallel runs are refused (not wired)
+# Data-parallel runs: each rank assigns and samples its own shard at the whole dataset's rate
 # ---------------------------------------------------------------------------------------------------------
-def test_a_data_parallel_bandmf_trainer_is_refused_in_one_line(monkeypatch):
-    from featuredp import engine
-    from featuredp.distributed import DistContext
-
-    monkeypatch.setattr(engine, "context", lambda device, mode="auto": DistContext(0, 2, "gloo"))
-    with pytest.raises(ValueError) as err:
-        _fdp(_model(), noise="bandmf", bands=2)
-    assert "noise='bandmf' runs in one process only, got world_size=2" in str(err.value)
-    assert "\n" not in str(err.value)
-
-
-def test_state_start_refuses_bandmf_across_ranks():
+def test_each_ranks_sampler_covers_its_shard_at_the_whole_datasets_rate():
     t = _fdp(_model(), noise="bandmf", bands=2)
     plan = t.make_plan(200)
-    with pytest.raises(ValueError, match="noise='bandmf' runs in one process only, got world_size=2"):
-        run_state.RunState.start(plan, {"data": "", "psi": ""}, params=list(t.model.parameters()), privacy=t.privacy,
-                                 schedule=t.schedule, device=torch.device("cpu"), rank=0, world_size=2)  # fmt: skip
+    samplers = [run_state.RunState.start(plan, {"data": "", "psi": ""}, params=list(t.model.parameters()),
+                                         privacy=t.privacy, schedule=t.schedule, device=torch.device("cpu"), rank=r,
+                                         world_size=2).private_sampler for r in (0, 1)]  # fmt: skip
+    q = plan.expected_batch_size * 2 / 200
+    for r, s in enumerate(samplers):
+        assert isinstance(s, bandmf.BMinSepSampler) and s.sampling_rate == pytest.approx(q)
+        assert s.offset == 100 * r and s.dataset_size == 100 and s.expected_batch_size == plan.expected_batch_size
+        for _ in range(6):
+            idx = s.sample()
+            assert np.all((idx >= 100 * r) & (idx < 100 * (r + 1)))
 
 
 # ---------------------------------------------------------------------------------------------------------

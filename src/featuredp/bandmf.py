@@ -34,13 +34,16 @@ For a banded Toeplitz C the largest column is the first: max column norm = ‖(c
 (:func:`sensitivity`).
 
 Amplification and accounting (:func:`bandmf_event`). With the cyclic Poisson sampling of the same paper (Section 5,
-Algorithm 2; :class:`BMinSepSampler`): records are split into b partitions by a secret random permutation and step t
-Poisson-samples partition t mod b at rate q = m·b/n (m the expected batch). Theorem 4 there (Theorem 1 is its
-informal statement; the numbering as cited by jax_privacy's docs/batch_selection.md and its toeplitz module)
-reduces the privacy of b-banded BandMF run for n steps to that of DP-SGD with Poisson sampling rate q, noise
-multiplier σ / (max column norm of C), run for ceil(n/b) steps: one record lives in one partition, and the b steps
-of each round touch it at most once. jax_privacy implements exactly this reduction
-(``jax_privacy.accounting.amplified_bandmf_event``: ``dpsgd_event(noise_multiplier, sampling_prob,
+Algorithm 2; :class:`BMinSepSampler`): each record is assigned to one of b partitions, independently and uniformly
+with secret coins, and step t Poisson-samples partition t mod b at rate q = m·b/n (m the expected batch). The
+assignment is independent per record, not an equal split, because the guarantee is for add-or-remove neighbours: with
+an equal split of a random permutation, adding a record moves the others between partitions, which the reduction
+does not cover (jax_privacy accepts add-or-remove only with its INDEPENDENT partition for this reason).
+Theorem 4 there (Theorem 1 is its informal statement; the numbering as cited by jax_privacy's
+docs/batch_selection.md and its toeplitz module) reduces the privacy of b-banded BandMF run for n steps to that
+of DP-SGD with Poisson sampling rate q, noise multiplier σ / (max column norm of C), run for ceil(n/b) steps: one
+record lives in one partition, and the b steps of each round touch it at most once. jax_privacy implements exactly
+this reduction (``jax_privacy.accounting.amplified_bandmf_event``: ``dpsgd_event(noise_multiplier, sampling_prob,
 ceil(iterations / num_bands))`` with the noise multiplier stated for "a strategy matrix [with] maximum L2 column
 norm of one"; ``matrix_factorization.toeplitz.optimize_coefs_for_amplifications`` cites Theorem 4 and Algorithm 2).
 With b = 1 (C = I) the event is DP-SGD's, exactly.
@@ -50,8 +53,8 @@ is eligible whenever it sat out the last b steps) and account for it by Monte Ca
 for the cyclic Poisson sampler of Choquette-Choo et al., which is what :class:`BMinSepSampler` draws.
 
 Randomness: the noise z comes from a featuredp noise source (:class:`~featuredp.noise.TorchNoise` or
-:class:`~featuredp.noise.SecureNoise`), the permutation and the coins from the private sampling stream
-(:func:`featuredp.sampling.make_streams`). The noise history and the permutation are secret: they live only in
+:class:`~featuredp.noise.SecureNoise`), the partition and the coins from the private sampling stream
+(:func:`featuredp.sampling.make_streams`). The noise history and the partition are secret: they live only in
 ``state_dict`` (the private checkpoint), never in a repr or a run file.
 """
 
@@ -81,6 +84,7 @@ from featuredp.sampling import PoissonSampler
 
 __all__ = [
     "BAND_CHOICES",
+    "DEFAULT_BANDS",
     "RMSE_SETTINGS",
     "BMinSepSampler",
     "BandedNoise",
@@ -94,6 +98,7 @@ __all__ = [
     "noise_rmse",
     "relative_rmse",
     "rmse_table",
+    "run_strategy",
     "sensitivity",
     "strategy_loss",
     "strategy_matrix",
@@ -391,32 +396,41 @@ class BandedNoise(Uncopyable, NoiseSource):
 class BMinSepSampler:
     """Cyclic Poisson sampling (Choquette-Choo et al. 2023, Algorithm 2): b-min-separated participation.
 
-    The ``dataset_size`` records are split into ``bands`` partitions of near-equal size by a secret random
-    permutation drawn from ``generator`` (the private sampling stream); step t samples each record of partition
-    t mod b independently with probability q = expected_batch·b/n. A record can only join steps of one residue
-    class mod b, so two of its participations are always at least b steps apart. ``expected_batch`` is the
-    normaliser of the private sum, as for :class:`~featuredp.sampling.PoissonSampler` (the partitions differ in
-    size by at most one record).
+    Each of the ``dataset_size`` records is assigned to one of ``bands`` partitions, independently and uniformly,
+    by secret coins from ``generator`` (the private sampling stream); step t samples each record of partition t mod b
+    independently with probability q = expected_batch·b/n. A record can only join steps of one residue class mod b,
+    so two of its participations are always at least b steps apart. ``expected_batch`` is the normaliser of the
+    private sum, as for :class:`~featuredp.sampling.PoissonSampler` (a partition holds n/b records on average, so a
+    step's expected batch is m). Independent assignment, not an equal split: adding or removing a record leaves every
+    other record's partition as it was, which add-or-remove accounting needs (an equal split of a permutation would
+    move records between partitions when one is added).
 
     ``generator`` is a ``numpy.random.Generator`` (from :func:`featuredp.sampling.make_streams`, OS entropy unless
     the user seeds the run) or a :class:`~featuredp.noise.ChaCha20Generator`; an integer seed is refused, so that no
     published seed can fix the partition. With ``bands = 1`` nothing is permuted and the batches are those of
-    ``PoissonSampler(dataset_size, expected_batch/dataset_size, generator)``, draw for draw. The permutation is
+    ``PoissonSampler(dataset_size, expected_batch/dataset_size, generator)``, draw for draw. The assignment is
     secret (it says which steps can contain a record): it is in :meth:`state_dict` only.
 
     Not the "b-min-sep subsampling" of Dong & Ganesh (2026), whose accounting differs (module docstring).
     """
 
-    #: the first index it samples: the whole dataset, as a one-process :class:`~featuredp.sampling.PoissonSampler`
-    offset = 0
-
-    def __init__(self, dataset_size: int, expected_batch: float, bands: int, generator: Any) -> None:
-        self.dataset_size = check_int("dataset_size", dataset_size, minimum=1)
+    def __init__(self, dataset_size: int, expected_batch: float, bands: int, generator: Any, *, offset: int = 0,
+                 sampling_rate: float | None = None) -> None:  # fmt: skip
+        self.dataset_size = check_int("dataset_size", dataset_size, minimum=0 if sampling_rate is not None else 1)
         self.expected_batch = check_positive("expected_batch", expected_batch)
         self.bands = check_int("bands", bands, minimum=1)
-        if self.bands > self.dataset_size:
+        #: the first index it samples (a rank's shard starts there; 0 for the whole dataset)
+        self.offset = check_int("offset", offset, minimum=0)
+        if sampling_rate is not None:
+            # A rank's shard of a data-parallel run: q is the whole dataset's m·b/N, and each record of the shard
+            # gets its own coin for its part, so the ranks' assignments together are one independent assignment.
+            q = float(sampling_rate)
+            if not 0 < q <= 1:
+                raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
+        elif self.bands > self.dataset_size:
             raise ValueError(f"bands must be <= dataset_size={self.dataset_size}, got {bands!r}")
-        q = self.expected_batch * self.bands / self.dataset_size
+        else:
+            q = self.expected_batch * self.bands / self.dataset_size
         if q > 1:
             raise ValueError(
                 f"bands={bands!r} is too many for expected_batch={expected_batch!r} and dataset_size="
@@ -434,12 +448,12 @@ class BMinSepSampler:
         n, b = self.dataset_size, self.bands
         if b == 1:
             return [np.arange(n, dtype=np.int64)]
+        # One coin per record, drawn in index order: record i's part does not depend on how many records follow.
         if isinstance(self.generator, np.random.Generator):
-            perm = self.generator.permutation(n).astype(np.int64)
-        else:
-            # ChaCha20: ranks of 53-bit uniforms (ties, at probability about n²·2⁻⁵⁴, keep index order).
-            perm = np.argsort(self.generator.random(n), kind="stable").astype(np.int64)
-        return [np.sort(perm[k::b]) for k in range(b)]
+            part = self.generator.integers(0, b, size=n)
+        else:  # ChaCha20: 53-bit uniforms (the floor's bias is below 2⁻⁵³·b)
+            part = np.minimum(np.floor(self.generator.random(n) * b), b - 1).astype(np.int64)
+        return [np.flatnonzero(part == k).astype(np.int64) for k in range(b)]
 
     @property
     def expected_batch_size(self) -> float:
@@ -451,10 +465,10 @@ class BMinSepSampler:
         part = self._parts[self._step % self.bands]
         self._step += 1
         local = PoissonSampler(part.size, self.sampling_rate, self.generator).sample()
-        return part[local]
+        return part[local] + self.offset
 
     def state_dict(self) -> dict[str, Any]:
-        """The permutation (secret), the step and a secure generator's state (a numpy one's belongs to Streams)."""
+        """The partitions (secret), the step and a secure generator's state (a numpy one's belongs to Streams)."""
         state: dict[str, Any] = {
             "partitions": [torch.from_numpy(p.copy()) for p in self._parts],
             "step": self._step,
@@ -465,7 +479,7 @@ class BMinSepSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (same dataset size and bands).
 
-        Constructing the sampler draws a fresh permutation from a numpy generator: restore the generator's state
+        Constructing the sampler draws a fresh assignment from a numpy generator: restore the generator's state
         (:meth:`featuredp.sampling.Streams.load_state_dict`) after constructing the sampler, not before.
         """
         parts = [p.numpy().astype(np.int64) for p in state["partitions"]]
@@ -476,7 +490,7 @@ class BMinSepSampler:
         self._parts = parts
         self._step = int(state["step"])
 
-    def __repr__(self) -> str:  # never the permutation
+    def __repr__(self) -> str:  # never the partitions
         return (f"BMinSepSampler(dataset_size={self.dataset_size}, expected_batch={self.expected_batch}, "
                 f"bands={self.bands}, step={self._step})")  # fmt: skip
 
@@ -519,6 +533,46 @@ def relative_rmse(
     rmse_b = noise_rmse(c, steps, sigma_b, momentum=momentum)
     rmse_1 = noise_rmse([1.0], steps, sigma_1, momentum=momentum)
     return rmse_b / rmse_1
+
+
+#: the bands when none are given and there is no target ε to choose them for (lowered to what fits the run)
+DEFAULT_BANDS = 8
+
+
+def run_strategy(
+    n: int,
+    expected_batch: float,
+    steps: int,
+    *,
+    bands: int | None,
+    target_epsilon: float | None,
+    delta: float,
+    momentum: float = 0.0,
+    relation: str = "add-remove",
+    accountant: str = "pld",
+) -> tuple[int, np.ndarray]:
+    """A run's bands b (given, or chosen) and its strategy's coefficients for its ``steps`` private steps.
+
+    b must fit the run (b <= T) and the sampler (m·b <= n: a partition of n/b records supplies the expected batch
+    on average). ``bands=None``: with a target ε, the b of :data:`BAND_CHOICES` with the least noise RMSE at that ε
+    (:func:`best_bands`, a public computation); without one, :data:`DEFAULT_BANDS`, lowered to what fits.
+    ``momentum``: the workload's (SGD momentum β; 0 for the prefix sums).
+    """
+    m = check_positive("expected_batch", expected_batch)
+    fits = max(1, min(steps, int(n // m)))
+    b = bands
+    if b is None:
+        if target_epsilon is not None:
+            b = best_bands(target_epsilon, delta, n, m, steps, choices=[c for c in BAND_CHOICES if c <= fits],
+                           momentum=momentum, relation=relation, accountant=accountant, tolerance=0.01)[0]  # fmt: skip
+        else:
+            b = min(DEFAULT_BANDS, fits)
+    if b > steps:
+        raise ValueError(f"bands must be <= the run's {steps} private steps, got bands={b}")
+    if m * b / n > 1:
+        raise ValueError(f"bands={b} is too many for batch_size {m:g} and {n} records (a partition of n/b records "
+                         f"must supply the expected batch): use bands <= {max(1, int(n // m))}")  # fmt: skip
+    return b, banded_toeplitz_strategy(steps, b, momentum=momentum)
 
 
 def best_bands(

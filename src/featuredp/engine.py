@@ -69,7 +69,7 @@ from featuredp.accounting import (
     sampler_tail_delta,
     sampler_tail_mass,
 )
-from featuredp.bandmf import BAND_CHOICES, banded_toeplitz_strategy, best_bands, calibrate_bandmf_noise, sensitivity
+from featuredp.bandmf import calibrate_bandmf_noise, run_strategy, sensitivity
 from featuredp.batches import as_batch, evaluate, forward, gather, resolve_device, to_device
 from featuredp.clipping import GradientStrategy, check_no_batch_mixing, get_strategy, trainable_parameters
 from featuredp.clipping.base import AutocastLoss, LossFn, check_precision
@@ -128,8 +128,6 @@ def init_seed(seed: int | None) -> int:
 
 #: Algorithm 1's default public batch m' as a multiple of the expected private batch m (at most n)
 PUBLIC_BATCH_FACTOR = 4
-#: BandMF's bands when none are given and there is no target ε to choose them for (lowered to what fits the run)
-DEFAULT_BANDS = 8
 
 
 class Trainer:
@@ -212,10 +210,6 @@ class Trainer:
         check_precision(self.performance.precision, self.device)
         # torchrun (or the user's own process group): a data-parallel run of the same mechanism.
         self.dist: DistContext | None = context(self.device, mode=self.performance.distributed)
-        if self.dist is not None and self.privacy.noise == "bandmf":
-            # Every rank would need the same secret partition of the records; refused until that is wired.
-            raise ValueError(f"noise='bandmf' runs in one process only, got world_size={self.dist.world_size}: "
-                             "use noise='independent' for a data-parallel run")  # fmt: skip
         if self.dist is not None:
             broadcast_parameters(self.model)
         self.feature_map = loss_split.feature_map if loss_split is not None else feature_map
@@ -343,7 +337,10 @@ class Trainer:
         bands, coeffs = None, None
         if record.private and p_cfg.noise == "bandmf":
             assert delta is not None  # checked in __init__
-            bands, coeffs = self._bandmf_strategy(n, m, steps, delta)
+            s_cfg = self.schedule  # the workload: SGD momentum's, else the prefix sums (Adam is not linear)
+            bands, coeffs = run_strategy(n, m, steps, bands=p_cfg.bands, target_epsilon=p_cfg.target_epsilon,
+                                         delta=delta, momentum=s_cfg.momentum if s_cfg.optimizer == "sgd" else 0.0,
+                                         relation=p_cfg.relation, accountant=p_cfg.accountant)  # fmt: skip
         if record.private:
             assert delta is not None  # checked in __init__
             acct: dict[str, Any] = {"relation": p_cfg.relation, "accountant": p_cfg.accountant}
@@ -411,33 +408,6 @@ class Trainer:
             check_sampler_tail(eps, delta, most, _noised_coordinates(self.model), noise_multiplier=sigma,
                                tail_mass_per_pair=(SecureNoise if p_cfg.secure_rng else TorchNoise).tail_mass_per_pair)
         return plan
-
-    def _bandmf_strategy(self, n: int, m: float, steps: int, delta: float) -> tuple[int, np.ndarray]:
-        """BandMF's bands b (given, or chosen) and the strategy's coefficients for this run's T private steps.
-
-        b must fit the run (b <= T) and the sampler (m·b <= n: each of the b partitions supplies the expected
-        batch). ``bands=None``: with a target ε, the b of :data:`featuredp.bandmf.BAND_CHOICES` with the least
-        noise RMSE at that ε (:func:`featuredp.bandmf.best_bands`, a public computation); without one,
-        :data:`DEFAULT_BANDS`, lowered to what fits. The workload is SGD momentum's when the optimiser is SGD with
-        momentum, the prefix sums otherwise (Adam: its update is not linear in the gradients).
-        """
-        p_cfg, s_cfg = self.privacy, self.schedule
-        beta = s_cfg.momentum if s_cfg.optimizer == "sgd" else 0.0
-        fits = max(1, min(steps, int(n // m)))
-        b = p_cfg.bands
-        if b is None:
-            if p_cfg.target_epsilon is not None:
-                b = best_bands(p_cfg.target_epsilon, delta, n, m, steps, choices=[c for c in BAND_CHOICES if c <= fits],
-                               momentum=beta, relation=p_cfg.relation, accountant=p_cfg.accountant,
-                               tolerance=0.01)[0]  # fmt: skip
-            else:
-                b = min(DEFAULT_BANDS, fits)
-        if b > steps:
-            raise ValueError(f"bands must be <= the run's {steps} private steps, got bands={b}")
-        if m * b / n > 1:
-            raise ValueError(f"bands={b} is too many for batch_size {m:g} and {n} records (a partition of n/b records "
-                             f"must supply the expected batch): use bands <= {max(1, int(n // m))}")  # fmt: skip
-        return b, banded_toeplitz_strategy(steps, b, momentum=beta)
 
     # -- training ----------------------------------------------------------------------------------------
     def fit(

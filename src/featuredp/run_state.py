@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from featuredp.accounting import BudgetLedger, Reservation, compose_events, compute_epsilon, dpsgd_event
-from featuredp.bandmf import BandedNoise, BMinSepSampler
+from featuredp.bandmf import BandedNoise, BMinSepSampler, bandmf_sampling_rate
 from featuredp.config import PrivacyConfig, ScheduleConfig
 from featuredp.distributed import shard_bounds
 from featuredp.errors import BudgetExceededError, PrivacyRiskWarning
@@ -171,7 +171,7 @@ class RunState:
         and shuffled batches (:mod:`featuredp.distributed`). ``shard_size``: this rank holds only its
         shard, of that many records (indices 0 .. shard_size − 1 of its data), and samples all of them.
 
-        A BandMF plan (``plan.noise == "bandmf"``, one process only) samples with :class:`BMinSepSampler` from the
+        A BandMF plan (``plan.noise == "bandmf"``) samples with :class:`BMinSepSampler` from the
         same secret private-sampling stream (or key) and adds :class:`BandedNoise` over the same noise source; the
         public batch keeps its own independent sampler either way.
         """
@@ -193,12 +193,15 @@ class RunState:
             noise = TorchNoise(torch_generator(random_seed_from(streams.noise), device))
             sampling_generator = streams.private_sampling
         if plan.noise == "bandmf":
-            if world_size > 1 or shard_size is not None:
-                raise ValueError(f"noise='bandmf' runs in one process only, got world_size={world_size}")
             if plan.bands is None or plan.noise_coeffs is None:
                 raise ValueError("a plan with noise='bandmf' needs bands and noise_coeffs")
-            # The secret partition is drawn here, from the private sampling stream (or its key).
-            private_sampler = BMinSepSampler(n, plan.expected_batch_size, plan.bands, sampling_generator)
+            # The secret partition is drawn here, from the private sampling stream (or its key): each rank assigns
+            # the records of its own shard by coins of its own, which together are one independent assignment of
+            # the whole dataset, sampled at the whole dataset's rate m·b/N.
+            private_sampler = BMinSepSampler(stop - start, plan.expected_batch_size, plan.bands, sampling_generator,
+                                             offset=start,
+                                             sampling_rate=bandmf_sampling_rate(plan.expected_batch_size,
+                                                                                plan.dataset_size, plan.bands))
             noise = BandedNoise(plan.noise_coeffs, sum(int(p.numel()) for p in params), noise)
         else:
             private_sampler = PoissonSampler(stop - start, plan.sampling_rate, sampling_generator, offset=start)

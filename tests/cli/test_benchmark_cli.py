@@ -83,3 +83,48 @@ def test_ablate_times_the_checks_and_the_noise_in_the_same_run(capsys):
     on = throughput.engine_runner("fdp", data, public, batch_size=16).info["trainer"].strategy
     assert not off._check_separability and not off._guard_forward
     assert on._check_separability and on._guard_forward
+
+
+def test_bandmf_is_timed_beside_independent_noise_in_the_same_rounds(capsys):
+    # Issue 27: each private method with each noise in the same interleaved rounds, BandMF's cost per step as the
+    # median of within-round ratios to independent noise; the BandMF arm really steps with the banded noise.
+    import json
+
+    from featuredp.bandmf import BandedNoise, BMinSepSampler
+    from featuredp.experiments import throughput
+
+    args = ["benchmark", "--batch-size", "32", "--dataset-size", "256", "--rounds", "2", "--min-time", "0.01",
+            "--methods", "dpsgd,fdp", "--noise", "independent,bandmf", "--bands", "4", "--json"]  # fmt: skip
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"nonprivate", "dpsgd", "fdp", "dpsgd_bandmf", "fdp_bandmf", "ratio_dpsgd_bandmf"} <= set(out)
+    assert out["noise"] == ["independent", "bandmf"] and out["bands"] == 4
+    assert 0.1 < out["bandmf_cost_ratio_dpsgd"] < 10 and 0.1 < out["bandmf_cost_ratio_fdp"] < 10
+    data, public = throughput.synthetic_purchase(256, seed=0)
+    runner = throughput.engine_runner("dpsgd", data, public, batch_size=32, noise="bandmf", bands=4)
+    for _ in range(6):
+        runner.step()
+    state = runner.info["trainer"]._state
+    assert isinstance(state.noise, BandedNoise) and state.noise.bands == 4 and state.noise.step == 6
+    assert isinstance(state.private_sampler, BMinSepSampler)
+    plain = throughput.engine_runner("dpsgd", data, public, batch_size=32)
+    plain.step()
+    assert not isinstance(plain.info["trainer"]._state.noise, BandedNoise)
+
+    assert main([*args[:-1], "--noise", "independent"]) == 2  # --bands without bandmf
+    assert "--bands is for --noise with bandmf" in capsys.readouterr().err
+
+
+def test_bad_noise_flags_are_named(capsys):
+    for argv, needle in ((["--noise", "blt"], "--noise"),
+                         (["--noise", "bandmf", "--bands", "9"], "--bands 9 is too many for --batch-size 32 and 256"),
+                         (["--noise", "bandmf", "--dataset-size", "64"], "the default --bands 8 is too many"),
+                         (["--noise", "bandmf", "--methods", "nonprivate"], "--noise bandmf is for the private"),
+                         (["--noise", "bandmf", "--ablate"], "--ablate times independent noise's variants"),
+                         (["--noise", "bandmf", "--nproc", "2"], "runs in one process only")):  # fmt: skip
+        base = ["benchmark", "--batch-size", "32", "--dataset-size", "256"]
+        if "--dataset-size" in argv:
+            base = base[:3]
+        assert main([*base, *argv]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and len(err.strip().splitlines()) == 1, (argv, err)

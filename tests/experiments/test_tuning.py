@@ -229,9 +229,29 @@ def test_the_public_view_moves_away_from_the_defaults_only_on_clear_evidence():
     slightly[np.flatnonzero(base == 0)[:3]] = 1.0  # 3 records more: +0.75 points, noise on 400 records
     chosen, _, why = tuning._conservative_choice([(base.mean(), 1, default), (slightly.mean(), 2, other)],
                                                  [base, slightly], default)
-    assert chosen == default and "within 2 paired standard errors" in why
+    assert chosen == default and "within 2.00 paired standard errors" in why
     clearly = base.copy()
     clearly[np.flatnonzero(base == 0)[:30]] = 1.0  # +7.5 points
     chosen, _, why = tuning._conservative_choice([(base.mean(), 1, default), (clearly.mean(), 2, other)],
                                                  [base, clearly], default)
-    assert chosen == other and "more than 2 paired standard errors" in why
+    assert chosen == other and "more than 2.00 paired standard errors" in why
+
+
+def test_the_margin_grows_with_the_number_of_challengers_the_winners_curse():
+    """With 26 challengers that are all exactly as good as the defaults, the best of them beats the defaults by
+    more than 1.96 paired standard errors in far more than 5% of searches; the Bonferroni margin keeps it near 5%."""
+    rng = np.random.default_rng(1)
+    moved_fixed, moved_margin, searches = 0, 0, 400
+    for _ in range(searches):
+        truth = rng.random(400) < 0.85
+        # each candidate = the same model up to noise in which validation records it gets right
+        hits = [np.where(rng.random(400) < 0.1, rng.random(400) < 0.85, truth).astype(float) for _ in range(27)]
+        trials = [(h.mean(), i, {"lr": float(i)}) for i, h in enumerate(hits)]
+        best = max(range(27), key=lambda i: (trials[i][0], -i))
+        diff = hits[best] - hits[0]
+        se = diff.std(ddof=1) / np.sqrt(len(diff))
+        moved_fixed += bool(best != 0 and diff.mean() > 1.96 * se)
+        moved_margin += tuning._conservative_choice(trials, hits, trials[0][2])[0] != trials[0][2]
+    assert moved_fixed / searches > 0.2  # the old fixed margin: the winner's curse
+    assert moved_margin / searches < 0.09  # family-wise ≈ 5% (+ sampling slack)
+    assert tuning.choice_margin(27) > tuning.choice_margin(3) == 2.0

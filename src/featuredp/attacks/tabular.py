@@ -634,10 +634,10 @@ def _gradient_canary_audit(run: Any, canaries: int, runs: int, delta: float, bet
         raise ValueError("gradient canaries need a private run (noise multiplier and steps in its plan)")
     rng = np.random.default_rng(seed)
     steps = int(run.info.get("result", {}).get("steps") or plan.steps)
-    terms = plan.dpsgd_terms(steps)  # the mechanism the run is accounted as (BandMF: its amplified DP-SGD)
-    scores, bits = simulate_dpsgd_gradient_canaries(canaries * runs, *terms, rng)
+    sigma, rate, rounds = plan.dpsgd_terms(steps)  # the mechanism the run is accounted as (BandMF: amplified DP-SGD)
+    scores, bits = simulate_dpsgd_gradient_canaries(canaries * runs, sigma, rate, rounds, rng)
     one = one_run_audit(scores, bits, delta, beta=beta)
-    claim = epsilon_for(*terms, delta)
+    claim = epsilon_for(sigma, rate, rounds, delta)
     out = {
         "attack": "canary",
         "kind": "gradient",

@@ -11,10 +11,14 @@ from typing import Any
 
 from featuredp.cli._device import add_device_argument, add_precision_argument, check_device
 from featuredp.cli._flags import whole_number
-from featuredp.methods import METHOD_NAMES
+from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS
 
 #: what is timed by default: the non-private reference, DP-SGD and FDP (any registered method can be asked for)
 DEFAULT_METHODS = ("nonprivate", "dpsgd", "fdp")
+#: ``--noise``: :data:`featuredp.config.NOISE_KINDS`, repeated here so that building the parser stays light
+NOISES = ("independent", "bandmf")
+#: BandMF's bands when --bands is left out: :data:`featuredp.experiments.throughput.BENCHMARK_BANDS` (torch-free copy)
+BENCHMARK_BANDS = 8
 
 
 def _methods(text: str) -> list[str]:
@@ -23,6 +27,11 @@ def _methods(text: str) -> list[str]:
     if not items or bad:
         raise argparse.ArgumentTypeError(f"methods must be a subset of {','.join(METHOD_NAMES)}, got {text!r}")
     return list(dict.fromkeys(items))
+
+
+def _noises(text: str) -> list[str]:
+    # Checked in run (one line naming --noise, exit 2), not by argparse's usage message.
+    return [n.strip() for n in text.split(",") if n.strip()]
 
 
 def register(subparsers: Any) -> None:
@@ -51,6 +60,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--min-time", type=float, default=0.5, help="seconds per method per round (default 0.5)")
     p.add_argument("--dataset-size", type=whole_number, default=None,
                    help="records of synthetic data (default 16 x batch size, sampling rate 1/16 as in the paper)")
+    p.add_argument("--noise", type=_noises, default=["independent"], metavar="NOISES",
+                   help="noises of the private methods, each timed as its own arm in the same interleaved rounds: "
+                   "independent (default) and/or bandmf (BandMF correlated noise, arm <method>_bandmf); with both, "
+                   "BandMF's cost per step is reported as a ratio to independent noise (medians of within-round "
+                   "ratios)")
+    p.add_argument("--bands", type=whole_number, default=None, metavar="B",
+                   help="--noise with bandmf: BandMF's bands b (default 8; at most --dataset-size / --batch-size)")
     p.add_argument("--secure-rng", action="store_true",
                    help="also time each private method with the secure noise mode (ChaCha20 CSPRNG, float64 noise) "
                    "and report its cost relative to the normal mode")
@@ -89,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         n = 16 * batch
     check_memory(batch, n, args.strategy, dataset_size_given=args.dataset_size is not None)
+    noises = _check_noise(args, batch, n)
     if args.nproc is not None:
         return _scaling(args, check_int("--nproc", args.nproc, minimum=1), check_positive("--timeout", args.timeout))
 
@@ -97,19 +114,22 @@ def run(args: argparse.Namespace) -> int:
     throughput.set_threads(threads)
     data, public = throughput.synthetic_purchase(n, seed=args.seed)
     methods = ["nonprivate"] + [m for m in args.methods if m != "nonprivate"]
-    variants: list[tuple[str, bool, str | None]] = [(m, False, None) for m in methods]
+    private = [m for m in methods[1:] if m in PRIVATE_METHODS]
+    variants: list[tuple[str, bool, str | None, str]] = [
+        (m, False, None, "independent") for m in methods if "independent" in noises or m not in PRIVATE_METHODS]
+    variants += [(m, False, None, "bandmf") for m in private if "bandmf" in noises]
     if args.secure_rng:
-        variants += [(m, True, None) for m in methods[1:]]
+        variants += [(m, True, None, "independent") for m in methods[1:]]
     if args.ablate:
-        variants += [(m, False, what) for m in methods[1:] for what in throughput.ABLATIONS]
+        variants += [(m, False, what, "independent") for m in methods[1:] for what in throughput.ABLATIONS]
     runners = [
         throughput.engine_runner(
             m, data, public, batch_size=batch, strategy=args.strategy, seed=args.seed,
-            name=_arm_name(m, secure, what), loss_split=args.loss_split, secure_rng=secure, device=args.device,
-            ablate=what,
+            name=_arm_name(m, secure, what, noise), loss_split=args.loss_split, secure_rng=secure, device=args.device,
+            ablate=what, noise=noise, bands=args.bands if noise == "bandmf" else None,
         )
-        for m, secure, what in variants
-    ]
+        for m, secure, what, noise in variants
+    ]  # fmt: skip
     res = throughput.interleaved(runners, rounds=rounds, min_time=min_time, progress=not args.json)
     names = [r.name for r in runners]
     out: dict[str, Any] = {name: res.median(name) for name in names}
@@ -122,10 +142,15 @@ def run(args: argparse.Namespace) -> int:
         for m in methods[1:]:
             out[f"checks_cost_{m}"] = 1.0 - res.median_ratio_to(m, _arm_name(m, False, "checks"))
             out[f"float64_noise_cost_{m}"] = 1.0 - res.median_ratio_to(m, _arm_name(m, False, "noise"))
+    both = len(noises) == 2
+    for m in private if both else []:  # BandMF's time per step / independent noise's, within each round
+        out[f"bandmf_cost_ratio_{m}"] = res.median_ratio_to(m, _arm_name(m, False, None, "bandmf"))
+    bands = args.bands if args.bands is not None else BENCHMARK_BANDS
     out.update({
         "batch_size": batch, "threads": threads, "rounds": rounds, "strategy": args.strategy, "model": args.model,
         "loss_split": args.loss_split, "dataset_size": n, "spread_nonprivate": res.spread("nonprivate"),
         "secure_rng": args.secure_rng, "ablate": args.ablate, "device": args.device or "cpu",
+        "noise": noises, "bands": bands if "bandmf" in noises else None,
         "precision": args.precision,
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
     })
@@ -144,12 +169,46 @@ def run(args: argparse.Namespace) -> int:
     for m in methods[1:] if args.ablate else []:
         print(f"{m}: the per-step safety checks cost {out[f'checks_cost_{m}']:.1%} of a step, the float64 noise "
               f"{out[f'float64_noise_cost_{m}']:.1%} (medians of within-round ratios)")
+    for m in private if both else []:
+        print(f"BandMF (b = {bands}) costs {m} {out[f'bandmf_cost_ratio_{m}']:.3f} x independent noise's time per "
+              "step (median of within-round ratios)")
     print("spread = (max - min) / median of samples/s over rounds (machine noise)")
     return 0
 
 
-def _arm_name(method: str, secure: bool, ablate: str | None) -> str:
-    """The timed arm's name: ``fdp``, ``fdp_secure``, ``fdp_nochecks``, ``fdp_f32noise``."""
+def _check_noise(args: argparse.Namespace, batch: int, n: int) -> list[str]:
+    """``--noise`` and ``--bands`` checked against the other flags (one line naming the flag); returns the noises."""
+    given = list(args.noise)
+    if not given or any(n not in NOISES for n in given):
+        raise ValueError(f"--noise must be a comma-separated subset of {','.join(NOISES)}, got {','.join(given)!r}")
+    noises = [n for n in NOISES if n in given]
+    if "bandmf" not in noises:
+        if args.bands is not None:
+            raise ValueError(f"--bands is for --noise with bandmf, got --bands {args.bands} with --noise "
+                             f"{','.join(noises)}")  # fmt: skip
+        return noises
+    if not any(m in PRIVATE_METHODS for m in args.methods):
+        raise ValueError(f"--noise bandmf is for the private methods, got --methods {','.join(args.methods)}")
+    if args.nproc is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("--noise bandmf runs in one process only (the engine refuses it data-parallel): leave out "
+                         "--nproc and torchrun")  # fmt: skip
+    if "independent" not in noises and (args.secure_rng or args.ablate):
+        flag = "--secure-rng" if args.secure_rng else "--ablate"
+        raise ValueError(f"{flag} times independent noise's variants: give --noise independent,bandmf")
+    if args.bands is not None and args.bands < 1:
+        raise ValueError(f"--bands must be >= 1, got {args.bands}")
+    bands = args.bands if args.bands is not None else BENCHMARK_BANDS
+    if bands * batch > n:
+        which = f"--bands {bands}" if args.bands is not None else f"the default --bands {bands}"
+        raise ValueError(f"{which} is too many for --batch-size {batch} and {n} records (each of the b partitions "
+                         f"must supply a batch): use --bands <= {n // batch}")  # fmt: skip
+    return noises
+
+
+def _arm_name(method: str, secure: bool, ablate: str | None, noise: str = "independent") -> str:
+    """The timed arm's name: ``fdp``, ``fdp_secure``, ``fdp_nochecks``, ``fdp_f32noise``, ``fdp_bandmf``."""
+    if noise != "independent":
+        return f"{method}_{noise}"
     if ablate is not None:
         return f"{method}_{'nochecks' if ablate == 'checks' else 'f32noise'}"
     return f"{method}_secure" if secure else method

@@ -30,6 +30,9 @@ from featuredp.methods import METHOD_NAMES
 #: must stay light (that module imports the accountants)
 PROTOCOLS = ("default", "paper")
 
+#: ``--noise``: :data:`featuredp.config.NOISE_KINDS`, repeated here for the same reason
+NOISES = ("independent", "bandmf")
+
 TASKS = ("tabular", "diffusion", "image-classification", "text")
 #: the default ε of ``--protocol paper``: at σ = 1 and sampling rate 1/16 one step already spends ε ≈ 1.2 at
 #: δ = 1e-5, so the default grid's ε = 1 would be refused
@@ -85,6 +88,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--protocol", choices=PROTOCOLS, default="default",
                    help="tabular: default (each method's epochs and batch size, σ calibrated to ε) or paper (the "
                    "paper's: σ = 1, sampling rate 1/16, ε reached by the number of steps, PLD; default ε 2,4,8)")
+    p.add_argument("--noise", type=_names, default=None, metavar="NOISES",
+                   help="tabular and image-classification: comma-separated noises of the private methods, each its "
+                   "own arm: independent (DP-SGD's fresh Gaussian each step, default) and/or bandmf (banded "
+                   "matrix-factorization correlated noise; docs/accounting.md), e.g. independent,bandmf; the "
+                   "references run once")
+    p.add_argument("--bands", type=int, default=None, metavar="B",
+                   help="--noise with bandmf: BandMF's bands b in every BandMF cell (at most the private steps and "
+                   "n/m). Default: per cell, the b of 1, 2, 4, ..., 64 with the least noise at its ε")
     p.add_argument("--report-only", action="store_true",
                    help="write results.csv, summary.md and the plot from the finished cells; train nothing")
     p.add_argument("--private", type=_names, default=None, help="private raw columns (default: the dataset's)")
@@ -122,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
 _FLAGS = {"methods": "--methods", "epsilons": "--epsilons", "seeds": "--seeds", "dataset": "--dataset",
           "delta": "--delta", "private": "--private", "out": "--out", "threads": "--threads",
           "feature_map": "--feature-map", "blur_sigma": "--blur-sigma", "pixelate_factor": "--pixelate-factor",
-          "n_train": "--train-size", "protocol": "--protocol"}  # fmt: skip
+          "n_train": "--train-size", "protocol": "--protocol", "noises": "--noise", "bands": "--bands"}  # fmt: skip
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -130,6 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     check_device(args.device)  # an absent device: exit 2 with one line, before any work
     if args.protocol != "default" and args.task != "tabular":
         raise ValueError(f"--protocol {args.protocol} is for --task tabular, got --task {args.task}")
+    noises = _check_noise(args)
     if args.task == "diffusion":
         from featuredp.experiments.diffusion import run_compare
 
@@ -185,9 +197,38 @@ def _run(args: argparse.Namespace) -> int:
         progress=not (args.json or args.quiet),
         overwrite=args.overwrite,
         protocol=args.protocol,
+        noises=noises,
+        bands=args.bands,
         command=_command_line("featuredp compare"),
     )
     return _report(args, cfg, run_grid(cfg))
+
+
+def _check_noise(args: argparse.Namespace) -> list[str]:
+    """``--noise`` and ``--bands`` checked against each other, the task, the methods and the protocol (one line
+    naming the flag, before any work); returns the noises."""
+    noises = args.noise or ["independent"]
+    bad = [n for n in noises if n not in NOISES]
+    if bad:
+        raise ValueError(f"--noise must be a comma-separated subset of {','.join(NOISES)}, got {','.join(noises)}")
+    if args.bands is not None:
+        if args.bands < 1:
+            raise ValueError(f"--bands must be >= 1, got {args.bands}")
+        if "bandmf" not in noises:
+            raise ValueError(f"--bands is for --noise with bandmf, got --bands {args.bands} with --noise "
+                             f"{','.join(noises)}")  # fmt: skip
+    if args.noise is not None and args.task in ("diffusion", "text"):
+        raise ValueError(f"--noise is for --task tabular and image-classification, got --task {args.task}")
+    if "bandmf" in noises:
+        from featuredp.methods import PRIVATE_METHODS
+
+        if args.methods and not any(m in PRIVATE_METHODS for m in args.methods):
+            raise ValueError(f"--noise bandmf is for the private methods {','.join(PRIVATE_METHODS)}, got --methods "
+                             f"{','.join(args.methods)}")  # fmt: skip
+        if args.protocol != "default":
+            raise ValueError(f"--noise bandmf does not combine with --protocol {args.protocol} (its steps come from "
+                             "independent noise's accountant); use --protocol default")  # fmt: skip
+    return noises
 
 
 _DISPLAY_ONLY = ("--report-only", "--quiet", "--json")  # change what is printed, not what is trained
@@ -237,7 +278,7 @@ def _run_images(args: argparse.Namespace, epsilons: list[float] | None, seeds: l
         epsilons=epsilons if epsilons is not None else ([2.0, 8.0] if args.quick else [1.0, 2.0, 4.0, 8.0]),
         seeds=seeds, quick=args.quick, tune=args.tune, delta=getattr(args, "delta", None), dataset_options=options,
         report_only=args.report_only, device=args.device, progress=not (args.json or args.quiet),
-        overwrite=args.overwrite,
+        overwrite=args.overwrite, noises=args.noise or ["independent"], bands=args.bands,
         command=_command_line("featuredp compare --task image-classification"),
     )  # fmt: skip
     runner = ImageGridRunner(cfg, feature_map=fmap)

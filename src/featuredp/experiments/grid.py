@@ -18,6 +18,13 @@ evaluates on the test set and writes, in ``out``:
 * ``tuning/`` — with ``tune=True``: validation accuracy of each candidate (named by the hash of the
   tuning setup, like the cells).
 
+``noises`` gives each private method one arm per noise: ``independent`` (DP-SGD's fresh Gaussian each step,
+the default) and ``bandmf`` (banded matrix-factorization correlated noise, ``Trainer(noise="bandmf", bands=...)``;
+``bands`` None: the engine picks b per cell at its ε). A BandMF cell is named ``<method>__bandmf__eps..``, its row
+carries ``noise`` and ``bands`` (results.csv has those columns when the grid runs BandMF), and the report and plot
+label it "DP-SGD + BandMF"; the references run once. A grid of independent noise only keeps its grid.json, its cell
+names and their hashes exactly as before noises existed.
+
 ``protocol`` picks how the private methods reach each ε: ``default`` trains each method's epochs and
 batch size and calibrates σ; ``paper`` (the paper's §6) fixes σ = 1 and the sampling rate 1/16 and
 trains the largest number of steps whose ε (PLD) stays within the target (:func:`paper_steps`).
@@ -51,6 +58,7 @@ import torch
 from featuredp._io import atomic_path, atomic_write_json, atomic_write_text
 from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
 from featuredp.batches import resolve_device
+from featuredp.config import NOISE_KINDS
 from featuredp.data import load_dataset
 from featuredp.experiments.data_key import data_key
 from featuredp.experiments.grid_report import (
@@ -78,6 +86,7 @@ __all__ = [
     "GRID_FILE",
     "LABELS",
     "METHODS",
+    "NOISE_COLUMNS",
     "PAPER_MAX_EPOCHS",
     "PAPER_NOISE_MULTIPLIER",
     "PAPER_SAMPLING_RATE",
@@ -102,6 +111,8 @@ CSV_COLUMNS = [
     "max_grad_norm", "sampling_rate", "batch_size", "steps", "pretrain_steps", "stopped_early", "wall_s", "cpu_s",
     "tuned", "params",
 ]  # fmt: skip
+#: the columns results.csv adds when the grid runs correlated noise (a grid of independent noise keeps its columns)
+NOISE_COLUMNS = ["noise", "bands"]
 #: the file in ``out`` that records which grid wrote results.csv, summary.md and privacy_utility.png
 GRID_FILE = "grid.json"
 #: the grid's outputs derived from its cells (rewritten on every run; cells and tuning files are kept)
@@ -119,7 +130,8 @@ class GridConfig:
     cells stay; they are keyed by their settings). ``progress``: one line per cell on stderr.
     ``protocol``: ``default`` (each method's epochs and batch size, σ calibrated to ε) or ``paper``
     (σ = 1, sampling rate 1/16, as many steps as ε allows; :func:`paper_steps`); the references train alike
-    under both.
+    under both. ``noises``: the private methods' arms (``independent``, ``bandmf``); ``bands``: BandMF's b for
+    every BandMF cell (None: the engine picks b per cell at its ε).
     """
 
     dataset: str
@@ -140,6 +152,8 @@ class GridConfig:
     device: str | None = None
     overwrite: bool = False  # replace the results.csv/summary.md/plot of a different grid in ``out``
     protocol: str = "default"
+    noises: list[str] = field(default_factory=lambda: ["independent"])
+    bands: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.dataset, str) or not self.dataset:
@@ -170,34 +184,61 @@ class GridConfig:
                     raise ValueError(f"method_params[{method!r}] sets {', '.join(fixed)}, which protocol='paper' "
                                      "fixes (σ = 1, sampling rate 1/16, steps from ε); drop it or use "
                                      "protocol='default'")  # fmt: skip
+        self._check_noises()
         for part in (self.out, *self.out.parents):
             if part.exists() and not part.is_dir():
                 raise ValueError(f"out must be a folder, got {str(self.out)!r}, which is an existing file"
                                  + ("" if part == self.out else f" ({str(part)!r} is a file)"))
 
+    def _check_noises(self) -> None:
+        if isinstance(self.noises, str) or not self.noises:
+            raise ValueError(f"noises must name at least one of {', '.join(NOISE_KINDS)}, got {self.noises!r}")
+        given = [check_choice("noises", n, NOISE_KINDS) for n in dict.fromkeys(self.noises)]
+        self.noises = [n for n in NOISE_KINDS if n in given]  # one order, whatever the order given
+        if self.bands is not None:
+            self.bands = check_int("bands", self.bands, minimum=1)
+            if "bandmf" not in self.noises:
+                raise ValueError(f"bands is for noises with bandmf, got bands={self.bands} with noises={self.noises}")
+        if "bandmf" in self.noises:
+            if not any(m in PRIVATE_METHODS for m in self.methods):
+                raise ValueError(f"noises=['bandmf'] is for the private methods {list(PRIVATE_METHODS)}, got methods "
+                                 f"{self.methods}")  # fmt: skip
+            if self.protocol == "paper":
+                # The paper protocol sets T from DP-SGD's accountant at σ = 1; BandMF spends by rounds of b steps,
+                # so its cells would stop at another T than their independent twins.
+                raise ValueError("noises with bandmf does not combine with protocol='paper' (its steps come from "
+                                 "independent noise's accountant); use protocol='default'")  # fmt: skip
+
 
 @dataclass
 class Cell:
-    """One unit of work: a method at one ε (None for the references) and one seed."""
+    """One unit of work: a method at one ε (None for the references) and one seed, with its noise (a private
+    method's arm: ``independent`` or ``bandmf``)."""
 
     method: str
     epsilon: float | None
     seed: int
+    noise: str = "independent"
 
     @property
     def key(self) -> str:
-        """The cell's file name stem, e.g. ``fdp__eps2__seed0``."""
+        """The cell's file name stem, e.g. ``fdp__eps2__seed0`` (``fdp__bandmf__eps2__seed0`` with BandMF)."""
         eps = "none" if self.epsilon is None else f"{self.epsilon:g}"
-        return f"{self.method}__eps{eps}__seed{self.seed}"
+        return f"{_arm(self.method, self.noise)}__eps{eps}__seed{self.seed}"
+
+
+def _arm(method: str, noise: str) -> str:
+    # Independent noise keeps the bare method name: the cells and tuning files of grids from before noises.
+    return method if noise == "independent" else f"{method}__{noise}"
 
 
 def grid_cells(cfg: GridConfig) -> list[Cell]:
-    """The cells of a grid: references once per seed, private methods per ε and seed."""
+    """The cells of a grid: references once per seed, private methods per noise, ε and seed."""
     cells: list[Cell] = []
     for seed in cfg.seeds:
         for method in cfg.methods:
             if method in PRIVATE_METHODS:
-                cells.extend(Cell(method, eps, seed) for eps in cfg.epsilons)
+                cells.extend(Cell(method, eps, seed, noise) for noise in cfg.noises for eps in cfg.epsilons)
             else:
                 cells.append(Cell(method, None, seed))
     return cells
@@ -283,12 +324,20 @@ class GridRunner:
             params = override(override(params, fitted), self.cfg.method_params.get(method, {}))
         return params
 
-    def params_for(self, method: str, epsilon: float | None) -> dict[str, Any]:
-        """The Trainer arguments of ``method`` at ``epsilon``: :meth:`base_params`, with the tuned values if any,
-        and what the grid's protocol sets (:meth:`with_protocol`)."""
-        params = self.base_params(method)
-        params.update(self.tuned.get(_tune_key(method, epsilon), {}))
+    def params_for(self, method: str, epsilon: float | None, noise: str = "independent") -> dict[str, Any]:
+        """The Trainer arguments of ``method`` at ``epsilon`` with ``noise``: :meth:`base_params` and the noise's
+        (:meth:`noise_params`), with the tuned values if any, and what the grid's protocol sets
+        (:meth:`with_protocol`)."""
+        params = {**self.base_params(method), **self.noise_params(method, noise)}
+        params.update(self.tuned.get(_tune_key(method, epsilon, noise), {}))
         return self.with_protocol(method, epsilon, params)
+
+    def noise_params(self, method: str, noise: str) -> dict[str, Any]:
+        """The Trainer arguments of a noise arm: none for independent noise (so its cells keep the hashes of grids
+        from before noises), ``noise`` and the grid's ``bands`` (if given) for BandMF."""
+        if noise == "independent" or method not in PRIVATE_METHODS:
+            return {}
+        return {"noise": noise, **({} if self.cfg.bands is None else {"bands": self.cfg.bands})}
 
     def with_protocol(self, method: str, epsilon: float | None, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` as the grid's protocol has them. Under ``paper`` a private method trains with σ = 1, sampling
@@ -329,7 +378,8 @@ class GridRunner:
             "model": self.preset.get("model"), "hidden": self.preset.get("hidden"),
             "loss_split": self.preset.get("loss_split"), "padding_scale": self.preset.get("padding_scale"),
             "delta": self.delta, "method": cell.method,
-            "epsilon": cell.epsilon, "seed": cell.seed, "params": self.params_for(cell.method, cell.epsilon),
+            "epsilon": cell.epsilon, "seed": cell.seed,
+            "params": self.params_for(cell.method, cell.epsilon, cell.noise),
             # Only where it changes the training: default cells keep the hashes they had before protocols, and the
             # references (trained alike under both) are shared.
             **({"protocol": self.cfg.protocol}
@@ -338,7 +388,7 @@ class GridRunner:
 
     def run_cell(self, cell: Cell) -> dict[str, Any]:
         """Train and evaluate one cell, write its JSON atomically, return its row."""
-        params = self.params_for(cell.method, cell.epsilon)
+        params = self.params_for(cell.method, cell.epsilon, cell.noise)
         t0, c0 = time.perf_counter(), time.process_time()
         summary = self._fit(cell.method, cell.epsilon, cell.seed, params, self.data)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -360,8 +410,12 @@ class GridRunner:
             "wall_s": round(wall, 2),
             "cpu_s": round(cpu, 2),  # CPU time of this process: steadier than wall time on a shared machine
             "torch_threads": torch.get_num_threads(),  # CPU time grows with threads; not a results.csv column
-            "tuned": _tune_key(cell.method, cell.epsilon) in self.tuned,
+            "tuned": _tune_key(cell.method, cell.epsilon, cell.noise) in self.tuned,
             "params": json.dumps(params, sort_keys=True),
+            # The noise as the engine planned it (BandMF's bands: given, or chosen at the cell's ε); None for the
+            # references, which add no noise
+            "noise": summary.get("noise", cell.noise) if cell.method in PRIVATE_METHODS else None,
+            "bands": summary.get("bands") if cell.method in PRIVATE_METHODS else None,
         }
         record = {"config_hash": settings_hash(self.cell_config(cell)), "row": row,
                   "guarantee": summary.get("guarantee")}
@@ -403,6 +457,9 @@ class GridRunner:
             "method_params": {m: self.preset["methods"].get(m, {}) for m in self.cfg.methods},
             # Absent for the default, so that the grid.json of a grid from before protocols still matches.
             **({"protocol": self.cfg.protocol} if self.cfg.protocol != "default" else {}),
+            # Likewise absent for independent noise only (grids from before noises).
+            **({"noises": list(self.cfg.noises), "bands": self.cfg.bands}
+               if self.cfg.noises != ["independent"] else {}),
         }  # fmt: skip
 
     def check_out(self) -> bool:
@@ -469,25 +526,27 @@ class GridRunner:
 
         ``bar``: None or a callable that takes one progress message per candidate.
         """
-        for method, eps in dict.fromkeys((c.method, c.epsilon) for c in cells):
-            setup = self._tuning_setup(method, eps)
+        for method, eps, noise in dict.fromkeys((c.method, c.epsilon, c.noise) for c in cells):
+            setup = self._tuning_setup(method, eps, noise)
             if setup is None:
                 continue
             path, tag, base, candidates = setup
-            key = _tune_key(method, eps)
-            best = self._stored_tuning(method, eps)
+            key = _tune_key(method, eps, noise)
+            best = self._stored_tuning(method, eps, noise)
             if best is not None:
                 self.tuned[key] = best
                 continue
             trials = []
+            what = f"{method}{'' if noise == 'independent' else f' ({noise})'}"
             for i, cand in enumerate(candidates, 1):
                 if bar is not None:
-                    bar(f"tuning {method} ε={eps:g}: candidate {i} of {len(candidates)} {cand}" if eps is not None
-                        else f"tuning {method}: candidate {i} of {len(candidates)} {cand}")
+                    bar(f"tuning {what} ε={eps:g}: candidate {i} of {len(candidates)} {cand}" if eps is not None
+                        else f"tuning {what}: candidate {i} of {len(candidates)} {cand}")
                 s = self._fit(method, eps, 0, self.with_protocol(method, eps, {**base, **cand}), self.validation)
                 trials.append({"params": cand, "val_accuracy": s["accuracy"], "epsilon": s.get("epsilon")})
             best = max(trials, key=lambda t: t["val_accuracy"])["params"]
-            atomic_write_json(path, {"tag": tag, "method": method, "epsilon": eps, "best": best, "trials": trials})
+            atomic_write_json(path, {"tag": tag, "method": method, "epsilon": eps, "best": best, "trials": trials,
+                                     **({} if noise == "independent" else {"noise": noise})})
             self.tuned[key] = best
 
     def tuning_budget(self) -> dict[str, int]:
@@ -499,26 +558,27 @@ class GridRunner:
                 out[method] = int(np.prod([len(v) for v in space.values()])) if space else 0
         return out
 
-    def _tuning_setup(self, method: str, eps: float | None) -> tuple[Path, str, dict[str, Any], list[dict[str, Any]]
-                                                                     ] | None:
-        """(file, tag, base parameters, candidates) of tuning ``method`` at ``eps``; None if it has no tuning grid."""
+    def _tuning_setup(self, method: str, eps: float | None, noise: str = "independent"
+                      ) -> tuple[Path, str, dict[str, Any], list[dict[str, Any]]] | None:  # fmt: skip
+        """(file, tag, base parameters, candidates) of tuning ``method`` at ``eps`` with ``noise`` (each noise arm is
+        tuned alike, with its own noise); None if it has no tuning grid."""
         space = self.preset.get("tune", {}).get(method)
         if not space:
             return None
-        base = self.with_protocol(method, eps, self.base_params(method))
+        base = self.with_protocol(method, eps, {**self.base_params(method), **self.noise_params(method, noise)})
         candidates = [dict(zip(space, values)) for values in itertools.product(*space.values())]
         tag = settings_hash({"base": base, "candidates": candidates, "load": self.load_options, "data": self.data_key,
                      "delta": self.delta,
                      "val_fraction": self.cfg.val_fraction, "private": self.cfg.private})
-        return self.cfg.out / "tuning" / f"{_tune_key(method, eps)}__{tag}.json", tag, base, candidates
+        return self.cfg.out / "tuning" / f"{_tune_key(method, eps, noise)}__{tag}.json", tag, base, candidates
 
-    def _stored_tuning(self, method: str, eps: float | None) -> dict[str, Any] | None:
+    def _stored_tuning(self, method: str, eps: float | None, noise: str = "independent") -> dict[str, Any] | None:
         """The best parameters stored for this tuning setup (also in an earlier version's ``tuning/<key>.json``)."""
-        setup = self._tuning_setup(method, eps)
+        setup = self._tuning_setup(method, eps, noise)
         if setup is None:
             return None
         path, tag = setup[0], setup[1]
-        for candidate in (path, self.cfg.out / "tuning" / f"{_tune_key(method, eps)}.json"):
+        for candidate in (path, self.cfg.out / "tuning" / f"{_tune_key(method, eps, noise)}.json"):
             if candidate.is_file():
                 try:
                     obj = json.loads(candidate.read_text())
@@ -529,10 +589,10 @@ class GridRunner:
         return None
 
     def _load_tuned(self, cells: Sequence[Cell]) -> None:
-        for method, eps in dict.fromkeys((c.method, c.epsilon) for c in cells):
-            best = self._stored_tuning(method, eps)
+        for method, eps, noise in dict.fromkeys((c.method, c.epsilon, c.noise) for c in cells):
+            best = self._stored_tuning(method, eps, noise)
             if best is not None:
-                self.tuned[_tune_key(method, eps)] = best
+                self.tuned[_tune_key(method, eps, noise)] = best
 
     # -- the grid -------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -574,7 +634,7 @@ class GridRunner:
         summary = summarize(rows)
         meta = {
             "dataset": cfg.dataset, **self.report_facts(), "delta": self.delta, "quick": cfg.quick, "tuned": cfg.tune,
-            "protocol": cfg.protocol,
+            "protocol": cfg.protocol, "noises": list(cfg.noises), "bands": cfg.bands,
             "methods": {m: self.with_protocol(m, None, self.base_params(m)) for m in cfg.methods},
             "tuned_params": self.tuned,
             "tuning_budget": self.tuning_budget() if cfg.tune else {},
@@ -598,13 +658,14 @@ class GridRunner:
 
     def write_results(self, rows: Sequence[dict[str, Any]]) -> None:
         """results.csv, written atomically."""
-        df = pd.DataFrame(list(rows), columns=CSV_COLUMNS)
+        columns = CSV_COLUMNS + (NOISE_COLUMNS if self.cfg.noises != ["independent"] else [])
+        df = pd.DataFrame(list(rows), columns=columns)
         with atomic_path(self.cfg.out / "results.csv") as tmp:
             df.to_csv(tmp, index=False)
 
 
-def _tune_key(method: str, epsilon: float | None) -> str:
-    return f"{method}__eps{'none' if epsilon is None else f'{epsilon:g}'}"
+def _tune_key(method: str, epsilon: float | None, noise: str = "independent") -> str:
+    return f"{_arm(method, noise)}__eps{'none' if epsilon is None else f'{epsilon:g}'}"
 
 
 def _describe_difference(theirs: dict[str, Any], mine: dict[str, Any]) -> str:
@@ -639,7 +700,8 @@ class _Progress:
         eps = "—" if cell.epsilon is None else f"{cell.epsilon:g}"
         eta = (f"ETA {_clock(sum(self.seconds) / len(self.seconds) * left)} for {left} cell{'s' * (left != 1)}"
                if self.seconds else "ETA after the first cell")
-        self(f"cell {i} of {total}: {cell.method}, ε = {eps}, seed {cell.seed} ({eta})")
+        what = cell.method if cell.noise == "independent" else f"{cell.method} ({cell.noise})"
+        self(f"cell {i} of {total}: {what}, ε = {eps}, seed {cell.seed} ({eta})")
 
     def done(self, seconds: float) -> None:
         self.seconds.append(seconds)

@@ -16,8 +16,8 @@ from featuredp.experiments.protocols import PAPER_SENTENCE
 from featuredp.methods import METHOD_NAMES, Method, get_method
 from featuredp.methods import METHODS as METHOD_RECORDS
 
-__all__ = ["CLAIMED_DIFFERENCES", "LABELS", "REFERENCE_METHODS", "reference_epsilon", "render_summary_md",
-           "summarize"]
+__all__ = ["CLAIMED_DIFFERENCES", "LABELS", "NOISE_LABELS", "REFERENCE_METHODS", "arm_label", "reference_epsilon",
+           "render_summary_md", "row_noise", "summarize"]
 
 METHODS = METHOD_NAMES
 REFERENCE_METHODS = tuple(name for name, m in METHOD_RECORDS.items() if m.reference)
@@ -25,6 +25,28 @@ LABELS = {name: m.label for name, m in METHOD_RECORDS.items()}
 #: the differences summary.md reports (the paper's claims): (minuend, subtrahend, how the line names it)
 CLAIMED_DIFFERENCES = (("fdp", "dpsgd", "FDP − DP-SGD"), ("fdp", "fdp_dpsgd", "FDP − FDP(DP-SGD)"),
                        ("fdp_dpsgd", "dpsgd", "FDP(DP-SGD) − DP-SGD"))  # fmt: skip
+#: how a noise arm is named after its method ("DP-SGD + BandMF"); independent noise adds nothing
+NOISE_LABELS = {"independent": "", "bandmf": " + BandMF"}
+#: the order of the noise arms in tables (independent first: the grids from before noises)
+_NOISE_ORDER = {"independent": 0, "bandmf": 1}
+
+
+def arm_label(method: str, noise: str | None) -> str:
+    """The report's name of a method with its noise: ``DP-SGD``, ``DP-SGD + BandMF``.
+
+    >>> arm_label("fdp", "bandmf")
+    'FDP (Alg. 1) + BandMF'
+    """
+    return LABELS[method] + NOISE_LABELS.get(noise or "independent", f" + {noise}")
+
+
+def row_noise(row: dict[str, Any]) -> str | None:
+    """The noise of a grid row: None for a reference (it adds none), else the row's ``noise``; a private row
+    written before noises were recorded used independent noise."""
+    if get_method(str(row["method"])).reference:
+        return None
+    noise = row.get("noise")
+    return noise if isinstance(noise, str) and noise else "independent"
 
 
 def reference_epsilon(record: Method) -> float:
@@ -42,19 +64,24 @@ def _threads_note(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean ± std of accuracy (and mean ε spent, σ, steps, wall time) per method and target ε."""
-    groups: dict[tuple[str, float | None], list[dict[str, Any]]] = {}
+    """Mean ± std of accuracy (and mean ε spent, σ, steps, wall time) per method, noise and target ε.
+
+    Each entry has ``noise`` (None for the references) and ``bands`` (BandMF's b of its cells, sorted; None for
+    independent noise)."""
+    groups: dict[tuple[str, str | None, float | None], list[dict[str, Any]]] = {}
     for r in rows:
         eps = r["target_epsilon"]
         eps = None if eps is None or (isinstance(eps, float) and math.isnan(eps)) else float(eps)
-        groups.setdefault((r["method"], eps), []).append(r)
+        groups.setdefault((r["method"], row_noise(r), eps), []).append(r)
     out = []
     order = {m: i for i, m in enumerate(METHODS)}
-    for (method, eps), rs in sorted(groups.items(), key=lambda kv: (order[kv[0][0]], kv[0][1] or 0.0)):
+    for (method, noise, eps), rs in sorted(groups.items(), key=lambda kv: (
+            order[kv[0][0]], _NOISE_ORDER.get(kv[0][1] or "independent", 9), kv[0][2] or 0.0)):  # fmt: skip
         acc = np.array([float(r["accuracy"]) for r in rs])
         sigma = [float(r["noise_multiplier"]) for r in rs if r.get("noise_multiplier") not in (None, "")]
+        bands = sorted({int(r["bands"]) for r in rs if _number(r.get("bands"))})
         out.append({
-            "method": method, "target_epsilon": eps, "n": len(rs),
+            "method": method, "noise": noise, "bands": bands or None, "target_epsilon": eps, "n": len(rs),
             "accuracy_mean": float(acc.mean()), "accuracy_std": float(acc.std(ddof=1)) if len(rs) > 1 else 0.0,
             "epsilon_spent": float(np.mean([float(r["epsilon"]) for r in rs])),
             "noise_multiplier": float(np.mean(sigma)) if sigma else None,
@@ -63,6 +90,19 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "cpu_s": float(np.mean([float(r.get("cpu_s") or 0.0) for r in rs])),
         })  # fmt: skip
     return out
+
+
+def _number(value: Any) -> bool:
+    """A value read back from a row (a cell's JSON or results.csv) that holds a number, not None or NaN."""
+    return isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value))
+
+
+def _arm_name(s: dict[str, Any]) -> str:
+    """An arm's label with BandMF's bands: ``DP-SGD + BandMF (b = 8)``."""
+    name = arm_label(s["method"], s.get("noise"))
+    if s.get("bands"):
+        name += f" (b = {', '.join(map(str, s['bands']))})"
+    return name
 
 
 def _fmt_acc(s: dict[str, Any]) -> str:
@@ -86,8 +126,9 @@ def _budget_sentence(budget: dict[str, int]) -> str:
 def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     """The human-readable report of a grid."""
     eps_values = sorted({s["target_epsilon"] for s in summary if s["target_epsilon"] is not None})
-    by = {(s["method"], s["target_epsilon"]): s for s in summary}
-    methods = [m for m in METHODS if any(s["method"] == m for s in summary)]
+    by = {(s["method"], s.get("noise") or "independent", s["target_epsilon"]): s for s in summary}
+    arms = list(dict.fromkeys((s["method"], s.get("noise") or "independent") for s in summary))
+    correlated = [n for n in dict.fromkeys(noise for _, noise in arms) if n != "independent"]
     private = meta.get("private") or []
     priv_text = ", ".join(private) if len(private) <= 8 else f"{len(private)} columns ({', '.join(private[:4])}, ...)"
     lines = [
@@ -113,28 +154,42 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
         "| method | " + " | ".join(f"ε = {e:g}" for e in eps_values) + " |",
         "|---|" + "---|" * len(eps_values),
     ]
-    for m in methods:
+    for m, noise in arms:
         if m in REFERENCE_METHODS:
-            s = by.get((m, None))
+            s = by.get((m, "independent", None))
             cell = "—" if s is None else _fmt_acc(s)
             note = " (ε = 0)" if reference_epsilon(get_method(m)) == 0 else " (ε = ∞)"
             lines.append(f"| {LABELS[m]}{note} | " + " | ".join(cell for _ in eps_values) + " |")
         else:
-            lines.append(f"| {LABELS[m]} | " + " | ".join(
-                _fmt_acc(by[(m, e)]) if (m, e) in by else "—" for e in eps_values) + " |")
+            lines.append(f"| {arm_label(m, noise)} | " + " | ".join(
+                _fmt_acc(by[(m, noise, e)]) if (m, noise, e) in by else "—" for e in eps_values) + " |")
     n_seeds = sorted({s["n"] for s in summary})
     lines += ["", f"Seeds per cell: {', '.join(map(str, n_seeds))}.", ""]
     diffs = []
     for e in eps_values:
         parts = []
-        for a, b, name in CLAIMED_DIFFERENCES:
-            sa, sb = by.get((a, e)), by.get((b, e))
-            if sa and sb:
-                parts.append(f"{name} = {100 * (sa['accuracy_mean'] - sb['accuracy_mean']):+.1f}")
+        for noise in ("independent", *correlated):
+            for a, b, name in CLAIMED_DIFFERENCES:
+                sa, sb = by.get((a, noise, e)), by.get((b, noise, e))
+                if sa and sb:
+                    both = "" if noise == "independent" else f" (both{NOISE_LABELS.get(noise, f' + {noise}')})"
+                    parts.append(f"{name}{both} = {100 * (sa['accuracy_mean'] - sb['accuracy_mean']):+.1f}")
         if parts:
             diffs.append(f"* ε = {e:g}: " + "; ".join(parts) + " points")
     if diffs:
         lines += ["## Differences (accuracy points, means)", "", *diffs, ""]
+    for noise in correlated:
+        gains = []
+        for e in eps_values:
+            pairs = [(m, by[(m, noise, e)], by[(m, "independent", e)]) for m, arm in arms
+                     if arm == noise and (m, noise, e) in by and (m, "independent", e) in by]  # fmt: skip
+            parts = [f"{LABELS[m]} {100 * (a['accuracy_mean'] - b['accuracy_mean']):+.1f}" for m, a, b in pairs]
+            if parts:
+                gains.append(f"* ε = {e:g}: " + "; ".join(parts) + " points")
+        if gains:
+            name = NOISE_LABELS.get(noise, f" + {noise}").removeprefix(" + ")
+            lines += [f"## {name} − independent noise (accuracy points, means; same method, ε and seeds)", "",
+                      *gains, ""]  # fmt: skip
     lines += [
         "## Privacy actually spent and cost",
         "",
@@ -145,8 +200,12 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
         eps = "—" if s["target_epsilon"] is None else f"{s['target_epsilon']:g}"
         spent = "∞" if math.isinf(s["epsilon_spent"]) else f"{s['epsilon_spent']:.3f}"
         sigma = "—" if s["noise_multiplier"] is None else f"{s['noise_multiplier']:.3f}"
-        lines.append(f"| {LABELS[s['method']]} | {eps} | {spent} | {sigma} | {s['steps']:.0f} | {s['wall_s']:.1f} "
+        lines.append(f"| {_arm_name(s)} | {eps} | {spent} | {sigma} | {s['steps']:.0f} | {s['wall_s']:.1f} "
                      f"| {s['cpu_s']:.1f} |")
+    if correlated:
+        lines += ["", "BandMF's σ is the std of z in the released C x + z (C's first coefficient 1), not comparable "
+                  "with DP-SGD's: its ε is that of DP-SGD with multiplier σ / (max column norm of C), sampling rate "
+                  "m·b/n and ⌈T/b⌉ steps (docs/accounting.md, \"Correlated noise (BandMF)\")."]  # fmt: skip
     total = sum(float(r["wall_s"]) for r in rows)
     total_cpu = sum(float(r.get("cpu_s") or 0.0) for r in rows)
     lines += [
@@ -162,6 +221,15 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
     ]
     for m, p in meta.get("methods", {}).items():
         lines.append(f"* {LABELS[m]}: `{json.dumps(p, sort_keys=True)}`")
+    if "bandmf" in (meta.get("noises") or []):
+        chosen = (f"b = {meta['bands']} in every BandMF cell" if meta.get("bands") else
+                  "b chosen per cell by the engine at its ε: the b of 1, 2, 4, ... (at most the steps and n/m) with "
+                  "the least noise RMSE for the run's momentum workload (featuredp.bandmf.best_bands)")
+        lines.append("* Noise: each private method runs with independent Gaussian noise and with BandMF (banded "
+                     f"matrix-factorization correlated noise, cyclic Poisson sampling over b partitions; {chosen}), "
+                     "at the same ε and δ with the same hyperparameters (with tuning: each arm tuned alike); σ is "
+                     "calibrated for each (docs/accounting.md, "
+                     "\"Correlated noise (BandMF)\").")
     if meta.get("tuned"):
         lines += [
             "",

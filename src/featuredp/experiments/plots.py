@@ -11,6 +11,7 @@ import matplotlib
 import numpy as np
 
 from featuredp._io import atomic_save_png
+from featuredp.experiments.grid_report import arm_label, row_noise
 from featuredp.methods import METHODS
 
 matplotlib.use("Agg")  # files only, never a window
@@ -24,33 +25,42 @@ def privacy_utility_plot(
     title: str = "accuracy vs ε",
     metric: str = "accuracy",
 ) -> dict[str, Any]:
-    """Accuracy vs target ε per private method (mean ± std over seeds as error bars), with the
+    """Accuracy vs target ε per private method and noise (mean ± std over seeds as error bars), with the
     non-private and public-only means as horizontal reference lines (shaded ± std).
 
-    Returns what was drawn: ``{"lines": {method: (eps, means, stds)}, "references": {method: (mean, std)}}``.
+    A private method's correlated-noise arm (rows with ``noise`` = ``bandmf``) is a second line in the method's
+    colour, dashed with hollow markers, labelled "DP-SGD + BandMF". Returns what was drawn:
+    ``{"lines": {arm: (eps, means, stds)}, "references": {method: (mean, std)}}``, where an arm is the method's
+    name for independent noise and ``<method>+<noise>`` otherwise.
     """
     by: dict[tuple[str, float | None], list[float]] = {}
+    noises: dict[str, str] = {}  # arm → its noise
     for r in rows:
         eps = r.get("target_epsilon")
         eps = None if eps is None or (isinstance(eps, float) and math.isnan(eps)) else float(eps)
-        by.setdefault((r["method"], eps), []).append(100.0 * float(r[metric]))
+        noise = row_noise(r)
+        arm = r["method"] if noise in (None, "independent") else f"{r['method']}+{noise}"
+        noises[arm] = noise or "independent"
+        by.setdefault((arm, eps), []).append(100.0 * float(r[metric]))
     if not by:
         raise ValueError("rows must hold at least one result, got none")
     drawn: dict[str, Any] = {"lines": {}, "references": {}}
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     eps_all = sorted({e for (_, e) in by if e is not None})
-    for method, record in METHODS.items():
-        if record.reference:
-            continue
-        pts = sorted((e, v) for (m, e), v in by.items() if m == method and e is not None)
+    arms = [(method, record, arm) for method, record in METHODS.items() if not record.reference
+            for arm in sorted((a for a in noises if a == method or a.startswith(f"{method}+")), key=len)]
+    for method, record, arm in arms:
+        pts = sorted((e, v) for (m, e), v in by.items() if m == arm and e is not None)
         if not pts:
             continue
         xs = [e for e, _ in pts]
         means = [float(np.mean(v)) for _, v in pts]
         stds = [float(np.std(v, ddof=1)) if len(v) > 1 else 0.0 for _, v in pts]
-        ax.errorbar(xs, means, yerr=stds, capsize=3, label=record.label, color=record.color, marker=record.marker,
-                    linestyle=record.linestyle)
-        drawn["lines"][method] = (xs, means, stds)
+        correlated = noises[arm] != "independent"
+        ax.errorbar(xs, means, yerr=stds, capsize=3, label=arm_label(method, noises[arm]), color=record.color,
+                    marker=record.marker, linestyle="-." if correlated else record.linestyle,
+                    markerfacecolor="none" if correlated else record.color)  # fmt: skip
+        drawn["lines"][arm] = (xs, means, stds)
     for method, record in METHODS.items():
         vals = by.get((method, None)) if record.reference else None
         if not vals:

@@ -32,8 +32,9 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from featuredp._validate import check_int, check_positive
+from featuredp._validate import check_choice, check_int, check_positive
 from featuredp.clipping import GhostGradients
+from featuredp.config import NOISE_KINDS
 from featuredp.data.tabular import TabularDataset
 from featuredp.engine import Trainer, init_seed
 from featuredp.features import Columns
@@ -108,6 +109,8 @@ def engine_runner(
     device: str | None = None,
     precision: str = "fp32",
     ablate: str | None = None,
+    noise: str = "independent",
+    bands: int | None = None,
 ) -> StepRunner:
     """A runner for the engine's training step of ``method`` (any of :mod:`featuredp.methods`) on ``data``.
 
@@ -120,10 +123,22 @@ def engine_runner(
     ``ablate`` (cost measurements only; the step it times has a weaker or no guarantee): ``"checks"`` switches
     off ghost clipping's per-step separability check and forward guard, ``"noise"`` replaces the float64
     noise by the old float32 ``torch.randn`` (bounded support), so that one interleaved run gives their costs.
+    ``noise``: the private steps' noise, ``"independent"`` or ``"bandmf"`` (BandMF with ``bands`` bands, default
+    :data:`BENCHMARK_BANDS`: the step draws one Gaussian vector and runs the float64 recurrence over the last
+    b − 1 noise vectors, and samples from b secret partitions).
     """
     if ablate not in (None, *ABLATIONS):
         raise ValueError(f"ablate must be one of {', '.join(ABLATIONS)} or None, got {ablate!r}")
     record = get_method(method)
+    noise = check_choice("noise", noise, NOISE_KINDS)
+    if noise == "bandmf":
+        if not record.private:
+            raise ValueError(f"noise='bandmf' is for the private methods, got method {method!r}")
+        if ablate is not None:
+            raise ValueError(f"ablate is for independent noise, got ablate={ablate!r} with noise='bandmf'")
+        bands = check_int("bands", BENCHMARK_BANDS if bands is None else bands, minimum=1)
+    elif bands is not None:
+        raise ValueError(f"bands is for noise='bandmf', got bands={bands} with noise={noise!r}")
     spec = spec_for(data, "mlp", hidden=list(hidden))
     model = build_model(spec, seed=init_seed(seed))
     # Non-private SGD and DP-SGD train on the plain loss; only the methods that read Ψ get it (and FDP pays
@@ -133,8 +148,11 @@ def engine_runner(
         model,
         record.name,
         # The timed step never counts steps; a one-step plan keeps the plan's checks (the noise sampler's tail
-        # against δ, featuredp.accounting.sampler) from refusing a run planned far beyond any accountant.
-        steps=1,
+        # against δ, featuredp.accounting.sampler) from refusing a run planned far beyond any accountant. BandMF
+        # plans b steps, the fewest its strategy takes (the timed steps go on past them, as a long run's would).
+        steps=1 if bands is None else bands,
+        noise=noise,
+        bands=bands,
         batch_size=batch_size,
         public_batch_size=batch_size,
         noise_multiplier=noise_multiplier if record.private else None,
@@ -176,12 +194,14 @@ def engine_runner(
         step,
         float(batch_size),
         {"method": method, "strategy": strategy_name, "trainer": trainer, "loss_split": loss_split,
-         "secure_rng": secure_rng, "ablate": ablate},
+         "secure_rng": secure_rng, "ablate": ablate, "noise": noise, "bands": bands},
     )
 
 
 #: What ``engine_runner(ablate=...)`` can switch off to measure its cost.
 ABLATIONS = ("checks", "noise")
+#: BandMF's bands in ``featuredp benchmark`` when none are given (the engine's default without a target ε)
+BENCHMARK_BANDS = 8
 
 
 def _without_checks(trainer: Trainer) -> None:

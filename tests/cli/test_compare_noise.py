@@ -1,0 +1,76 @@
+"""`featuredp compare --noise independent,bandmf [--bands B]`: passed to the grid, refused where it does not apply."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from featuredp.cli import main
+
+
+def test_noise_and_bands_reach_the_grid(tmp_path, monkeypatch) -> None:
+    seen = {}
+
+    def fake_run_grid(cfg):
+        seen["cfg"] = cfg
+        return {"dataset": cfg.dataset, "out": str(cfg.out), "summary": [], "meta": {}}
+
+    monkeypatch.setattr("featuredp.experiments.run_grid", fake_run_grid)
+    assert main(["compare", "--methods", "dpsgd,fdp", "--noise", "bandmf,independent", "--bands", "4",
+                 "--out", str(tmp_path / "o"), "--json"]) == 0  # fmt: skip
+    assert seen["cfg"].noises == ["independent", "bandmf"] and seen["cfg"].bands == 4
+    assert main(["compare", "--out", str(tmp_path / "o"), "--json"]) == 0
+    assert seen["cfg"].noises == ["independent"] and seen["cfg"].bands is None  # the default: the grids of before
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--noise", "blt"], "--noise must be a comma-separated subset of independent,bandmf, got blt"),
+    (["--noise", "independent,gauss"], "--noise must be a comma-separated subset"),
+    (["--bands", "4"], "--bands is for --noise with bandmf, got --bands 4 with --noise independent"),
+    (["--noise", "bandmf", "--bands", "0"], "--bands must be >= 1, got 0"),
+    (["--noise", "bandmf", "--methods", "nonprivate,public"], "--noise bandmf is for the private methods"),
+    (["--noise", "bandmf", "--protocol", "paper"], "--noise bandmf does not combine with --protocol paper"),
+    (["--noise", "independent,bandmf", "--task", "text"], "--noise is for --task tabular and image-classification"),
+    (["--noise", "bandmf", "--task", "diffusion"], "--noise is for --task tabular and image-classification, got "
+                                                   "--task diffusion"),
+])  # fmt: skip
+def test_bad_noise_flags_are_one_line_before_any_work(tmp_path, monkeypatch, capsys, argv, message) -> None:
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the flags were checked")
+
+    monkeypatch.setattr("featuredp.experiments.run_grid", no_work)
+    monkeypatch.setattr("featuredp.experiments.diffusion.run_compare", no_work)
+    assert main(["compare", "--quick", "--out", str(tmp_path / "o"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.filterwarnings("ignore::featuredp.errors.PrivacyLeakWarning")  # the tiny CSV has no schema
+def test_a_real_grid_with_both_noises_reports_both(tmp_path, capsys) -> None:
+    path = tmp_path / "t.csv"
+    rows = ["a,b,s,y"] + [f"{i % 7},{(i * 3) % 5},{'xy'[i % 2]},{int(i % 7 + (i % 2) > 3)}" for i in range(400)]
+    path.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "grid"
+    argv = ["compare", "--dataset", "csv", "--dataset-path", str(path), "--label", "y", "--private", "s",
+            "--methods", "public,dpsgd", "--epsilons", "8", "--noise", "independent,bandmf", "--bands", "2",
+            "--quick", "--quiet", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| DP-SGD + BandMF |" in printed and "| DP-SGD |" in printed and "## BandMF − independent noise" in printed
+    df = pd.read_csv(out / "results.csv")
+    assert len(df) == 1 + 2  # the public-only reference once, DP-SGD with each noise
+    assert sorted(df["noise"].fillna("-")) == ["-", "bandmf", "independent"]
+    assert df.loc[df.noise == "bandmf", "bands"].tolist() == [2]
+    grid = json.loads((out / "grid.json").read_text())["config"]
+    assert grid["noises"] == ["independent", "bandmf"] and grid["bands"] == 2
+    (bandmf,) = (out / "cells").glob("dpsgd__bandmf__*.json")
+    assert "noise bandmf" in json.loads(bandmf.read_text())["guarantee"]
+    # --report-only rewrites the same report from the cells; the grid without BandMF is a different grid
+    assert main([*argv, "--report-only"]) == 0
+    assert "| DP-SGD + BandMF |" in capsys.readouterr().out
+    without = [a for a in argv if a not in ("independent,bandmf", "--noise", "--bands", "2")]
+    assert main(without) == 2
+    assert "different grid" in capsys.readouterr().err
