@@ -121,7 +121,7 @@ def test_bad_noise_flags_are_named(capsys):
                          (["--noise", "bandmf", "--dataset-size", "64"], "the default --bands 8 is too many"),
                          (["--noise", "bandmf", "--methods", "nonprivate"], "--noise bandmf is for the private"),
                          (["--noise", "bandmf", "--ablate"], "--ablate times independent noise's variants"),
-                         (["--noise", "bandmf", "--nproc", "2"], "runs in one process only")):  # fmt: skip
+                         (["--noise", "bandmf", "--nproc", "2"], "is timed in one process")):  # fmt: skip
         base = ["benchmark", "--batch-size", "32", "--dataset-size", "256"]
         if "--dataset-size" in argv:
             base = base[:3]

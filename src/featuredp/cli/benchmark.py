@@ -190,8 +190,8 @@ def _check_noise(args: argparse.Namespace, batch: int, n: int) -> list[str]:
     if not any(m in PRIVATE_METHODS for m in args.methods):
         raise ValueError(f"--noise bandmf is for the private methods, got --methods {','.join(args.methods)}")
     if args.nproc is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("--noise bandmf runs in one process only (the engine refuses it data-parallel): leave out "
-                         "--nproc and torchrun")  # fmt: skip
+        raise ValueError("--noise bandmf is timed in one process (the scaling study times independent noise): leave "
+                         "out --nproc and torchrun")  # fmt: skip
     if "independent" not in noises and (args.secure_rng or args.ablate):
         flag = "--secure-rng" if args.secure_rng else "--ablate"
         raise ValueError(f"{flag} times independent noise's variants: give --noise independent,bandmf")
