@@ -205,3 +205,16 @@ def test_the_clis_detector_names_are_the_packages() -> None:
     from featuredp.features.text import DETECTORS
 
     assert set(DETECTOR_NAMES) == {*DETECTORS, "name"}
+
+
+def test_train_text_with_correlated_noise(tmp_path: Path, jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    base = ["train", "--task", "text", "--data", str(jsonl), "--spans", "email,phone", "--method", "fdp",
+            "--epsilon", "3", "--noise", "bandmf", "--bands", "2"]  # fmt: skip
+    summary = _run(capsys, [*base, "--out", str(run), "--json"])
+    assert summary["noise"] == "bandmf" and summary["bands"] == 2 and summary["epsilon"] <= 3
+    info = json.loads((run / "run.json").read_text())
+    assert info["plan"]["noise"] == "bandmf" and info["plan"]["bands"] == 2
+    assert "noise bandmf" in info["result"]["guarantee"]
+    assert main(base) == 0
+    assert "bandmf, 2 bands" in capsys.readouterr().out

@@ -43,6 +43,8 @@ def train_text(args: argparse.Namespace) -> int:
         settings["noise_multiplier"] = args.noise_multiplier
     if args.secure_rng:
         settings["secure_rng"] = True
+    if args.noise != "independent":
+        settings.update(noise=args.noise, bands=args.bands)
     for name in ("accountant", "relation"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
@@ -60,7 +62,11 @@ def train_text(args: argparse.Namespace) -> int:
         "redacted text)",
         f"epsilon           {eps}" + (f" (delta={summary['delta']:g})" if summary["delta"] else ""),
     ]
-    if summary["noise_multiplier"] is not None:
+    if summary["noise_multiplier"] is not None and summary["noise"] == "bandmf":
+        lines.append(f"noise             bandmf, {summary['bands']} bands: correlated noise of std "
+                     f"{summary['noise_multiplier']:.4g}·C (C={summary['max_grad_norm']:g}), cyclic Poisson sampling "
+                     f"over {summary['bands']} partitions, {summary['steps']} private steps")
+    elif summary["noise_multiplier"] is not None:
         lines.append(f"noise multiplier  {summary['noise_multiplier']:.4g}  (C={summary['max_grad_norm']:g}, "
                      f"sampling rate {summary['sampling_rate']:.4g}, {summary['steps']} private steps)")
     lines.append(f"guarantee         {summary['guarantee']}")

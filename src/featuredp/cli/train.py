@@ -299,8 +299,6 @@ def _check_flags(args: argparse.Namespace) -> None:
         if args.tune or args.method == "fdp_auto":
             raise ValueError("--noise bandmf does not combine with --tune or --method fdp_auto yet: give the "
                              "settings, or use --noise independent")
-        if args.task == "text":
-            raise ValueError("--noise bandmf is for --task tabular (the text task does not take it yet)")
     if args.method == "fdp_auto" and args.public_weight is not None:
         raise ValueError("--method fdp_auto chooses --public-weight itself: leave it out (or use --method fdp)")
     if args.tune or args.method == "fdp_auto":

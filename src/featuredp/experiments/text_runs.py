@@ -64,7 +64,8 @@ def train_text_run(*, out: str | Path | None, method: str, epsilon: float | None
                "public_perplexity": perplexity(done.model, data.test.batch(), key="x_pub")}  # fmt: skip
     summary = {
         "task": "text", "method": method, "epsilon": done.epsilon, "delta": result.delta,
-        "noise_multiplier": result.plan.noise_multiplier, "max_grad_norm": result.plan.max_grad_norm,
+        "noise_multiplier": result.plan.noise_multiplier, "noise": result.plan.noise, "bands": result.plan.bands,
+        "max_grad_norm": result.plan.max_grad_norm,
         "sampling_rate": result.plan.sampling_rate, "steps": result.steps, "pretrain_steps": result.pretrain_steps,
         "guarantee": result.guarantee, "data": data.source, "private": data.psi.describe().hides,
         "train_texts": len(data.train), "test_texts": len(data.test), "truncated": data.train.truncated,
