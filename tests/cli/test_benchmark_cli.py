@@ -128,3 +128,10 @@ def test_bad_noise_flags_are_named(capsys):
         assert main([*base, *argv]) == 2
         err = capsys.readouterr().err
         assert needle in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_the_clis_copy_of_the_default_bands_matches_the_runner():
+    from featuredp.cli import benchmark
+    from featuredp.experiments import throughput
+
+    assert benchmark.BENCHMARK_BANDS == throughput.BENCHMARK_BANDS

@@ -74,3 +74,10 @@ def test_a_real_grid_with_both_noises_reports_both(tmp_path, capsys) -> None:
     without = [a for a in argv if a not in ("independent,bandmf", "--noise", "--bands", "2")]
     assert main(without) == 2
     assert "different grid" in capsys.readouterr().err
+
+
+def test_the_clis_copy_of_the_noise_kinds_matches_the_config():
+    from featuredp.cli._flags import NOISES
+    from featuredp.config import NOISE_KINDS
+
+    assert NOISES == NOISE_KINDS

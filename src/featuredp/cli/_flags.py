@@ -26,6 +26,11 @@ MAX_EPOCHS = 10_000.0
 SLOW_PLD_STEPS = 1_000_000
 
 
+#: ``--noise`` of train, compare and benchmark: :data:`featuredp.config.NOISE_KINDS` (a copy, so that building the
+#: parser imports no accountant; a test pins the two together)
+NOISES = ("independent", "bandmf")
+
+
 def whole_number(text: str) -> int:
     """An argparse ``type``: an integer written as ``1000``, ``1_000`` or ``1e3`` (no fractions).
 

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from featuredp.cli._device import check_device
+from featuredp.cli._summary import privacy_lines
 from featuredp.cli._text_args import text_data_options
 
 #: train flags of the tabular task that --task text refuses (one line each, before any work)
@@ -54,21 +55,13 @@ def train_text(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
         return 0
-    eps = "inf (no privacy)" if summary["epsilon"] is None else f"{summary['epsilon']:.4g}"
     lines = [
         f"method            {summary['method']} (task text)",
         f"data              {summary['data']}; private: {summary['private']}",
         f"perplexity        {summary['perplexity']:.4g} held-out, full text ({summary['public_perplexity']:.4g} on the "
         "redacted text)",
-        f"epsilon           {eps}" + (f" (delta={summary['delta']:g})" if summary["delta"] else ""),
+        *privacy_lines(summary),
     ]
-    if summary["noise_multiplier"] is not None and summary["noise"] == "bandmf":
-        lines.append(f"noise             bandmf, {summary['bands']} bands: correlated noise of std "
-                     f"{summary['noise_multiplier']:.4g}·C (C={summary['max_grad_norm']:g}), cyclic Poisson sampling "
-                     f"over {summary['bands']} partitions, {summary['steps']} private steps")
-    elif summary["noise_multiplier"] is not None:
-        lines.append(f"noise multiplier  {summary['noise_multiplier']:.4g}  (C={summary['max_grad_norm']:g}, "
-                     f"sampling rate {summary['sampling_rate']:.4g}, {summary['steps']} private steps)")
     lines.append(f"guarantee         {summary['guarantee']}")
     if summary["truncated"]:
         lines.append(f"note              {summary['truncated']} training texts were longer than --max-len and were "

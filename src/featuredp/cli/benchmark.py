@@ -10,13 +10,11 @@ import sys
 from typing import Any
 
 from featuredp.cli._device import add_device_argument, add_precision_argument, check_device
-from featuredp.cli._flags import whole_number
+from featuredp.cli._flags import NOISES, whole_number
 from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS
 
 #: what is timed by default: the non-private reference, DP-SGD and FDP (any registered method can be asked for)
 DEFAULT_METHODS = ("nonprivate", "dpsgd", "fdp")
-#: ``--noise``: :data:`featuredp.config.NOISE_KINDS`, repeated here so that building the parser stays light
-NOISES = ("independent", "bandmf")
 #: BandMF's bands when --bands is left out: :data:`featuredp.experiments.throughput.BENCHMARK_BANDS` (torch-free copy)
 BENCHMARK_BANDS = 8
 

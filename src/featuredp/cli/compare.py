@@ -20,7 +20,7 @@ from typing import Any
 
 from featuredp.cli._data_args import add_data_arguments, resolve_data
 from featuredp.cli._device import add_device_argument, check_device
-from featuredp.cli._flags import number_list
+from featuredp.cli._flags import NOISES, number_list
 from featuredp.cli._text_args import add_text_arguments
 from featuredp.experiments.diffusion_options import add_diffusion_arguments
 from featuredp.experiments.presets import IMAGE_FEATURE_MAPS
@@ -29,9 +29,6 @@ from featuredp.methods import METHOD_NAMES
 #: ``--protocol``: :data:`featuredp.experiments.protocols.PROTOCOLS`, repeated here because building the parser
 #: must stay light (that module imports the accountants)
 PROTOCOLS = ("default", "paper")
-
-#: ``--noise``: :data:`featuredp.config.NOISE_KINDS`, repeated here for the same reason
-NOISES = ("independent", "bandmf")
 
 TASKS = ("tabular", "diffusion", "image-classification", "text")
 #: the default ε of ``--protocol paper``: at σ = 1 and sampling rate 1/16 one step already spends ε ≈ 1.2 at

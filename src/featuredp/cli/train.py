@@ -9,7 +9,8 @@ from typing import Any
 
 from featuredp.cli._data_args import add_data_arguments, resolve_data
 from featuredp.cli._device import add_device_argument, add_precision_argument, check_device
-from featuredp.cli._flags import TRAIN_FLAGS, check_run_out, check_training_values, flag_names, whole_number
+from featuredp.cli._flags import NOISES, TRAIN_FLAGS, check_run_out, check_training_values, flag_names, whole_number
+from featuredp.cli._summary import privacy_lines
 from featuredp.cli._text_args import add_text_arguments
 from featuredp.methods import METHOD_NAMES
 
@@ -50,7 +51,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--epsilon", type=float, default=None, help="target epsilon (sigma is calibrated)")
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--noise-multiplier", type=float, default=None, help="sigma (with --epsilon: budget stop)")
-    p.add_argument("--noise", choices=("independent", "bandmf"), default="independent",
+    p.add_argument("--noise", choices=NOISES, default="independent",
                    help="noise of the private steps: independent (DP-SGD's fresh Gaussian each step, default) or "
                    "bandmf (banded matrix-factorization correlated noise with cyclic Poisson sampling: less noise at "
                    "the same epsilon for larger epsilon; docs/accounting.md)")
@@ -189,21 +190,13 @@ def _print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> int:
     if args.json:
         print(json.dumps(summary))
         return 0
-    eps = "inf (no privacy)" if summary["epsilon"] is None else f"{summary['epsilon']:.4g}"
     lines = [
         f"method            {summary['method']}",
         f"dataset           {summary['dataset']} (private: {', '.join(summary['private_columns']) or '-'}"
         f"{', label' if summary['label_private'] else ''})",
         f"test accuracy     {summary['accuracy']:.4f}",
-        f"epsilon           {eps}" + (f" (delta={summary['delta']:g})" if summary["delta"] else ""),
+        *privacy_lines(summary),
     ]
-    if summary["noise_multiplier"] is not None and summary.get("noise") == "bandmf":
-        lines.append(f"noise             bandmf, {summary['bands']} bands: correlated noise of std "
-                     f"{summary['noise_multiplier']:.4g}·C (C={summary['max_grad_norm']:g}), cyclic Poisson sampling "
-                     f"over {summary['bands']} partitions, {summary['steps']} private steps")
-    elif summary["noise_multiplier"] is not None:
-        lines.append(f"noise multiplier  {summary['noise_multiplier']:.4g}  (C={summary['max_grad_norm']:g}, "
-                     f"sampling rate {summary['sampling_rate']:.4g}, {summary['steps']} private steps)")
     if summary["stopped_early"]:
         lines.append(f"stopped early     {summary['stop_reason']}")
     lines.append(f"guarantee         {summary['guarantee']}")
