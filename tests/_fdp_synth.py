@@ -1,11 +1,16 @@
-"""Small synthetic tabular datasets for the engine tests (no files, fixed seeds)."""
+"""Small synthetic tabular datasets, loss splits and noise sources for the engine tests (no files, fixed seeds)."""
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
 
+import numpy as np
+import torch
+
+from featuredp import bandmf, correlated
 from featuredp.data import TabularDataset
 from featuredp.losses import LossSplit, forward
+from featuredp.noise import ChaCha20Generator, SecureNoise, TorchNoise
 
 
 def make_tabular(n: int = 300, seed: int = 0, *, codes: bool = False, n_classes: int = 2) -> TabularDataset:
@@ -49,3 +54,61 @@ class ZeroSplit(LossSplit):
 
     def _public_loss(self, model, view, draws):
         return 0.0 * forward(model, view).sum(-1)
+
+
+class LinearSplit(LossSplit):
+    """ℓ = logit₀ − logit₁: every record's gradient is the same at every θ, so two runs on neighbouring datasets
+    differ only by the extra record's clipped gradient (never by the model drifting apart): the replay tests."""
+
+    name = "linear"
+
+    def loss(self, model, batch, draws):
+        out = forward(model, batch)
+        return out[:, 0] - out[:, 1]
+
+    def _public_loss(self, model, view, draws):
+        return self.loss(model, view, draws)
+
+
+def torch_source(seed: int) -> TorchNoise:
+    """A TorchNoise source on a seeded CPU generator."""
+    return TorchNoise(torch.Generator().manual_seed(seed))
+
+
+def secure_source(key: int) -> SecureNoise:
+    """A SecureNoise source on a fixed ChaCha20 key."""
+    return SecureNoise(ChaCha20Generator(bytes([key]) * 32))
+
+
+def record_noise(monkeypatch: Any, cls: type) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Record what a correlated-noise class is given (the flat gradient sums, float64) and what it draws (w_t)."""
+    sums: list[torch.Tensor] = []
+    noises: list[torch.Tensor] = []
+    real_add, real_sample = cls.add, cls.sample
+
+    def add(self, s, std):
+        sums.append(torch.cat([v.reshape(-1) for v in s.values()]).double())
+        return real_add(self, s, std)
+
+    def sample(self, device=None):
+        w = real_sample(self, device)
+        noises.append(w.clone())
+        return w
+
+    monkeypatch.setattr(cls, "add", add)
+    monkeypatch.setattr(cls, "sample", sample)
+    return sums, noises
+
+
+def record_cyclic(monkeypatch: Any) -> list[np.ndarray]:
+    """Record every batch the run's cyclic sampler (BandMF's and BLT's) draws, in order."""
+    rec: list[np.ndarray] = []
+
+    class Recording(bandmf.BMinSepSampler):
+        def sample(self):
+            idx = super().sample()
+            rec.append(idx.copy())
+            return idx
+
+    monkeypatch.setattr(correlated, "BMinSepSampler", Recording)
+    return rec

@@ -96,6 +96,32 @@ def main(scenario: str, out: Path) -> None:
         if rank == 0:
             torch.save({"noise": (before - _flat(model)).double(), "same": bool(torch.equal(flats[0], flats[1]))},
                        out / "bandmf-noise.pt")  # fmt: skip
+    elif scenario == "blt":
+        # BLT over the ranks' shards: epochs of ⌊200/25⌋ = 8 partitions taken whole; then two updates of a run whose
+        # gradients are all zero: w_1 = z_1 and w_2 = z_2 − c_1·w_1, the buffers kept once (on rank 0).
+        seen = _record_batches(BMinSepSampler)
+        Trainer(_model(), "dpsgd", steps=24, batch_size=25, noise_multiplier=4.0, delta=1e-4, noise="blt",
+                strategy="vmap", progress=False).fit(data)  # fmt: skip
+        torch.save([s.tolist() for s in seen], out / f"blt{rank}.pt")
+        gen = torch.Generator().manual_seed(0)
+        batch = {"x": torch.randn(100, 300, generator=gen), "y": torch.randint(0, 2, (100,), generator=gen)}
+        torch.manual_seed(0)
+        model = LogisticRegression(300, 5)
+        snaps = [_flat(model)]
+        trainer = Trainer(model, "dpsgd", loss_split=ZeroSplit(LabelPrivate()), steps=20, batch_size=10,
+                          noise_multiplier=2.0, max_grad_norm=0.5, delta=1e-4, lr=1.0, momentum=0.0, strategy="vmap",
+                          noise="blt", progress=False)  # fmt: skip
+        trainer.fit(batch, max_steps=1)
+        snaps.append(_flat(model))
+        trainer.fit(batch, max_steps=1)
+        snaps.append(_flat(model))
+        flats: list[torch.Tensor | None] = [None, None]
+        torch.distributed.all_gather_object(flats, _flat(model))
+        if rank == 0:
+            assert trainer.plan is not None and trainer.plan.noise_coeffs is not None
+            torch.save({"updates": [(snaps[i] - snaps[i + 1]).double() for i in range(2)],
+                        "params": list(trainer.plan.noise_coeffs), "same": bool(torch.equal(flats[0], flats[1]))},
+                       out / "blt-noise.pt")  # fmt: skip
     elif scenario == "inclusion":
         seen = _record_batches()
         Trainer(_model(), "dpsgd", steps=300, batch_size=50, noise_multiplier=1.0, strategy="vmap",

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from _fdp_synth import secure_source, torch_source
 from featuredp import bandmf as bm
 from featuredp.accounting import calibrate_noise_multiplier, compute_epsilon, dpsgd_event
-from featuredp.noise import ChaCha20Generator, SecureNoise, TorchNoise
+from featuredp.noise import ChaCha20Generator
 from featuredp.sampling import PoissonSampler, make_streams
 
 # ----------------------------------------------------------------------------- strategy
@@ -93,15 +94,9 @@ def test_sensitivity_lemma_holds_at_separation_b_and_fails_below():
 # ----------------------------------------------------------------------------- noise
 
 
-def _torch_source(seed: int) -> TorchNoise:
-    return TorchNoise(torch.Generator().manual_seed(seed))
 
 
-def _secure_source(key: int) -> SecureNoise:
-    return SecureNoise(ChaCha20Generator(bytes([key]) * 32))
-
-
-@pytest.mark.parametrize("make", [_torch_source, _secure_source])
+@pytest.mark.parametrize("make", [torch_source, secure_source])
 def test_banded_noise_is_C_inverse_of_the_source_stream(make):
     T, dim = 12, 7
     c = bm.banded_toeplitz_strategy(T, 4)
@@ -119,7 +114,7 @@ def test_covariance_is_C_inverse_C_inverse_transpose_with_power():
     # 40,000 coordinates must match C⁻¹C⁻ᵀ entry by entry (5 standard errors).
     T, dim = 6, 40_000
     c = np.array([1.0, 0.7, 0.45])
-    noise = bm.BandedNoise(c, dim, _torch_source(11))
+    noise = bm.BandedNoise(c, dim, torch_source(11))
     W = torch.stack([noise.sample() for _ in range(T)]).numpy()
     Cinv = np.linalg.inv(bm.strategy_matrix(c, T))
     sigma = Cinv @ Cinv.T
@@ -137,13 +132,13 @@ def test_covariance_is_C_inverse_C_inverse_transpose_with_power():
 
 def test_zero_std_adds_nothing_and_the_std_cannot_change():
     sums = {"w": torch.randn(3, 4), "b": torch.randn(5)}
-    noise = bm.BandedNoise([1.0, 0.5], 17, _torch_source(0))
+    noise = bm.BandedNoise([1.0, 0.5], 17, torch_source(0))
     out = noise.add(sums, 0.0)
     assert all(torch.equal(out[k], sums[k]) and out[k] is not sums[k] for k in sums)
     assert noise.step == 0  # nothing drawn
     with pytest.raises(ValueError, match=r"std must stay 0\.0"):
         noise.add(sums, 1.0)
-    noisy = bm.BandedNoise([1.0, 0.5], 17, _torch_source(0))
+    noisy = bm.BandedNoise([1.0, 0.5], 17, torch_source(0))
     noisy.add(sums, 1.0)
     with pytest.raises(ValueError, match=r"std must stay 1\.0"):  # a smaller σ later would break the analysis
         noisy.add(sums, 0.5)
@@ -151,7 +146,7 @@ def test_zero_std_adds_nothing_and_the_std_cannot_change():
         noisy.add({"w": torch.zeros(3)}, 1.0)
 
 
-@pytest.mark.parametrize("make", [_torch_source, _secure_source])
+@pytest.mark.parametrize("make", [torch_source, secure_source])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_one_band_is_independent_noise_bit_for_bit(make, dtype):
     g = torch.Generator().manual_seed(5)
@@ -171,7 +166,7 @@ def test_one_band_is_independent_noise_bit_for_bit(make, dtype):
 def test_state_round_trip_resumes_the_correlated_stream():
     c = [1.0, 0.6, 0.3, 0.1]
     sums = {"w": torch.zeros(6, dtype=torch.float64)}
-    a = bm.BandedNoise(c, 6, _torch_source(21))
+    a = bm.BandedNoise(c, 6, torch_source(21))
     for _ in range(3):
         a.add(sums, 1.0)
     buf = io.BytesIO()
@@ -179,17 +174,17 @@ def test_state_round_trip_resumes_the_correlated_stream():
     buf.seek(0)
     state = torch.load(buf, weights_only=True)
     expected = [a.add(sums, 1.0)["w"] for _ in range(4)]
-    b = bm.BandedNoise(c, 6, _torch_source(99))
+    b = bm.BandedNoise(c, 6, torch_source(99))
     b.load_state_dict(state)
     assert all(torch.equal(b.add(sums, 1.0)["w"], e) for e in expected)
     with pytest.raises(ValueError, match="coefficients differ"):
-        bm.BandedNoise([1.0, 0.6], 6, _torch_source(0)).load_state_dict(state)
+        bm.BandedNoise([1.0, 0.6], 6, torch_source(0)).load_state_dict(state)
     with pytest.raises(ValueError, match=r"std must stay 1\.0"):
         b.add(sums, 2.0)  # the restored std still binds
 
 
 def test_history_is_never_shown_or_copied():
-    noise = bm.BandedNoise([1.0, 0.5, 0.25], 4, _torch_source(0))
+    noise = bm.BandedNoise([1.0, 0.5, 0.25], 4, torch_source(0))
     w = noise.sample()
     assert repr(noise) == "BandedNoise(bands=3, dim=4, step=1)" and f"{float(w[0]):.4f}" not in repr(noise)
     for attempt in (copy.copy, copy.deepcopy, pickle.dumps):
@@ -198,7 +193,7 @@ def test_history_is_never_shown_or_copied():
     with pytest.raises(TypeError, match="source must be"):
         bm.BandedNoise([1.0], 4, noise)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"coeffs\[0\] must be > 0"):
-        bm.BandedNoise([0.0, 1.0], 4, _torch_source(0))
+        bm.BandedNoise([0.0, 1.0], 4, torch_source(0))
 
 
 # ----------------------------------------------------------------------------- sampling

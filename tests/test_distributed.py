@@ -127,6 +127,32 @@ def test_bandmf_across_ranks_is_cyclic_poisson_of_the_whole_dataset_with_noise_a
 
 
 @pytest.mark.statistical
+def test_blt_across_ranks_takes_each_record_once_per_epoch_with_correlated_noise_added_once(tmp_path):
+    _torchrun("blt", tmp_path)
+    ranks = [torch.load(tmp_path / f"blt{r}.pt") for r in (0, 1)]
+    T, n, b = 24, 200, 8  # ⌊200/25⌋ = 8 partitions taken whole (rate 1)
+    steps: dict[int, list[int]] = {}
+    for r, batches in enumerate(ranks):
+        assert len(batches) == T
+        for t, batch in enumerate(batches):
+            assert all(r * 100 <= i < (r + 1) * 100 for i in batch)
+            for i in batch:
+                steps.setdefault(i, []).append(t)
+    assert sorted(steps) == list(range(n))  # every record of both shards, ...
+    for s in steps.values():  # ... once per epoch, always in the same class mod b
+        assert len({t % b for t in s}) == 1 and len(s) == T // b and set(np.diff(s)) == {b}
+    res = torch.load(tmp_path / "blt-noise.pt")
+    assert res["same"]
+    w1, w2 = (u.numpy() / (2.0 * 0.5 / 10) for u in res["updates"])  # in units of σC/m
+    omega = np.array(res["params"]).reshape(2, -1)[1]
+    c1 = float(omega.sum())  # C's first off-diagonal: w_2 = z_2 − c_1·w_1
+    assert c1 > 0.05 and w1.size == 1505
+    assert _variance_pvalue(w1) > 1e-3 and _variance_pvalue(w2 + c1 * w1) > 1e-3  # z_1, z_2: N(0, 1) each
+    assert _variance_pvalue(w1 / math.sqrt(2)) < 1e-6  # noise added on both ranks would be √2 larger
+    assert _variance_pvalue(w2) < 1e-6 or c1 < 0.1  # independent noise (no buffers) would pass here instead
+
+
+@pytest.mark.statistical
 def test_every_record_is_included_at_rate_p_and_ranks_are_independent(tmp_path):
     _torchrun("inclusion", tmp_path)
     ranks = [torch.load(tmp_path / f"inclusion{r}.pt") for r in (0, 1)]

@@ -16,14 +16,13 @@ import pytest
 import torch
 from torch.nn import functional as nnf
 
-from _fdp_synth import ZeroSplit, make_tabular
-from featuredp import accounting, bandmf, run_state
+from _fdp_synth import LinearSplit, ZeroSplit, make_tabular, record_cyclic, record_noise
+from featuredp import accounting, bandmf, correlated, run_state
 from featuredp.accounting import BudgetLedger
 from featuredp.cli import main
 from featuredp.engine import Trainer
 from featuredp.experiments.runs import save_run
 from featuredp.features import Columns, LabelPrivate
-from featuredp.losses import LossSplit, forward
 from featuredp.models import LogisticRegression
 
 
@@ -43,25 +42,12 @@ def _same(a, b) -> bool:
     return all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _record_cyclic(monkeypatch):
-    rec: list[np.ndarray] = []
-
-    class Recording(bandmf.BMinSepSampler):
-        def sample(self):
-            idx = super().sample()
-            rec.append(idx.copy())
-            return idx
-
-    monkeypatch.setattr(run_state, "BMinSepSampler", Recording)
-    return rec
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Reductions: σ = 0, C = ∞ is plain SGD on the cyclic batches; b = 1 is the independent run, bit for bit
 # ---------------------------------------------------------------------------------------------------------
 def test_sigma_zero_without_clipping_is_plain_sgd_on_the_cyclic_poisson_batches(monkeypatch):
     data = make_tabular(200, seed=1)
-    rec = _record_cyclic(monkeypatch)
+    rec = record_cyclic(monkeypatch)
     base = _model(0)
     model = copy.deepcopy(base)
     res = Trainer(model, "dpsgd", steps=16, batch_size=20, noise_multiplier=0.0, max_grad_norm=math.inf, lr=0.1,
@@ -228,7 +214,7 @@ def test_ledger_segments_of_a_resumed_run_never_add_up_to_less(tmp_path):
 # Refusals, up front and in one line
 # ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("kw", "method", "needle"), [
-    ({"noise": "gaussian"}, "dpsgd", "noise must be one of 'independent', 'bandmf'; got 'gaussian'"),
+    ({"noise": "gaussian"}, "dpsgd", "noise must be one of 'independent', 'bandmf', 'blt'; got 'gaussian'"),
     ({"noise": "bandmf", "bands": 0}, "dpsgd", "bands must be >= 1, got 0"),
     ({"bands": 4}, "dpsgd", "bands is for noise='bandmf', got bands=4 with noise='independent'"),
     ({"noise": "bandmf", "bands": 4}, "nonprivate", "noise='bandmf' is for the private methods"),
@@ -257,20 +243,6 @@ def test_bands_that_do_not_fit_the_run_are_refused_before_training(kw, needle):
 # ---------------------------------------------------------------------------------------------------------
 # The FDP replay: D vs D plus one record, the same secret randomness
 # ---------------------------------------------------------------------------------------------------------
-class _LinearSplit(LossSplit):
-    """ℓ = logit₀ − logit₁: every record's gradient is the same at every θ, so the two runs differ only by the
-    extra record's clipped gradient (never by the model drifting apart)."""
-
-    name = "linear"
-
-    def loss(self, model, batch, draws):
-        out = forward(model, batch)
-        return out[:, 0] - out[:, 1]
-
-    def _public_loss(self, model, view, draws):
-        return self.loss(model, view, draws)
-
-
 def test_replay_neighbours_differ_only_through_the_strategys_sensitivity(monkeypatch):
     n, d, T, b, m, lr, beta, clip = 60, 5, 12, 3, 6, 0.05, 0.5, 1.0
     extra_steps = (1, 1 + b, 1 + 2 * b)  # the extra record's participations: one class mod b, b apart
@@ -291,26 +263,12 @@ def test_replay_neighbours_differ_only_through_the_strategys_sensitivity(monkeyp
             idx = super().sample()
             return np.append(idx, n) if self.with_record and t in extra_steps else idx
 
-    monkeypatch.setattr(run_state, "BMinSepSampler", Replay)
-    sums: list[torch.Tensor] = []
-    noises: list[torch.Tensor] = []
-    real_add, real_sample = bandmf.BandedNoise.add, bandmf.BandedNoise.sample
-
-    def add(self, s, std):
-        sums.append(torch.cat([v.reshape(-1) for v in s.values()]).double())
-        return real_add(self, s, std)
-
-    def sample(self, device=None):
-        w = real_sample(self, device)
-        noises.append(w.clone())
-        return w
-
-    monkeypatch.setattr(bandmf.BandedNoise, "add", add)
-    monkeypatch.setattr(bandmf.BandedNoise, "sample", sample)
+    monkeypatch.setattr(correlated, "BMinSepSampler", Replay)
+    sums, noises = record_noise(monkeypatch, bandmf.BandedNoise)
 
     def run(data):
         model = _model(2, d, 2)
-        t = Trainer(model, "dpsgd", loss_split=_LinearSplit(LabelPrivate()), steps=T, batch_size=m, lr=lr,
+        t = Trainer(model, "dpsgd", loss_split=LinearSplit(LabelPrivate()), steps=T, batch_size=m, lr=lr,
                     momentum=beta, noise_multiplier=1.0, max_grad_norm=clip, noise="bandmf", bands=b, seed=4,
                     strategy="vmap", progress=False)  # fmt: skip
         t.fit(data)
@@ -323,7 +281,7 @@ def test_replay_neighbours_differ_only_through_the_strategys_sensitivity(monkeyp
     assert torch.equal(w_d, w_p)
     # 2. The gradient sums differ by the extra record's clipped gradient at its steps, and by nothing elsewhere.
     probe = _model(2, d, 2)
-    loss = _LinearSplit(LabelPrivate()).loss(probe, record, {}).sum()
+    loss = LinearSplit(LabelPrivate()).loss(probe, record, {}).sum()
     g = torch.cat([v.reshape(-1) for v in torch.autograd.grad(loss, list(probe.parameters()))]).double()
     g = g * min(1.0, clip / float(g.norm()))
     assert float(g.norm()) == pytest.approx(clip)

@@ -88,6 +88,7 @@ __all__ = [
     "RMSE_SETTINGS",
     "BMinSepSampler",
     "BandedNoise",
+    "CorrelatedNoise",
     "CyclicPoissonSampler",
     "banded_toeplitz_strategy",
     "bandmf_epsilon",
@@ -268,82 +269,65 @@ def banded_toeplitz_strategy(n_steps: int, bands: int, *, momentum: float = 0.0,
 
 # ----------------------------------------------------------------------------- noise
 
-_NOT_COPIED = (
-    "BandedNoise holds the last b-1 noise vectors, which fix part of the noise of the next steps: it must not be "
-    "copied or pickled (save state_dict() to the private checkpoint only)"
-)
-
-
-class BandedNoise(Uncopyable, NoiseSource):
-    """Correlated noise w_t = (C⁻¹ z)_t for step t, online, for the b-banded Toeplitz C with first column ``coeffs``.
+class CorrelatedNoise(Uncopyable, NoiseSource):
+    """The part that BandMF's and BLT's noise share: w_t = (C⁻¹ z)_t for step t, online, in float64.
 
     Each call draws z_t ~ N(0, I_dim) from ``source`` (a :class:`~featuredp.noise.TorchNoise` or
-    :class:`~featuredp.noise.SecureNoise`: their float64 Box–Muller, their cut tail) and applies the recurrence
-    w_t = (z_t − Σ_{j=1}^{b−1} c_j·w_{t−j}) / c_0 in float64, keeping only the last b − 1 vectors
-    (memory (b − 1)·dim·8 bytes). :meth:`add` adds std·w_t to the sums in float64 and rounds once, exactly as the
-    sources add std·z_t: with ``coeffs = [1.0]`` it returns bit for bit what ``source.add`` returns for the same
-    generator state.
+    :class:`~featuredp.noise.SecureNoise`: their float64 Box–Muller, their cut tail) and a subclass's recurrence
+    turns it into w_t, keeping a few earlier vectors (its ``_buffers``). :meth:`add` adds std·w_t to the sums in
+    float64 and rounds once, exactly as the sources add std·z_t.
 
     ``std`` (σ·C in the Trainer's terms) is fixed by the first :meth:`add` and refused if it changes: the privacy
     analysis is of C x + z with one σ for all steps. ``std = 0`` adds nothing and draws nothing (a non-private run).
-    The history is secret (it fixes part of the next steps' noise): it is in :meth:`state_dict` only, for the
+    The buffers are secret (they fix part of the next steps' noise): they are in :meth:`state_dict` only, for the
     private checkpoint; the object refuses copies and pickling.
     """
 
-    _not_copied = _NOT_COPIED
+    #: what the mechanism is called in the privacy report
+    kind = "correlated"
 
-    def __init__(self, coeffs: Sequence[float] | np.ndarray, dim: int, source: NoiseSource) -> None:
-        self.coeffs = _check_coeffs(coeffs)
+    def __init__(self, dim: int, source: NoiseSource) -> None:
         self.dim = check_int("dim", dim, minimum=1)
-        if not isinstance(source, NoiseSource) or isinstance(source, BandedNoise):
+        if not isinstance(source, NoiseSource) or isinstance(source, CorrelatedNoise):
             raise TypeError(f"source must be a featuredp.noise source (TorchNoise, SecureNoise), got "
                             f"{type(source).__name__}")  # fmt: skip
         self.source = source
         self.secure = source.secure
         # The mechanism releases C x + z: the sampler's cut tail is z's, per pair of coordinates, as for DP-SGD.
         self.tail_mass_per_pair = source.tail_mass_per_pair
-        self.description = (
-            f"banded correlated noise C^-1 z (BandMF, {self.bands} bands, float64 recurrence) of z from: "
-            f"{source.description}"
-        )
-        self._history: torch.Tensor | None = None  # (b − 1, dim) float64; row t mod (b − 1) holds w_t
+        self._buffers: torch.Tensor | None = None  # float64, secret
         self._step = 0
         self._std: float | None = None
-
-    @property
-    def bands(self) -> int:
-        """b, the number of nonzero diagonals of C."""
-        return int(self.coeffs.size)
 
     @property
     def step(self) -> int:
         """How many noise vectors have been drawn."""
         return self._step
 
+    def _correlate(self, z: torch.Tensor, buffers: torch.Tensor | None) -> torch.Tensor:
+        """w_t from z_t (may be consumed) and the buffers, updating the buffers in place."""
+        raise NotImplementedError
+
+    def _buffer_rows(self) -> int:
+        """How many vectors of length dim the recurrence keeps (0: none)."""
+        raise NotImplementedError
+
+    def _params(self) -> dict[str, torch.Tensor]:
+        """The public parameters of C, saved with the state so that a resume with other parameters is refused."""
+        raise NotImplementedError
+
     def sample(self, device: torch.device | str | None = None) -> torch.Tensor:
         """The next w_t as a float64 vector of length ``dim`` on ``device`` (secret: it is the step's noise)."""
         dev = torch.device("cpu") if device is None else torch.device(device)
         # The sources' own draw: 0 + 1·z in float64 is z exactly (their add keeps the float64 sum).
         z = self.source.add({"z": torch.zeros(self.dim, dtype=torch.float64, device=dev)}, 1.0)["z"]
-        c = self.coeffs
-        b = c.size
-        t = self._step
-        if b == 1:
-            w = z if c[0] == 1.0 else z.div_(float(c[0]))
-        else:
-            if self._history is None:
-                self._history = torch.zeros((b - 1, self.dim), dtype=torch.float64, device=dev)
-            elif self._history.device != dev:
-                self._history = self._history.to(dev)
-            hist = self._history
-            w = z
-            for j in range(1, min(b, t + 1)):  # w_{t−j} = 0 before the first step
-                w.sub_(hist[(t - j) % (b - 1)], alpha=float(c[j]))
-            if c[0] != 1.0:
-                w.div_(float(c[0]))
-            # Row t mod (b − 1) held w_{t−b+1}, read above for the last time.
-            hist[t % (b - 1)].copy_(w)
-        self._step = t + 1
+        rows = self._buffer_rows()
+        if rows and self._buffers is None:
+            self._buffers = torch.zeros((rows, self.dim), dtype=torch.float64, device=dev)
+        elif self._buffers is not None and self._buffers.device != dev:
+            self._buffers = self._buffers.to(dev)
+        w = self._correlate(z, self._buffers)
+        self._step += 1
         return w
 
     def add(self, sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
@@ -362,29 +346,80 @@ class BandedNoise(Uncopyable, NoiseSource):
         return _add_in_float64(sums, w, std)
 
     def state_dict(self) -> dict[str, Any]:
-        """The source's generator state, the step, the std and the last b − 1 noise vectors (all secret)."""
+        """The source's generator state, the step, the std, C's parameters and the buffers (all secret)."""
         return {
             "source": self.source.state_dict(),
-            "coeffs": torch.from_numpy(self.coeffs.copy()),
+            **self._params(),
             "dim": self.dim,
             "step": self._step,
             "std": self._std,
-            "history": (torch.empty(0, dtype=torch.float64) if self._history is None
-                        else self._history.detach().to("cpu").clone()),
+            "history": (torch.empty(0, dtype=torch.float64) if self._buffers is None
+                        else self._buffers.detach().to("cpu").clone()),
         }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; the coefficients and ``dim`` must be this object's."""
-        coeffs = state["coeffs"].to(torch.float64).numpy()
-        if coeffs.shape != self.coeffs.shape or not np.array_equal(coeffs, self.coeffs):
-            raise ValueError("the checkpoint's BandMF coefficients differ from this run's; resume with the same")
+        """Restore :meth:`state_dict`; C's parameters and ``dim`` must be this object's."""
+        for key, mine in self._params().items():
+            saved = state.get(key)
+            if saved is None or saved.shape != mine.shape or not torch.equal(saved.to(torch.float64), mine):
+                raise ValueError(f"the checkpoint's {self.kind} coefficients differ from this run's ({key}); resume "
+                                 "with the same")  # fmt: skip
         if int(state["dim"]) != self.dim:
             raise ValueError(f"the checkpoint's noise dim={int(state['dim'])} differs from this run's dim={self.dim}")
         self.source.load_state_dict(state["source"])
         self._step = int(state["step"])
         self._std = None if state["std"] is None else float(state["std"])
         hist = state["history"]
-        self._history = None if hist.numel() == 0 else hist.to(torch.float64).clone()
+        self._buffers = None if hist.numel() == 0 else hist.to(torch.float64).clone()
+
+
+class BandedNoise(CorrelatedNoise):
+    """Correlated noise w_t = (C⁻¹ z)_t for step t, online, for the b-banded Toeplitz C with first column ``coeffs``.
+
+    The recurrence is w_t = (z_t − Σ_{j=1}^{b−1} c_j·w_{t−j}) / c_0 in float64, keeping only the last b − 1
+    vectors (memory (b − 1)·dim·8 bytes); the rest is :class:`CorrelatedNoise`'s. With ``coeffs = [1.0]`` it
+    returns bit for bit what ``source.add`` returns for the same generator state.
+    """
+
+    kind = "BandMF"
+    _not_copied = (
+        "BandedNoise holds the last b-1 noise vectors, which fix part of the noise of the next steps: it must not be "
+        "copied or pickled (save state_dict() to the private checkpoint only)"
+    )
+
+    def __init__(self, coeffs: Sequence[float] | np.ndarray, dim: int, source: NoiseSource) -> None:
+        self.coeffs = _check_coeffs(coeffs)
+        super().__init__(dim, source)
+        self.description = (
+            f"banded correlated noise C^-1 z (BandMF, {self.bands} bands, float64 recurrence) of z from: "
+            f"{source.description}"
+        )
+
+    @property
+    def bands(self) -> int:
+        """b, the number of nonzero diagonals of C."""
+        return int(self.coeffs.size)
+
+    def _buffer_rows(self) -> int:
+        return self.bands - 1
+
+    def _params(self) -> dict[str, torch.Tensor]:
+        return {"coeffs": torch.from_numpy(self.coeffs.copy())}
+
+    def _correlate(self, z: torch.Tensor, buffers: torch.Tensor | None) -> torch.Tensor:
+        c = self.coeffs
+        b = c.size
+        t = self._step
+        w = z
+        if buffers is not None:
+            for j in range(1, min(b, t + 1)):  # w_{t−j} = 0 before the first step
+                w.sub_(buffers[(t - j) % (b - 1)], alpha=float(c[j]))
+        if c[0] != 1.0:
+            w.div_(float(c[0]))
+        if buffers is not None:
+            # Row t mod (b − 1) held w_{t−b+1}, read above for the last time.
+            buffers[t % (b - 1)].copy_(w)
+        return w
 
     def __repr__(self) -> str:  # never the history
         return f"BandedNoise(bands={self.bands}, dim={self.dim}, step={self._step})"

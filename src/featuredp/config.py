@@ -33,10 +33,13 @@ from featuredp._validate import (
 )
 from featuredp.accounting.events import check_accountant, check_relation
 
-__all__ = ["NOISE_KINDS", "PerformanceConfig", "PrivacyConfig", "ScheduleConfig", "split_settings"]
+__all__ = ["CORRELATED_NOISES", "NOISE_KINDS", "PerformanceConfig", "PrivacyConfig", "ScheduleConfig", "split_settings"]
 
-#: the noise of the private steps: DP-SGD's independent Gaussian, or BandMF's correlated noise (featuredp.bandmf)
-NOISE_KINDS = ("independent", "bandmf")
+#: the noise of the private steps: DP-SGD's independent Gaussian, or correlated noise: BandMF's (featuredp.bandmf)
+#: or BLT's (featuredp.blt)
+NOISE_KINDS = ("independent", "bandmf", "blt")
+#: the correlated kinds: their strategy's parameters are in the plan (noise_coeffs) and their sampler is cyclic
+CORRELATED_NOISES = ("bandmf", "blt")
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,9 @@ class PrivacyConfig:
     ``secure_rng`` draws the noise and the private sampling from ChaCha20 (see ``docs/engine.md``).
     ``noise``: ``"independent"`` (DP-SGD's fresh Gaussian noise every step, the default) or ``"bandmf"``
     (banded matrix-factorization correlated noise with ``bands`` bands and cyclic Poisson sampling,
-    :mod:`featuredp.bandmf`; ``bands=None`` lets the plan choose). ``bands`` is only for ``"bandmf"``.
+    :mod:`featuredp.bandmf`; ``bands=None`` lets the plan choose) or ``"blt"`` (buffered-linear-Toeplitz correlated
+    noise over epochs of ⌊n/m⌋ steps, accounted without amplification: :mod:`featuredp.blt`). ``bands`` is only for
+    ``"bandmf"``.
     """
 
     noise_multiplier: float | None = None

@@ -58,6 +58,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from featuredp import correlated
 from featuredp._io import atomic_save_torch, load_torch_safely
 from featuredp._validate import check_choice, check_delta, check_int
 from featuredp.accounting import (
@@ -69,7 +70,6 @@ from featuredp.accounting import (
     sampler_tail_delta,
     sampler_tail_mass,
 )
-from featuredp.bandmf import calibrate_bandmf_noise, run_strategy, sensitivity
 from featuredp.batches import as_batch, evaluate, forward, gather, resolve_device, to_device
 from featuredp.clipping import GradientStrategy, check_no_batch_mixing, get_strategy, trainable_parameters
 from featuredp.clipping.base import AutocastLoss, LossFn, check_precision
@@ -84,7 +84,7 @@ from featuredp.distributed import (
     exact_float32,
     rank_checkpoint_path,
 )
-from featuredp.errors import DataValidationError, UnreachableTargetError
+from featuredp.errors import DataValidationError
 from featuredp.features import Batch, PublicFeatureMap
 from featuredp.losses import LabelDPSplit, LossSplit, default_split
 from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS, Method, get_method
@@ -199,8 +199,8 @@ class Trainer:
             raise ValueError(f"method {self.method!r} needs noise_multiplier= or target_epsilon= (with delta=)")
         if record.private and self.privacy.delta is None:
             raise ValueError(f"method {self.method!r} needs delta=")
-        if self.privacy.noise == "bandmf" and not record.private:
-            raise ValueError(f"noise='bandmf' is for the private methods {list(PRIVATE_METHODS)}, got "
+        if self.privacy.noise != "independent" and not record.private:
+            raise ValueError(f"noise={self.privacy.noise!r} is for the private methods {list(PRIVATE_METHODS)}, got "
                              f"method={self.method!r}")  # fmt: skip
         if self.privacy.seed is not None and record.private:
             warn_private_seed("seed", self.privacy.seed)  # public_seed= fixes only the public randomness
@@ -335,12 +335,14 @@ class Trainer:
             delta = check_delta(delta, n)  # warns (PrivacyRiskWarning) when delta >= 1/n
         sigma, budget = p_cfg.noise_multiplier, None
         bands, coeffs = None, None
-        if record.private and p_cfg.noise == "bandmf":
+        if record.private and p_cfg.noise != "independent":
             assert delta is not None  # checked in __init__
             s_cfg = self.schedule  # the workload: SGD momentum's, else the prefix sums (Adam is not linear)
-            bands, coeffs = run_strategy(n, m, steps, bands=p_cfg.bands, target_epsilon=p_cfg.target_epsilon,
-                                         delta=delta, momentum=s_cfg.momentum if s_cfg.optimizer == "sgd" else 0.0,
-                                         relation=p_cfg.relation, accountant=p_cfg.accountant)  # fmt: skip
+            bands, coeffs = correlated.plan_strategy(
+                p_cfg.noise, n, m, steps, bands=p_cfg.bands, target_epsilon=p_cfg.target_epsilon, delta=delta,
+                momentum=s_cfg.momentum if s_cfg.optimizer == "sgd" else 0.0, relation=p_cfg.relation,
+                accountant=p_cfg.accountant,
+            )  # fmt: skip
         if record.private:
             assert delta is not None  # checked in __init__
             acct: dict[str, Any] = {"relation": p_cfg.relation, "accountant": p_cfg.accountant}
@@ -348,9 +350,9 @@ class Trainer:
                 assert p_cfg.target_epsilon is not None  # checked in __init__
                 if coeffs is None:
                     sigma = calibrate_noise_multiplier(p_cfg.target_epsilon, delta, p, steps, **acct)
-                else:  # never overshoots: σ / sens(C) is at least DP-SGD's calibrated multiplier on the rounds
-                    assert bands is not None
-                    sigma = calibrate_bandmf_noise(p_cfg.target_epsilon, delta, m, n, steps, bands, coeffs, **acct)
+                else:  # never overshoots: σ / sens(C) is at least the calibrated multiplier of its event
+                    sigma = correlated.calibrate(p_cfg.noise, p_cfg.target_epsilon, delta, m, n, steps, bands, coeffs,
+                                                 **acct)  # fmt: skip
                 budget = steps
             elif p_cfg.target_epsilon is not None:
                 if sigma == 0:
@@ -358,20 +360,8 @@ class Trainer:
                 if coeffs is None:
                     budget = calibrate_steps(p_cfg.target_epsilon, delta, p, sigma, **acct)
                 else:
-                    # BandMF spends by rounds of b steps (bandmf_event): the largest whole number of rounds within
-                    # the target, at every band's column norm (the first b − 1 steps only cost less).
-                    assert bands is not None
-                    q = min(1.0, m * bands / n)
-                    try:
-                        rounds = calibrate_steps(p_cfg.target_epsilon, delta, q, sigma / sensitivity(coeffs, steps),
-                                                 **acct)  # fmt: skip
-                    except UnreachableTargetError:
-                        raise UnreachableTargetError(
-                            f"target_epsilon={p_cfg.target_epsilon!r} is not reachable with noise='bandmf': one round "
-                            f"of bands={bands} steps at noise_multiplier={sigma!r} already exceeds it; raise "
-                            "noise_multiplier or lower bands"
-                        ) from None
-                    budget = rounds * bands
+                    budget = correlated.budget_steps(p_cfg.noise, p_cfg.target_epsilon, delta, sigma, m, n, steps,
+                                                     bands, coeffs, **acct)  # fmt: skip
             if sigma and math.isinf(p_cfg.max_grad_norm):
                 raise ValueError("max_grad_norm=inf (no clipping) has unbounded sensitivity; it is only allowed "
                                  "with noise_multiplier=0 (a non-private reference run)")
@@ -397,7 +387,7 @@ class Trainer:
             accountant=p_cfg.accountant,
             noise=p_cfg.noise if record.private else "independent",
             bands=bands,
-            noise_coeffs=None if coeffs is None else tuple(float(c) for c in coeffs),
+            noise_coeffs=coeffs,
         )
         if record.private and sigma:
             # What the noise sampler cannot produce is added to the reported δ (ARCHITECTURE rule 12); refuse up
@@ -468,7 +458,8 @@ class Trainer:
             agree_across_ranks(self._rank_settings(state, split, shard, n))
         reservation = self._reserve(state)  # before any private step: an overspend is refused up front
         main = self.dist is None or self.dist.is_main
-        desc = self.method if plan.noise != "bandmf" else f"{self.method} bandmf b={plan.bands}"
+        desc = {"bandmf": f"{self.method} bandmf b={plan.bands}", "blt": f"{self.method} blt"}.get(plan.noise,
+                                                                                                self.method)
         pbar = tqdm(total=total, initial=state.step, disable=not (self.performance.progress and main),
                     file=sys.stderr, desc=desc, leave=False, dynamic_ncols=True)  # fmt: skip
         try:
@@ -686,20 +677,8 @@ class Trainer:
                 "not_covered": "the floating-point granularity of the noise (featuredp.noise)",
             }
             delta += extra
-        if plan.noise == "bandmf" and plan.noise_coeffs is not None and plan.bands is not None:
-            t = max(1, state.private_steps)
-            report["correlated_noise"] = {
-                "noise": "bandmf",
-                "bands": plan.bands,
-                "coefficients": list(plan.noise_coeffs),  # public: a function of T, b and the workload
-                "max_column_norm": sensitivity(plan.noise_coeffs, t),
-                "effective_noise_multiplier": (plan.noise_multiplier or 0.0) / sensitivity(plan.noise_coeffs, t),
-                "sampling": f"cyclic Poisson over {plan.bands} secret partitions, rate "
-                            f"{min(1.0, plan.expected_batch_size * plan.bands / plan.dataset_size):.4g} per partition",
-                "rounds": -(-state.private_steps // plan.bands),
-                "accounting": "amplified BandMF (Choquette-Choo et al. 2023, Thm 4): DP-SGD at rate m·b/n, "
-                              "multiplier σ / max column norm of C, ceil(T/b) rounds",
-            }  # fmt: skip
+        if plan.noise != "independent" and plan.noise_coeffs is not None:
+            report["correlated_noise"] = correlated.report(plan, state.private_steps)
         composed = _MODEL_RUNS.composed_epsilon(self.model, state)
         if composed is not None:
             report["model_epsilon_all_runs"] = composed

@@ -17,6 +17,7 @@ from typing import Any
 
 from featuredp.accounting import DpEvent, compute_epsilon, dpsgd_event, epsilon_for
 from featuredp.accounting.bandmf import bandmf_event, bandmf_sampling_rate, sensitivity
+from featuredp.accounting.blt import blt_event, blt_sensitivity
 from featuredp.methods import get_method
 
 __all__ = ["Disclosure", "PrivacyPlan", "TrainResult", "inf_to_str", "str_to_inf"]
@@ -102,7 +103,11 @@ class PrivacyPlan:
     ``"bandmf"``: correlated noise with ``bands`` bands, the strategy's Toeplitz
     coefficients ``noise_coeffs`` (public: a function of T, b and the workload)
     and cyclic Poisson sampling, accounted by :func:`featuredp.bandmf.bandmf_event`
-    (:meth:`event`); ``noise_multiplier`` is then σ, the std of z in units of C.
+    (:meth:`event`), or ``"blt"``: buffered-linear-Toeplitz correlated noise whose
+    ``noise_coeffs`` are (θ_1..θ_d, ω_1..ω_d), the buffer decays and output scales
+    of C, sampled cyclically over ⌊n/m⌋ partitions and accounted as one Gaussian
+    (:func:`featuredp.blt.blt_event`); ``noise_multiplier`` is then σ, the std of z
+    in units of C.
     Fields added later default to their old meaning, so older plan dicts still load.
 
     >>> plan = PrivacyPlan("fdp", dataset_size=1000, expected_batch_size=100, sampling_rate=0.1, steps=10,
@@ -171,7 +176,7 @@ class PrivacyPlan:
             return math.inf
         if self.delta is None:
             raise ValueError(f"the plan of private method {self.method!r} needs delta to state ε(δ)")
-        if self.noise == "bandmf":
+        if self.noise != "independent":
             return compute_epsilon(self.event(t), self.delta, relation=self.relation, accountant=self.accountant)
         return epsilon_for(
             self.noise_multiplier, self.sampling_rate, t, self.delta,
@@ -186,10 +191,19 @@ class PrivacyPlan:
         event of ``steps`` steps that need not start at the run's first step (a resumed run's part, for the
         ledger); BandMF then takes the column norm of all of C, since a later segment's steps see every band.
         Composing the segments' events never gives less than the whole run's (⌈t₁/b⌉ + ⌈t₂/b⌉ >= ⌈T/b⌉ rounds
-        at the largest column norm); for independent noise they compose to it exactly.
+        at the largest column norm); for independent noise they compose to it exactly. BLT: one Gaussian with the
+        min-sep sensitivity Δ of ``steps`` steps (:func:`featuredp.blt.blt_event`); a segment takes Δ of the
+        planned run (its rows see every earlier column, and ‖C v‖² splits over the segments' rows, so the
+        segments' Gaussians compose to at least the whole run's).
         """
         if not self.noise_multiplier:
             raise ValueError(f"a plan with noise_multiplier={self.noise_multiplier!r} has no privacy event")
+        if self.noise == "blt":
+            if self.noise_coeffs is None:
+                raise ValueError("a plan with noise='blt' needs noise_coeffs")
+            counted = max(int(steps), self.steps) if segment else int(steps)
+            return blt_event(self.noise_multiplier, self.noise_coeffs, self.expected_batch_size, self.dataset_size,
+                             counted)  # fmt: skip
         if self.noise != "bandmf":
             return dpsgd_event(self.noise_multiplier, self.sampling_rate, steps)
         if self.bands is None or self.noise_coeffs is None:
@@ -201,13 +215,20 @@ class PrivacyPlan:
     def dpsgd_terms(self, steps: int) -> tuple[float, float, int]:
         """(σ, q, T) of the Poisson-subsampled Gaussian mechanism that ``steps`` private steps are accounted as:
         the plan's own for independent noise; for BandMF σ / max column norm of C, rate m·b/n and ⌈steps/b⌉
-        rounds (:meth:`event`). What an audit's bound or a simulated attack must use, not the raw σ and p.
+        rounds; for BLT σ / Δ, rate 1 and one release (:meth:`event`). What an audit's bound or a simulated attack
+        must use, not the raw σ and p.
 
         >>> PrivacyPlan("dpsgd", 1000, 10, 0.01, 50, noise_multiplier=1.0, max_grad_norm=1.0).dpsgd_terms(50)
         (1.0, 0.01, 50)
         """
         if not self.noise_multiplier:
             raise ValueError(f"a plan with noise_multiplier={self.noise_multiplier!r} has no privacy event")
+        if self.noise == "blt":
+            if self.noise_coeffs is None:
+                raise ValueError("a plan with noise='blt' needs noise_coeffs")
+            sens = blt_sensitivity(self.noise_coeffs, self.expected_batch_size, self.dataset_size,
+                                   max(1, int(steps)))  # fmt: skip
+            return float(self.noise_multiplier) / sens, 1.0, 1
         if self.noise != "bandmf":
             return float(self.noise_multiplier), float(self.sampling_rate), int(steps)
         if self.bands is None or self.noise_coeffs is None:
@@ -258,6 +279,15 @@ class PrivacyPlan:
                 f"noise bandmf: banded matrix-factorization correlated noise with {self.bands} bands, noise std "
                 f"{self.noise_multiplier:.4g}·C, cyclic Poisson sampling over {self.bands} partitions, {{T}} private "
                 f"steps, amplified BandMF accounting (Choquette-Choo et al. 2023, Thm 4), {self.accountant.upper()} "
+                f"accountant, {rel} neighbours"
+            )
+        elif self.noise == "blt":
+            d = len(self.noise_coeffs or ()) // 2
+            acc = (
+                f"noise blt: buffered linear Toeplitz correlated noise with {d} buffers, noise std "
+                f"{self.noise_multiplier:.4g}·C, cyclic sampling over epochs of "
+                f"{max(1, int(self.dataset_size // self.expected_batch_size))} steps, {{T}} private steps, one "
+                f"Gaussian release at the min-sep sensitivity (no amplification), {self.accountant.upper()} "
                 f"accountant, {rel} neighbours"
             )
         else:

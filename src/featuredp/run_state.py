@@ -27,8 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from featuredp import correlated
 from featuredp.accounting import BudgetLedger, Reservation, compose_events, compute_epsilon, dpsgd_event
-from featuredp.bandmf import BandedNoise, BMinSepSampler, bandmf_sampling_rate
+from featuredp.bandmf import BMinSepSampler
 from featuredp.config import PrivacyConfig, ScheduleConfig
 from featuredp.distributed import shard_bounds
 from featuredp.errors import BudgetExceededError, PrivacyRiskWarning
@@ -171,9 +172,10 @@ class RunState:
         and shuffled batches (:mod:`featuredp.distributed`). ``shard_size``: this rank holds only its
         shard, of that many records (indices 0 .. shard_size − 1 of its data), and samples all of them.
 
-        A BandMF plan (``plan.noise == "bandmf"``) samples with :class:`BMinSepSampler` from the
-        same secret private-sampling stream (or key) and adds :class:`BandedNoise` over the same noise source; the
-        public batch keeps its own independent sampler either way.
+        A correlated-noise plan (``plan.noise`` ``"bandmf"`` or ``"blt"``) samples with :class:`BMinSepSampler` from
+        the same secret private-sampling stream (or key) and adds its correlated noise over the same noise source
+        (:func:`featuredp.correlated.sampler_and_noise`); the public batch keeps its own independent sampler either
+        way.
         """
         streams = make_streams(privacy.seed, public_seed=privacy.public_seed,
                                rank=rank if world_size > 1 else None)  # fmt: skip
@@ -192,17 +194,9 @@ class RunState:
         else:
             noise = TorchNoise(torch_generator(random_seed_from(streams.noise), device))
             sampling_generator = streams.private_sampling
-        if plan.noise == "bandmf":
-            if plan.bands is None or plan.noise_coeffs is None:
-                raise ValueError("a plan with noise='bandmf' needs bands and noise_coeffs")
-            # The secret partition is drawn here, from the private sampling stream (or its key): each rank assigns
-            # the records of its own shard by coins of its own, which together are one independent assignment of
-            # the whole dataset, sampled at the whole dataset's rate m·b/N.
-            private_sampler = BMinSepSampler(stop - start, plan.expected_batch_size, plan.bands, sampling_generator,
-                                             offset=start,
-                                             sampling_rate=bandmf_sampling_rate(plan.expected_batch_size,
-                                                                                plan.dataset_size, plan.bands))
-            noise = BandedNoise(plan.noise_coeffs, sum(int(p.numel()) for p in params), noise)
+        if plan.noise != "independent":
+            private_sampler, noise = correlated.sampler_and_noise(plan, start, stop, sampling_generator, noise,
+                                                                  sum(int(p.numel()) for p in params))  # fmt: skip
         else:
             private_sampler = PoissonSampler(stop - start, plan.sampling_rate, sampling_generator, offset=start)
         m_pub = share(plan.public_batch_size or max(1, round(plan.expected_batch_size)), rank, world_size)
@@ -437,16 +431,17 @@ class ModelRuns:
 
 
 def _phase(plan: PrivacyPlan, steps: int) -> dict[str, Any]:
-    """One run's private phase on a model (with its plan when its noise is BandMF's, whose event needs it)."""
+    """One run's private phase on a model (with its plan when its noise is correlated, whose event needs it)."""
     phase: dict[str, Any] = {"noise_multiplier": plan.noise_multiplier, "sampling_rate": plan.sampling_rate,
                              "steps": steps}  # fmt: skip
-    if getattr(plan, "noise", "independent") == "bandmf":
+    if getattr(plan, "noise", "independent") != "independent":
         phase["plan"] = plan
     return phase
 
 
 def _phase_event(phase: dict[str, Any]) -> Any:
-    """A phase's event: DP-SGD's, or a BandMF segment's (a resumed run records each part; they never add to less)."""
+    """A phase's event: DP-SGD's, or a correlated-noise segment's (a resumed run records each part; they never add
+    to less)."""
     if "plan" in phase:
         return phase["plan"].event(phase["steps"], segment=True)
     return dpsgd_event(phase["noise_multiplier"], phase["sampling_rate"], phase["steps"])

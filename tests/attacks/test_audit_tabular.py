@@ -184,6 +184,27 @@ def test_run_bound_of_a_bandmf_run_is_that_of_its_accounted_mechanism():
     assert bound > attribute_inference_bound((1.0, 0.016, 200), 0.85, relation="add-remove") + 0.01
 
 
+def test_run_bound_of_a_blt_run_is_that_of_its_single_gaussian():
+    # BLT over 3 epochs is one Gaussian release at σ / Δ (Δ the min-sep sensitivity of 3 participations): the
+    # bound of the raw (σ, p, T) would be that of an amplified mechanism it is not.
+    from featuredp.accounting import epsilon_for
+    from featuredp.attacks.tabular import run_bound
+    from featuredp.blt import blt_sensitivity, optimize_blt
+
+    theta, omega = optimize_blt(30, 10)
+    params = (*theta.tolist(), *omega.tolist())
+    plan = PrivacyPlan("dpsgd", 1000, 100, 0.1, 30, noise_multiplier=4.0, max_grad_norm=1.0, delta=1e-5,
+                       noise="blt", noise_coeffs=params)  # fmt: skip
+    terms = (4.0 / blt_sensitivity(params, 100, 1000, 30), 1.0, 1)
+    assert plan.dpsgd_terms(30) == pytest.approx(terms) and terms[0] < 4.0 / 1.7
+    eps = plan.epsilon(30)
+    assert eps == pytest.approx(epsilon_for(*terms, 1e-5), rel=1e-9)
+    bound, how = run_bound(0.85, eps, 1e-5, plan)
+    assert bound == pytest.approx(attribute_inference_bound(terms, 0.85, relation="add-remove"), abs=1e-9)
+    assert "T=1" in how
+    assert bound > attribute_inference_bound((4.0, 0.1, 30), 0.85, relation="add-remove") + 0.01
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Issue 24: the baseline (Ball) is the best of several cross-fitted imputers, the bound uses its upper limit,
 # and an audit too small to bound anything says "inconclusive"

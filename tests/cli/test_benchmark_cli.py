@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from featuredp.cli import main
 
 
@@ -115,13 +117,63 @@ def test_bandmf_is_timed_beside_independent_noise_in_the_same_rounds(capsys):
     assert "--bands is for --noise with bandmf" in capsys.readouterr().err
 
 
+def test_blt_is_timed_beside_independent_noise_and_bandmf_in_the_same_rounds(capsys):
+    # Each correlated noise is its own arm with its own cost ratio to independent noise; the BLT arm really steps
+    # with BLT's buffered noise over the cyclic sampler, for a strategy of several epochs (not DP-SGD's C = I).
+    import json
+
+    from featuredp.bandmf import BMinSepSampler
+    from featuredp.blt import BLTNoise
+    from featuredp.experiments import throughput
+
+    args = ["benchmark", "--batch-size", "32", "--dataset-size", "256", "--rounds", "2", "--min-time", "0.01",
+            "--methods", "dpsgd", "--noise", "blt,independent,bandmf", "--bands", "4", "--json"]  # fmt: skip
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"dpsgd", "dpsgd_bandmf", "dpsgd_blt", "ratio_dpsgd_blt"} <= set(out)
+    assert out["noise"] == ["independent", "bandmf", "blt"] and out["bands"] == 4 and out["buffers"] >= 1
+    assert 0.1 < out["blt_cost_ratio_dpsgd"] < 10 and 0.1 < out["bandmf_cost_ratio_dpsgd"] < 10
+    assert main([*args[:-4], "independent,blt"]) == 0  # the table, without --bands
+    text = capsys.readouterr().out
+    assert "dpsgd_blt" in text and "BLT (d = " in text and "costs dpsgd" in text and "BandMF" not in text
+
+    data, public = throughput.synthetic_purchase(256, seed=0)
+    runner = throughput.engine_runner("dpsgd", data, public, batch_size=32, noise="blt")
+    for _ in range(6):
+        runner.step()
+    trainer = runner.info["trainer"]
+    state = trainer._state
+    assert isinstance(state.noise, BLTNoise) and state.noise.buffers == runner.info["buffers"] >= 1
+    assert state.noise.step == 6 and isinstance(state.private_sampler, BMinSepSampler)
+    assert trainer.plan.noise == "blt" and trainer.plan.bands is None
+    assert trainer.plan.steps == throughput.BENCHMARK_BLT_EPOCHS * (256 // 32)
+    with pytest.raises(ValueError, match="bands is for noise='bandmf', got bands=4 with noise='blt'"):
+        throughput.engine_runner("dpsgd", data, public, batch_size=32, noise="blt", bands=4)
+    with pytest.raises(ValueError, match="noise='blt' is for the private methods"):
+        throughput.engine_runner("nonprivate", data, public, batch_size=32, noise="blt")
+    with pytest.raises(ValueError, match="ablate is for independent noise"):
+        throughput.engine_runner("dpsgd", data, public, batch_size=32, noise="blt", ablate="checks")
+
+
+def _refusals(kind: str) -> list[tuple[list[str], str]]:
+    """What every correlated kind refuses alike."""
+    return [
+        (["--noise", kind, "--methods", "nonprivate"], f"--noise {kind} is for the private"),
+        (["--noise", kind, "--ablate"], f"--ablate times independent noise's variants: give --noise "
+                                        f"independent,{kind}"),
+        (["--noise", kind, "--secure-rng"], "--secure-rng times independent noise's variants"),
+        (["--noise", kind, "--nproc", "2"], f"--noise {kind} is timed in one process"),
+    ]
+
+
 def test_bad_noise_flags_are_named(capsys):
-    for argv, needle in ((["--noise", "blt"], "--noise"),
+    for argv, needle in ((["--noise", "ftrl"], "--noise must be a comma-separated subset of independent,bandmf,blt"),
                          (["--noise", "bandmf", "--bands", "9"], "--bands 9 is too many for --batch-size 32 and 256"),
                          (["--noise", "bandmf", "--dataset-size", "64"], "the default --bands 8 is too many"),
-                         (["--noise", "bandmf", "--methods", "nonprivate"], "--noise bandmf is for the private"),
-                         (["--noise", "bandmf", "--ablate"], "--ablate times independent noise's variants"),
-                         (["--noise", "bandmf", "--nproc", "2"], "is timed in one process")):  # fmt: skip
+                         (["--noise", "blt", "--bands", "4"], "--bands is for --noise with bandmf, got --bands 4 with "
+                                                              "--noise blt"),
+                         (["--noise", "independent,blt", "--bands", "2"], "--bands is for --noise with bandmf"),
+                         *_refusals("bandmf"), *_refusals("blt")):  # fmt: skip
         base = ["benchmark", "--batch-size", "32", "--dataset-size", "256"]
         if "--dataset-size" in argv:
             base = base[:3]

@@ -86,19 +86,22 @@ def test_tune_gives_every_private_method_the_same_budget(tiny_fashion: Path, tmp
 
 
 def test_noise_arms_on_images(tiny_fashion: Path, tmp_path: Path, capsys) -> None:
-    """--noise independent,bandmf on images (issue 27): DP-SGD with each noise, each cell planned with its noise."""
+    """--noise independent,bandmf,blt on images (issue 27): DP-SGD with each noise, each cell planned with its noise
+    (BandMF with the grid's bands, BLT with none)."""
     out = tmp_path / "noise"
     assert main(["compare", "--task", "image-classification", "--quick", "--methods", "public,dpsgd", "--epsilon", "8",
-                 "--train-size", "200", "--noise", "independent,bandmf", "--bands", "2", "--out", str(out),
+                 "--train-size", "200", "--noise", "independent,bandmf,blt", "--bands", "2", "--out", str(out),
                  "--json"]) == 0  # fmt: skip
     result = json.loads(capsys.readouterr().out)
     assert [(s["method"], s["noise"], s["bands"]) for s in result["summary"]] == [
-        ("public", None, None), ("dpsgd", "independent", None), ("dpsgd", "bandmf", [2])]
+        ("public", None, None), ("dpsgd", "independent", None), ("dpsgd", "bandmf", [2]), ("dpsgd", "blt", None)]
     df = pd.read_csv(out / "results.csv")
-    assert df.loc[df.noise == "bandmf", "bands"].tolist() == [2]
-    (cell,) = (out / "cells").glob("dpsgd__bandmf__*.json")
-    assert "noise bandmf" in json.loads(cell.read_text())["guarantee"]
-    assert "| DP-SGD + BandMF |" in (out / "summary.md").read_text()
+    assert df.loc[df.noise == "bandmf", "bands"].tolist() == [2] and df.loc[df.noise == "blt", "bands"].isna().all()
+    for kind in ("bandmf", "blt"):
+        (cell,) = (out / "cells").glob(f"dpsgd__{kind}__*.json")
+        assert f"noise {kind}" in json.loads(cell.read_text())["guarantee"]
+    md = (out / "summary.md").read_text()
+    assert "| DP-SGD + BandMF |" in md and "| DP-SGD + BLT |" in md
 
 
 @pytest.mark.parametrize(("argv", "message"), [

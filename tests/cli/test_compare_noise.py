@@ -1,4 +1,5 @@
-"""`featuredp compare --noise independent,bandmf [--bands B]`: passed to the grid, refused where it does not apply."""
+"""`featuredp compare --noise independent,bandmf,blt [--bands B]`: passed to the grid, refused where it does not
+apply."""
 
 from __future__ import annotations
 
@@ -21,20 +22,38 @@ def test_noise_and_bands_reach_the_grid(tmp_path, monkeypatch) -> None:
     assert main(["compare", "--methods", "dpsgd,fdp", "--noise", "bandmf,independent", "--bands", "4",
                  "--out", str(tmp_path / "o"), "--json"]) == 0  # fmt: skip
     assert seen["cfg"].noises == ["independent", "bandmf"] and seen["cfg"].bands == 4
+    assert main(["compare", "--methods", "dpsgd,fdp", "--noise", "blt,bandmf,independent", "--bands", "4",
+                 "--out", str(tmp_path / "o"), "--json"]) == 0  # fmt: skip
+    assert seen["cfg"].noises == ["independent", "bandmf", "blt"] and seen["cfg"].bands == 4
+    assert main(["compare", "--methods", "fdp", "--noise", "blt", "--out", str(tmp_path / "o"), "--json"]) == 0
+    assert seen["cfg"].noises == ["blt"] and seen["cfg"].bands is None
     assert main(["compare", "--out", str(tmp_path / "o"), "--json"]) == 0
     assert seen["cfg"].noises == ["independent"] and seen["cfg"].bands is None  # the default: the grids of before
 
 
+def _refusals(kind: str) -> list[tuple[list[str], str]]:
+    """What every correlated kind refuses alike (BandMF's and BLT's arms share the grid's checks)."""
+    return [
+        (["--noise", kind, "--methods", "nonprivate,public"], f"--noise {kind} is for the private methods"),
+        (["--noise", kind, "--protocol", "paper"], f"--noise {kind} does not combine with --protocol paper"),
+        (["--noise", f"independent,{kind}", "--task", "text"], "--noise is for --task tabular and "
+                                                               "image-classification"),
+        (["--noise", kind, "--task", "diffusion"], "--noise is for --task tabular and image-classification, got "
+                                                   "--task diffusion"),
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--noise", "blt"], "--noise must be a comma-separated subset of independent,bandmf, got blt"),
+    (["--noise", "ftrl"], "--noise must be a comma-separated subset of independent,bandmf,blt, got ftrl"),
     (["--noise", "independent,gauss"], "--noise must be a comma-separated subset"),
     (["--bands", "4"], "--bands is for --noise with bandmf, got --bands 4 with --noise independent"),
     (["--noise", "bandmf", "--bands", "0"], "--bands must be >= 1, got 0"),
-    (["--noise", "bandmf", "--methods", "nonprivate,public"], "--noise bandmf is for the private methods"),
-    (["--noise", "bandmf", "--protocol", "paper"], "--noise bandmf does not combine with --protocol paper"),
-    (["--noise", "independent,bandmf", "--task", "text"], "--noise is for --task tabular and image-classification"),
-    (["--noise", "bandmf", "--task", "diffusion"], "--noise is for --task tabular and image-classification, got "
-                                                   "--task diffusion"),
+    # BLT chooses its own strategy: bands given to a grid without BandMF would be silently unused
+    (["--noise", "blt", "--bands", "4"], "--bands is for --noise with bandmf, got --bands 4 with --noise blt"),
+    (["--noise", "independent,blt", "--bands", "2"], "--bands is for --noise with bandmf, got --bands 2 with "
+                                                     "--noise independent,blt"),
+    *_refusals("bandmf"),
+    *_refusals("blt"),
 ])  # fmt: skip
 def test_bad_noise_flags_are_one_line_before_any_work(tmp_path, monkeypatch, capsys, argv, message) -> None:
     def no_work(*args, **kwargs):
@@ -81,3 +100,37 @@ def test_the_clis_copy_of_the_noise_kinds_matches_the_config():
     from featuredp.config import NOISE_KINDS
 
     assert NOISES == NOISE_KINDS
+
+
+@pytest.mark.filterwarnings("ignore::featuredp.errors.PrivacyLeakWarning")  # the tiny CSV has no schema
+def test_a_real_grid_with_blt_reports_it_as_its_own_arm(tmp_path, capsys) -> None:
+    # All three noises in one grid: BLT is its own arm (cells, rows, report lines, plot line), BandMF alone gets the
+    # grid's bands, and each cell's guarantee is its own noise's.
+    path = tmp_path / "t.csv"
+    rows = ["a,b,s,y"] + [f"{i % 7},{(i * 3) % 5},{'xy'[i % 2]},{int(i % 7 + (i % 2) > 3)}" for i in range(400)]
+    path.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "grid"
+    argv = ["compare", "--dataset", "csv", "--dataset-path", str(path), "--label", "y", "--private", "s",
+            "--methods", "public,dpsgd", "--epsilons", "8", "--noise", "independent,bandmf,blt", "--bands", "2",
+            "--quick", "--quiet", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| DP-SGD + BLT |" in printed and "| DP-SGD + BandMF |" in printed and "| DP-SGD |" in printed
+    assert "## BLT − independent noise" in printed
+    # BLT's table row comes after BandMF's
+    assert printed.index("| DP-SGD + BandMF |") < printed.index("| DP-SGD + BLT |")
+    df = pd.read_csv(out / "results.csv")
+    assert len(df) == 1 + 3
+    assert sorted(df["noise"].fillna("-")) == ["-", "bandmf", "blt", "independent"]
+    assert df.loc[df.noise == "blt", "bands"].isna().all() and df.loc[df.noise == "bandmf", "bands"].tolist() == [2]
+    assert float(df.loc[df.noise == "blt", "epsilon"].iloc[0]) <= 8.0
+    grid = json.loads((out / "grid.json").read_text())["config"]
+    assert grid["noises"] == ["independent", "bandmf", "blt"]
+    (blt,) = (out / "cells").glob("dpsgd__blt__*.json")
+    cell = json.loads(blt.read_text())
+    assert cell["row"]["noise"] == "blt" and "bands" not in json.loads(cell["row"]["params"])
+    assert "noise blt" in cell["guarantee"] and "no amplification" in cell["guarantee"]
+    md = (out / "summary.md").read_text()
+    assert "BLT: d <= 4 buffers optimised for the run's workload, one Gaussian at the min-sep sensitivity, no " \
+           "amplification: featuredp.blt" in md
+    assert "BLT's σ is likewise the std of z" in md

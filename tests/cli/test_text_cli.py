@@ -207,14 +207,38 @@ def test_the_clis_detector_names_are_the_packages() -> None:
     assert set(DETECTOR_NAMES) == {*DETECTORS, "name"}
 
 
-def test_train_text_with_correlated_noise(tmp_path: Path, jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("kind", "flags", "bands", "says"), [
+    ("bandmf", ["--bands", "2"], 2, "bandmf, 2 bands"),
+    ("blt", [], None, "one Gaussian at sensitivity"),
+])  # fmt: skip
+def test_train_text_with_correlated_noise(tmp_path: Path, jsonl: Path, capsys: pytest.CaptureFixture[str], kind: str,
+                                          flags: list[str], bands: int | None, says: str) -> None:
     run = tmp_path / "run"
     base = ["train", "--task", "text", "--data", str(jsonl), "--spans", "email,phone", "--method", "fdp",
-            "--epsilon", "3", "--noise", "bandmf", "--bands", "2"]  # fmt: skip
+            "--epsilon", "3", "--noise", kind, *flags]  # fmt: skip
     summary = _run(capsys, [*base, "--out", str(run), "--json"])
-    assert summary["noise"] == "bandmf" and summary["bands"] == 2 and summary["epsilon"] <= 3
+    assert summary["noise"] == kind and summary["bands"] == bands and summary["epsilon"] <= 3
+    assert summary["correlated_noise"]["noise"] == kind
     info = json.loads((run / "run.json").read_text())
-    assert info["plan"]["noise"] == "bandmf" and info["plan"]["bands"] == 2
-    assert "noise bandmf" in info["result"]["guarantee"]
+    assert info["plan"]["noise"] == kind and info["plan"]["bands"] == bands
+    assert f"noise {kind}" in info["result"]["guarantee"]
     assert main(base) == 0
-    assert "bandmf, 2 bands" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert says in printed
+    if kind == "blt":  # the printed line is the report's: buffers, epoch length and the sensitivity ε is taken at
+        block = summary["correlated_noise"]
+        assert f"noise             blt, {block['buffers']} buffer" in printed
+        assert f"epochs of {block['min_separation']} steps" in printed and "(no amplification)" in printed
+        assert len(info["plan"]["noise_coeffs"]) == 2 * block["buffers"]
+
+
+@pytest.mark.parametrize("kind", ["bandmf", "blt"])
+def test_train_text_refuses_correlated_noise_where_it_does_not_apply(jsonl: Path, capsys: pytest.CaptureFixture[str],
+                                                                     kind: str) -> None:
+    base = ["train", "--task", "text", "--data", str(jsonl), "--spans", "email,phone", "--epsilon", "3",
+            "--noise", kind]  # fmt: skip
+    _refused(capsys, [*base, "--method", "public"], f"--noise {kind} is for the private methods")
+    _refused(capsys, [*base, "--method", "nonprivate"], f"--noise {kind} is for the private methods")
+    if kind == "blt":  # BLT chooses its own strategy: a --bands would be silently unused
+        _refused(capsys, [*base, "--method", "fdp", "--bands", "2"], "--bands is for --noise bandmf, got --bands 2 "
+                                                                     "with --noise blt")

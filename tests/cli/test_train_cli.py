@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -434,3 +435,71 @@ def test_train_ledger_prints_spent_and_left(capsys, tmp_path):
 def test_train_without_ledger_has_no_ledger_key(capsys):
     assert main(_SHORT) == 0
     assert "ledger" not in json.loads(capsys.readouterr().out)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# featuredp train --noise blt (BandMF's own CLI tests are in tests/test_engine_bandmf.py)
+# ---------------------------------------------------------------------------------------------------------
+# Adult at m = 8192: epochs of ⌊32561/8192⌋ = 3 steps, so one epoch's 4 steps put a record in 2 of them
+_BLT = ["train", "--method", "fdp", "--epsilon", "4", "--epochs", "1", "--batch-size", "8192", "--pretrain-epochs", "0",
+        "--model", "logreg", "--no-baselines", "--quiet", "--noise", "blt"]  # fmt: skip
+
+
+def test_train_blt_end_to_end_plans_accounts_and_prints_blt(capsys, tmp_path):
+    run = tmp_path / "run"
+    assert main([*_BLT, "--out", str(run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    block = out["correlated_noise"]
+    assert out["noise"] == "blt" and out["bands"] is None and 0 < out["epsilon"] <= 4.0
+    assert block["noise"] == "blt" and block["min_separation"] == 3 and block["participations"] == 2
+    assert 1 <= block["buffers"] <= 4 and block["sensitivity"] > 1  # two participations: more than one step's norm
+    assert "noise blt" in out["guarantee"] and "no amplification" in out["guarantee"]
+    info = json.loads((run / "run.json").read_text())
+    assert info["config"]["noise"] == "blt" and info["config"]["bands"] is None
+    assert info["plan"]["noise"] == "blt" and info["plan"]["bands"] is None
+    assert info["plan"]["noise_coeffs"] == [*block["buf_decay"], *block["output_scale"]]
+    assert info["result"]["privacy_report"]["correlated_noise"] == block
+
+    assert main(_BLT) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("noise "))
+    assert line.startswith("noise             blt, ") and " buffer" in line and "epochs of 3 steps" in line
+    assert "cyclic sampling over 3 partitions (each record in at most 2 steps)" in line
+    assert "one Gaussian at sensitivity" in line and line.endswith("(no amplification)")
+    assert "noise multiplier" not in line and "bands" not in line
+
+
+def _no_data(monkeypatch) -> None:
+    def no_data(*args, **kwargs):
+        raise AssertionError("data loaded before the flags were checked")
+
+    # the module itself: ``featuredp.experiments.train_one`` as an attribute is the function once the package has
+    # re-exported it
+    monkeypatch.setattr(importlib.import_module("featuredp.experiments.train_one"), "load_dataset", no_data)
+    monkeypatch.setattr("featuredp.data.load_dataset", no_data)
+
+
+@pytest.mark.parametrize("kind", ["bandmf", "blt"])
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--method", "nonprivate"], "--noise {kind} is for the private methods dpsgd, fdp_dpsgd, fdp, got --method "
+                                 "nonprivate"),
+    (["--method", "public"], "--noise {kind} is for the private methods"),
+    (["--method", "fdp_auto"], "--noise {kind} does not combine with --tune or --method fdp_auto"),
+    (["--tune", "public"], "--noise {kind} does not combine with --tune or --method fdp_auto"),
+    (["--tune", "private"], "--noise {kind} does not combine with --tune or --method fdp_auto"),
+])  # fmt: skip
+def test_train_correlated_noise_refusals_exit_2_before_any_data(kind, extra, needle, capsys, monkeypatch):
+    _no_data(monkeypatch)
+    argv = [*_BLT[:-1], kind, *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle.format(kind=kind) in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("noise", ["blt", "independent"])
+def test_train_bands_without_bandmf_is_refused(noise, capsys, monkeypatch):
+    # BLT chooses its own strategy: a --bands given with it would be silently unused, so it is refused up front
+    _no_data(monkeypatch)
+    assert main([*_BLT[:-1], noise, "--bands", "4"]) == 2
+    err = capsys.readouterr().err
+    assert f"--bands is for --noise bandmf, got --bands 4 with --noise {noise}" in err
+    assert len(err.strip().splitlines()) == 1

@@ -13,7 +13,8 @@ from featuredp.experiments.plots import privacy_utility_plot
 
 
 class NoiseAwareTrainer:
-    """Stands in for train_cell: records each call; BandMF adds 5 points, so the report's differences are known."""
+    """Stands in for train_cell: records each call; BandMF adds 5 points and BLT 3, so the report's differences are
+    known."""
 
     def __init__(self) -> None:
         self.calls: list[dict] = []
@@ -22,7 +23,7 @@ class NoiseAwareTrainer:
         self.calls.append({"method": method, "epsilon": epsilon, "seed": seed, **kw})
         base = {"nonprivate": 0.9, "public": 0.5, "dpsgd": 0.3, "fdp_dpsgd": 0.4, "fdp": 0.6}[method]
         noise = kw.get("noise", "independent")
-        acc = base + 0.01 * (epsilon or 0) + 0.01 * seed + (0.05 if noise == "bandmf" else 0.0)
+        acc = base + 0.01 * (epsilon or 0) + 0.01 * seed + {"bandmf": 0.05, "blt": 0.03}.get(noise, 0.0)
         private = epsilon is not None
         return {"accuracy": acc, "epsilon": epsilon, "delta": kw.get("delta"),
                 "noise_multiplier": 1.0 if private else None, "max_grad_norm": 1.0, "sampling_rate": 0.1,
@@ -84,13 +85,71 @@ def test_each_private_method_gets_one_arm_per_noise_and_the_references_run_once(
     assert again.calls == []  # every cell, of both noises, reused
 
 
-def test_the_plot_draws_a_line_per_arm(tmp_path) -> None:
+def test_blt_is_a_third_arm_that_never_gets_bandmfs_bands(tmp_path, tiny_csv) -> None:
+    # The grid's bands are BandMF's: a BLT cell given them would be refused by the engine, so they must reach the
+    # BandMF cells only, while the BLT cells are named, stored, summarised and reported as their own arm.
+    cfg = _cfg(tmp_path, tiny_csv, noises=["blt", "independent", "bandmf"], bands=4)
+    assert cfg.noises == ["independent", "bandmf", "blt"]
+    cells = grid_cells(cfg)
+    assert len(cells) == 2 * (1 + 2 * 3 * 2) and "fdp__blt__eps4__seed1" in {c.key for c in cells}
+    fake = NoiseAwareTrainer()
+    result = run_grid(cfg, trainer_fn=fake)
+    blt_calls = [c for c in fake.calls if c.get("noise") == "blt"]
+    assert len(blt_calls) == 8 and all("bands" not in c for c in blt_calls)
+    assert all(c["bands"] == 4 for c in fake.calls if c.get("noise") == "bandmf")
+
+    df = pd.read_csv(cfg.out / "results.csv")
+    assert sorted(df.loc[df.method == "fdp", "noise"].value_counts().items()) == [
+        ("bandmf", 4), ("blt", 4), ("independent", 4)]
+    assert df.loc[df.noise == "blt", "bands"].isna().all()
+    for path in (cfg.out / "cells").glob("*__blt__*.json"):
+        row = json.loads(path.read_text())["row"]
+        assert row["noise"] == "blt" and json.loads(row["params"]).get("noise") == "blt"
+        assert "bands" not in json.loads(row["params"])
+
+    md = (cfg.out / "summary.md").read_text()
+    assert "| DP-SGD + BLT | 34.5 ± 0.7 | 37.5 ± 0.7 |" in md
+    assert md.index("| DP-SGD + BandMF |") < md.index("| DP-SGD + BLT |") < md.index("| FDP (Alg. 1) |")
+    assert "## BLT − independent noise" in md and "* ε = 1: DP-SGD +3.0; FDP (Alg. 1) +3.0 points" in md
+    assert "FDP − DP-SGD (both + BLT) = +30.0" in md
+    assert "| DP-SGD + BLT | 1 |" in md  # no "(b = ...)": BLT has no bands
+    assert "BLT: d <= 4 buffers optimised for the run's workload, one Gaussian at the min-sep sensitivity, no " \
+           "amplification: featuredp.blt" in md
+    assert "b = 4 in every BandMF cell" in md
+    summary = {(s["method"], s["noise"], s["target_epsilon"]): s for s in result["summary"]}
+    assert summary[("dpsgd", "blt", 4.0)]["bands"] is None and summary[("dpsgd", "blt", 4.0)]["n"] == 2
+    assert [s["noise"] for s in result["summary"] if s["method"] == "dpsgd"] == [
+        "independent", "independent", "bandmf", "bandmf", "blt", "blt"]
+
+    again = NoiseAwareTrainer()
+    run_grid(cfg, trainer_fn=again)
+    assert again.calls == []
+
+
+def test_the_plot_draws_a_line_per_arm(tmp_path, monkeypatch) -> None:
+    from matplotlib.axes import Axes
+
+    styles: dict[str, tuple[str, str]] = {}
+    real_errorbar = Axes.errorbar
+
+    def recording(self, *args, **kw):
+        styles[kw["label"]] = (kw["linestyle"], kw["markerfacecolor"])
+        return real_errorbar(self, *args, **kw)
+
+    monkeypatch.setattr(Axes, "errorbar", recording)
     rows = [{"method": m, "target_epsilon": e, "accuracy": a, "noise": n}
-            for m, n, a in (("dpsgd", "independent", 0.3), ("dpsgd", "bandmf", 0.4))
+            for m, n, a in (("dpsgd", "blt", 0.35), ("dpsgd", "independent", 0.3), ("dpsgd", "bandmf", 0.4))
             for e in (1.0, 4.0)] + [{"method": "public", "target_epsilon": None, "accuracy": 0.5, "noise": None}]
     drawn = privacy_utility_plot(rows, tmp_path / "p.png")
-    assert set(drawn["lines"]) == {"dpsgd", "dpsgd+bandmf"} and drawn["lines"]["dpsgd+bandmf"][1] == [40.0, 40.0]
+    # one line per arm, in the report's order (independent, BandMF, BLT), whatever the rows' order
+    assert list(drawn["lines"]) == ["dpsgd", "dpsgd+bandmf", "dpsgd+blt"]
+    assert drawn["lines"]["dpsgd+bandmf"][1] == [40.0, 40.0] and drawn["lines"]["dpsgd+blt"][1] == [35.0, 35.0]
+    # the two correlated arms share DP-SGD's colour: each needs a line style of its own, hollow markers both
+    assert list(styles) == ["DP-SGD", "DP-SGD + BandMF", "DP-SGD + BLT"]
+    assert len({style for style, _ in styles.values()}) == 3
+    assert styles["DP-SGD + BandMF"][1] == styles["DP-SGD + BLT"][1] == "none"
     assert arm_label("dpsgd", "bandmf") == "DP-SGD + BandMF" and arm_label("dpsgd", "independent") == "DP-SGD"
+    assert arm_label("dpsgd", "blt") == "DP-SGD + BLT"
     # rows written before noises were recorded: private ones used independent noise, references none
     assert row_noise({"method": "fdp"}) == "independent" and row_noise({"method": "public", "noise": "x"}) is None
 
@@ -128,12 +187,16 @@ def test_tuning_tunes_each_noise_arm_alike_with_its_own_noise(tmp_path, tiny_csv
 
 
 @pytest.mark.parametrize(("kw", "message"), [
-    ({"noises": ["blt"]}, "noises must be one of"),
+    ({"noises": ["ftrl"]}, "noises must be one of"),
     ({"noises": []}, "noises must name at least one"),
     ({"bands": 4}, "bands is for noises with bandmf"),
+    ({"noises": ["blt"], "bands": 4}, "bands is for noises with bandmf"),
     ({"noises": ["bandmf"], "bands": 0}, "bands must be >= 1"),
-    ({"noises": ["bandmf"], "methods": ["nonprivate", "public"]}, "is for the private methods"),
-    ({"noises": ["bandmf"], "protocol": "paper", "epsilons": [4]}, "does not combine with protocol='paper'"),
+    *[(kw, message) for kind in ("bandmf", "blt") for kw, message in (
+        ({"noises": [kind], "methods": ["nonprivate", "public"]}, rf"noises=\['{kind}'\] is for the private methods"),
+        ({"noises": [kind], "protocol": "paper", "epsilons": [4]}, f"noises with {kind} does not combine with "
+                                                                   "protocol='paper'"),
+    )],
 ])  # fmt: skip
 def test_bad_noise_settings_are_refused(tmp_path, kw, message) -> None:
     with pytest.raises(ValueError, match=message):
@@ -141,17 +204,22 @@ def test_bad_noise_settings_are_refused(tmp_path, kw, message) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::featuredp.errors.PrivacyLeakWarning")  # the tiny CSV has no schema
-def test_a_real_bandmf_cell_plans_bandmf_and_says_so_in_its_guarantee(tmp_path, tiny_csv) -> None:
+@pytest.mark.parametrize(("kind", "kw", "bands", "says"), [
+    ("bandmf", {"bands": 2}, 2, "with 2 bands"),
+    ("blt", {}, None, "one Gaussian release at the min-sep sensitivity (no amplification)"),
+])  # fmt: skip
+def test_a_real_correlated_cell_plans_its_noise_and_says_so_in_its_guarantee(tmp_path, tiny_csv, kind, kw, bands,
+                                                                             says) -> None:
     # The engine, not a fake: each cell's plan as read back from its file (row and guarantee) has its noise.
     cfg = _cfg(tmp_path, tiny_csv, methods=["dpsgd"], epsilons=[8], seeds=[0], quick=True,
-               noises=["independent", "bandmf"], bands=2)  # fmt: skip
+               noises=["independent", kind], **kw)  # fmt: skip
     run_grid(cfg)
     cells = {p.name.split("__eps")[0]: json.loads(p.read_text()) for p in (cfg.out / "cells").glob("*.json")}
-    assert set(cells) == {"dpsgd", "dpsgd__bandmf"}
-    bandmf, plain = cells["dpsgd__bandmf"], cells["dpsgd"]
-    assert bandmf["row"]["noise"] == "bandmf" and bandmf["row"]["bands"] == 2
-    assert "noise bandmf" in bandmf["guarantee"] and "with 2 bands" in bandmf["guarantee"]
+    assert set(cells) == {"dpsgd", f"dpsgd__{kind}"}
+    correlated, plain = cells[f"dpsgd__{kind}"], cells["dpsgd"]
+    assert correlated["row"]["noise"] == kind and correlated["row"]["bands"] == bands
+    assert f"noise {kind}" in correlated["guarantee"] and says in correlated["guarantee"]
     assert plain["row"]["noise"] == "independent" and plain["row"]["bands"] is None
-    assert "bandmf" not in plain["guarantee"]
+    assert kind not in plain["guarantee"]
     for cell in cells.values():
         assert cell["row"]["epsilon"] <= 8.0

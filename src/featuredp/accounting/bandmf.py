@@ -8,14 +8,13 @@ the privacy plan (:mod:`featuredp.plan`, which never imports torch) can account 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from featuredp._validate import check_int, check_positive
 from featuredp.accounting.accountant import compute_epsilon
-from featuredp.accounting.calibrate import calibrate_noise_multiplier
+from featuredp.accounting.calibrate import calibrate_noise_multiplier, scaled_noise
 from featuredp.accounting.events import DpEvent, dpsgd_event
 
 __all__ = ["bandmf_epsilon", "bandmf_event", "bandmf_sampling_rate", "calibrate_bandmf_noise", "sensitivity"]
@@ -141,10 +140,4 @@ def calibrate_bandmf_noise(
         target_epsilon, delta, q, -(-steps // int(bands)), relation=relation, accountant=accountant,
         tolerance=tolerance,
     )
-    sens = sensitivity(c, steps)
-    sigma = nm * sens
-    for _ in range(64):  # the event divides again: keep its multiplier >= the calibrated one (an ulp or two)
-        if sigma / sens >= nm:
-            break
-        sigma = math.nextafter(sigma, math.inf)
-    return sigma
+    return scaled_noise(nm, sensitivity(c, steps))

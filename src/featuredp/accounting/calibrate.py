@@ -323,3 +323,17 @@ def _largest_below(f: Callable[[int], float], target: float, start: int, max_ste
             nt = lo + 1
         t = nt
     return lo
+
+
+def scaled_noise(noise_multiplier: float, sensitivity: float) -> float:
+    """σ = ``noise_multiplier``·``sensitivity``, rounded up so that σ / sensitivity is never below the multiplier.
+
+    For mechanisms accounted as a Gaussian of multiplier σ / Δ (BandMF, BLT): the event divides again, and a
+    rounding down of an ulp or two would put ε above the calibrated target.
+    """
+    sigma = noise_multiplier * sensitivity
+    for _ in range(64):
+        if sigma / sensitivity >= noise_multiplier:
+            break
+        sigma = math.nextafter(sigma, math.inf)
+    return sigma

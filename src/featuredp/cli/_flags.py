@@ -28,7 +28,7 @@ SLOW_PLD_STEPS = 1_000_000
 
 #: ``--noise`` of train, compare and benchmark: :data:`featuredp.config.NOISE_KINDS` (a copy, so that building the
 #: parser imports no accountant; a test pins the two together)
-NOISES = ("independent", "bandmf")
+NOISES = ("independent", "bandmf", "blt")
 
 
 def whole_number(text: str) -> int:

@@ -7,7 +7,8 @@ from typing import Any
 
 
 def privacy_lines(summary: Mapping[str, Any]) -> list[str]:
-    """The ε line and, for a private run, the noise line: BandMF's bands and partitions, or DP-SGD's σ and rate."""
+    """The ε line and, for a private run, the noise line: BandMF's bands and partitions, BLT's buffers and epochs
+    (from the summary's ``correlated_noise``, the privacy report's block), or DP-SGD's σ and rate."""
     eps = "inf (no privacy)" if summary["epsilon"] is None else f"{summary['epsilon']:.4g}"
     lines = [f"epsilon           {eps}" + (f" (delta={summary['delta']:g})" if summary["delta"] else "")]
     if summary["noise_multiplier"] is None:
@@ -16,6 +17,16 @@ def privacy_lines(summary: Mapping[str, Any]) -> list[str]:
         lines.append(f"noise             bandmf, {summary['bands']} bands: correlated noise of std "
                      f"{summary['noise_multiplier']:.4g}·C (C={summary['max_grad_norm']:g}), cyclic Poisson sampling "
                      f"over {summary['bands']} partitions, {summary['steps']} private steps")
+    elif summary.get("noise") == "blt":
+        block = summary["correlated_noise"]
+        d, b, k = block["buffers"], block["min_separation"], block["participations"]
+        # BLT gives up amplification: its ε is one Gaussian's at the min-sep sensitivity, which the line must say,
+        # or σ would read as a multiplier amplified by sampling.
+        lines.append(f"noise             blt, {d} buffer{'' if d == 1 else 's'}, epochs of {b} steps: correlated noise "
+                     f"of std {summary['noise_multiplier']:.4g}·C (C={summary['max_grad_norm']:g}), cyclic sampling "
+                     f"over {b} partitions (each record in at most {k} step{'' if k == 1 else 's'}), "
+                     f"{summary['steps']} private steps, one Gaussian at sensitivity {block['sensitivity']:.4g} "
+                     "(no amplification)")
     else:
         lines.append(f"noise multiplier  {summary['noise_multiplier']:.4g}  (C={summary['max_grad_norm']:g}, "
                      f"sampling rate {summary['sampling_rate']:.4g}, {summary['steps']} private steps)")

@@ -60,11 +60,13 @@ def register(subparsers: Any) -> None:
                    help="records of synthetic data (default 16 x batch size, sampling rate 1/16 as in the paper)")
     p.add_argument("--noise", type=_noises, default=["independent"], metavar="NOISES",
                    help="noises of the private methods, each timed as its own arm in the same interleaved rounds: "
-                   "independent (default) and/or bandmf (BandMF correlated noise, arm <method>_bandmf); with both, "
-                   "BandMF's cost per step is reported as a ratio to independent noise (medians of within-round "
-                   "ratios)")
+                   "independent (default), bandmf (BandMF correlated noise, arm <method>_bandmf) and/or blt (BLT "
+                   "correlated noise, its buffers optimised for 4 epochs, arm <method>_blt); with independent, each "
+                   "correlated noise's cost per step is reported as a ratio to independent noise (medians of "
+                   "within-round ratios)")
     p.add_argument("--bands", type=whole_number, default=None, metavar="B",
-                   help="--noise with bandmf: BandMF's bands b (default 8; at most --dataset-size / --batch-size)")
+                   help="--noise with bandmf: BandMF's bands b (default 8; at most --dataset-size / --batch-size; "
+                   "BLT has no bands)")
     p.add_argument("--secure-rng", action="store_true",
                    help="also time each private method with the secure noise mode (ChaCha20 CSPRNG, float64 noise) "
                    "and report its cost relative to the normal mode")
@@ -115,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     private = [m for m in methods[1:] if m in PRIVATE_METHODS]
     variants: list[tuple[str, bool, str | None, str]] = [
         (m, False, None, "independent") for m in methods if "independent" in noises or m not in PRIVATE_METHODS]
-    variants += [(m, False, None, "bandmf") for m in private if "bandmf" in noises]
+    correlated = [noise for noise in noises if noise != "independent"]
+    variants += [(m, False, None, noise) for noise in correlated for m in private]
     if args.secure_rng:
         variants += [(m, True, None, "independent") for m in methods[1:]]
     if args.ablate:
@@ -140,15 +143,18 @@ def run(args: argparse.Namespace) -> int:
         for m in methods[1:]:
             out[f"checks_cost_{m}"] = 1.0 - res.median_ratio_to(m, _arm_name(m, False, "checks"))
             out[f"float64_noise_cost_{m}"] = 1.0 - res.median_ratio_to(m, _arm_name(m, False, "noise"))
-    both = len(noises) == 2
-    for m in private if both else []:  # BandMF's time per step / independent noise's, within each round
-        out[f"bandmf_cost_ratio_{m}"] = res.median_ratio_to(m, _arm_name(m, False, None, "bandmf"))
+    # Each correlated noise's time per step / independent noise's, within each round.
+    ratios = [(noise, m) for noise in correlated for m in private] if "independent" in noises else []
+    for noise, m in ratios:
+        out[f"{noise}_cost_ratio_{m}"] = res.median_ratio_to(m, _arm_name(m, False, None, noise))
     bands = args.bands if args.bands is not None else BENCHMARK_BANDS
+    # BLT's d is the strategy's choice (the same for every method: it depends on n, m, T and the momentum only).
+    buffers = next((r.info["buffers"] for r in runners if r.info.get("noise") == "blt"), None)
     out.update({
         "batch_size": batch, "threads": threads, "rounds": rounds, "strategy": args.strategy, "model": args.model,
         "loss_split": args.loss_split, "dataset_size": n, "spread_nonprivate": res.spread("nonprivate"),
         "secure_rng": args.secure_rng, "ablate": args.ablate, "device": args.device or "cpu",
-        "noise": noises, "bands": bands if "bandmf" in noises else None,
+        "noise": noises, "bands": bands if "bandmf" in noises else None, "buffers": buffers,
         "precision": args.precision,
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
     })
@@ -167,9 +173,10 @@ def run(args: argparse.Namespace) -> int:
     for m in methods[1:] if args.ablate else []:
         print(f"{m}: the per-step safety checks cost {out[f'checks_cost_{m}']:.1%} of a step, the float64 noise "
               f"{out[f'float64_noise_cost_{m}']:.1%} (medians of within-round ratios)")
-    for m in private if both else []:
-        print(f"BandMF (b = {bands}) costs {m} {out[f'bandmf_cost_ratio_{m}']:.3f} x independent noise's time per "
-              "step (median of within-round ratios)")
+    for noise, m in ratios:
+        what = f"BandMF (b = {bands})" if noise == "bandmf" else f"BLT (d = {buffers})"
+        print(f"{what} costs {m} {out[f'{noise}_cost_ratio_{m}']:.3f} x independent noise's time per step (median "
+              "of within-round ratios)")
     print("spread = (max - min) / median of samples/s over rounds (machine noise)")
     return 0
 
@@ -180,19 +187,23 @@ def _check_noise(args: argparse.Namespace, batch: int, n: int) -> list[str]:
     if not given or any(n not in NOISES for n in given):
         raise ValueError(f"--noise must be a comma-separated subset of {','.join(NOISES)}, got {','.join(given)!r}")
     noises = [n for n in NOISES if n in given]
-    if "bandmf" not in noises:
-        if args.bands is not None:
-            raise ValueError(f"--bands is for --noise with bandmf, got --bands {args.bands} with --noise "
-                             f"{','.join(noises)}")  # fmt: skip
+    if "bandmf" not in noises and args.bands is not None:
+        raise ValueError(f"--bands is for --noise with bandmf, got --bands {args.bands} with --noise "
+                         f"{','.join(noises)}")  # fmt: skip
+    correlated = [n for n in noises if n != "independent"]
+    if not correlated:
         return noises
+    kind = correlated[0]  # the message names one kind the user gave; every correlated kind is refused alike
     if not any(m in PRIVATE_METHODS for m in args.methods):
-        raise ValueError(f"--noise bandmf is for the private methods, got --methods {','.join(args.methods)}")
+        raise ValueError(f"--noise {kind} is for the private methods, got --methods {','.join(args.methods)}")
     if args.nproc is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("--noise bandmf is timed in one process (the scaling study times independent noise): leave "
-                         "out --nproc and torchrun")  # fmt: skip
+        raise ValueError(f"--noise {kind} is timed in one process (the scaling study times independent noise): "
+                         "leave out --nproc and torchrun")  # fmt: skip
     if "independent" not in noises and (args.secure_rng or args.ablate):
         flag = "--secure-rng" if args.secure_rng else "--ablate"
-        raise ValueError(f"{flag} times independent noise's variants: give --noise independent,bandmf")
+        raise ValueError(f"{flag} times independent noise's variants: give --noise independent,{','.join(correlated)}")
+    if "bandmf" not in noises:
+        return noises
     if args.bands is not None and args.bands < 1:
         raise ValueError(f"--bands must be >= 1, got {args.bands}")
     bands = args.bands if args.bands is not None else BENCHMARK_BANDS
@@ -204,7 +215,8 @@ def _check_noise(args: argparse.Namespace, batch: int, n: int) -> list[str]:
 
 
 def _arm_name(method: str, secure: bool, ablate: str | None, noise: str = "independent") -> str:
-    """The timed arm's name: ``fdp``, ``fdp_secure``, ``fdp_nochecks``, ``fdp_f32noise``, ``fdp_bandmf``."""
+    """The timed arm's name: ``fdp``, ``fdp_secure``, ``fdp_nochecks``, ``fdp_f32noise``, ``fdp_bandmf``,
+    ``fdp_blt``."""
     if noise != "independent":
         return f"{method}_{noise}"
     if ablate is not None:

@@ -87,12 +87,14 @@ def register(subparsers: Any) -> None:
                    "paper's: σ = 1, sampling rate 1/16, ε reached by the number of steps, PLD; default ε 2,4,8)")
     p.add_argument("--noise", type=_names, default=None, metavar="NOISES",
                    help="tabular and image-classification: comma-separated noises of the private methods, each its "
-                   "own arm: independent (DP-SGD's fresh Gaussian each step, default) and/or bandmf (banded "
-                   "matrix-factorization correlated noise; docs/accounting.md), e.g. independent,bandmf; the "
+                   "own arm: independent (DP-SGD's fresh Gaussian each step, default), bandmf (banded "
+                   "matrix-factorization correlated noise; docs/accounting.md) and/or blt (buffered linear Toeplitz "
+                   "correlated noise, its buffers chosen per cell; featuredp.blt), e.g. independent,bandmf,blt; the "
                    "references run once")
     p.add_argument("--bands", type=int, default=None, metavar="B",
                    help="--noise with bandmf: BandMF's bands b in every BandMF cell (at most the private steps and "
-                   "n/m). Default: per cell, the b of 1, 2, 4, ..., 64 with the least noise at its ε")
+                   "n/m; BLT has no bands). Default: per cell, the b of 1, 2, 4, ..., 64 with the least noise at its "
+                   "ε")
     p.add_argument("--report-only", action="store_true",
                    help="write results.csv, summary.md and the plot from the finished cells; train nothing")
     p.add_argument("--private", type=_names, default=None, help="private raw columns (default: the dataset's)")
@@ -216,14 +218,16 @@ def _check_noise(args: argparse.Namespace) -> list[str]:
                              f"{','.join(noises)}")  # fmt: skip
     if args.noise is not None and args.task in ("diffusion", "text"):
         raise ValueError(f"--noise is for --task tabular and image-classification, got --task {args.task}")
-    if "bandmf" in noises:
+    correlated = [n for n in noises if n != "independent"]
+    if correlated:
         from featuredp.methods import PRIVATE_METHODS
 
+        kind = correlated[0]  # the message names one kind the user gave; every correlated kind is refused alike
         if args.methods and not any(m in PRIVATE_METHODS for m in args.methods):
-            raise ValueError(f"--noise bandmf is for the private methods {','.join(PRIVATE_METHODS)}, got --methods "
+            raise ValueError(f"--noise {kind} is for the private methods {','.join(PRIVATE_METHODS)}, got --methods "
                              f"{','.join(args.methods)}")  # fmt: skip
         if args.protocol != "default":
-            raise ValueError(f"--noise bandmf does not combine with --protocol {args.protocol} (its steps come from "
+            raise ValueError(f"--noise {kind} does not combine with --protocol {args.protocol} (its steps come from "
                              "independent noise's accountant); use --protocol default")  # fmt: skip
     return noises
 

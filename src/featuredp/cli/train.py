@@ -52,13 +52,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--noise-multiplier", type=float, default=None, help="sigma (with --epsilon: budget stop)")
     p.add_argument("--noise", choices=NOISES, default="independent",
-                   help="noise of the private steps: independent (DP-SGD's fresh Gaussian each step, default) or "
+                   help="noise of the private steps: independent (DP-SGD's fresh Gaussian each step, default), "
                    "bandmf (banded matrix-factorization correlated noise with cyclic Poisson sampling: less noise at "
-                   "the same epsilon for larger epsilon; docs/accounting.md)")
+                   "the same epsilon for larger epsilon; docs/accounting.md) or blt (buffered linear Toeplitz "
+                   "correlated noise, d <= 4 buffers chosen for the run, cyclic sampling over epochs of n/m steps, "
+                   "one Gaussian at the min-sep sensitivity, no amplification; featuredp.blt)")
     p.add_argument("--bands", type=whole_number, default=None, metavar="B",
-                   help="--noise bandmf: the number of bands b (at most the private steps, and n/m). Default: the b "
-                   "of 1, 2, 4, ..., 64 with the least noise at --epsilon (bandmf.best_bands, a few seconds); "
-                   "with --noise-multiplier alone, 8")
+                   help="--noise bandmf only (blt chooses its own strategy): the number of bands b (at most the "
+                   "private steps, and n/m). Default: the b of 1, 2, 4, ..., 64 with the least noise at --epsilon "
+                   "(bandmf.best_bands, a few seconds); with --noise-multiplier alone, 8")
     p.add_argument("--epochs", type=float, default=None)
     p.add_argument("--max-grad-norm", type=float, default=None, help="clipping norm C")
     p.add_argument("--batch-size", type=int, default=None, help="expected private batch size m (p = m/n)")
@@ -283,15 +285,16 @@ def _check_flags(args: argparse.Namespace) -> None:
         check_int("--bands", args.bands, minimum=1)
         if args.noise != "bandmf":
             raise ValueError(f"--bands is for --noise bandmf, got --bands {args.bands} with --noise {args.noise}")
-    if args.noise == "bandmf":
+    if args.noise != "independent":
         from featuredp.methods import PRIVATE_METHODS
 
-        if args.method not in PRIVATE_METHODS:
-            raise ValueError(f"--noise bandmf is for the private methods {', '.join(PRIVATE_METHODS)}, got "
-                             f"--method {args.method}")
+        # fdp_auto first: it is Algorithm 1 (private), tuned, so "not a private method" would misstate why
         if args.tune or args.method == "fdp_auto":
-            raise ValueError("--noise bandmf does not combine with --tune or --method fdp_auto yet: give the "
+            raise ValueError(f"--noise {args.noise} does not combine with --tune or --method fdp_auto yet: give the "
                              "settings, or use --noise independent")
+        if args.method not in PRIVATE_METHODS:
+            raise ValueError(f"--noise {args.noise} is for the private methods {', '.join(PRIVATE_METHODS)}, got "
+                             f"--method {args.method}")
     if args.method == "fdp_auto" and args.public_weight is not None:
         raise ValueError("--method fdp_auto chooses --public-weight itself: leave it out (or use --method fdp)")
     if args.tune or args.method == "fdp_auto":

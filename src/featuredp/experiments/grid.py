@@ -19,11 +19,13 @@ evaluates on the test set and writes, in ``out``:
   tuning setup, like the cells).
 
 ``noises`` gives each private method one arm per noise: ``independent`` (DP-SGD's fresh Gaussian each step,
-the default) and ``bandmf`` (banded matrix-factorization correlated noise, ``Trainer(noise="bandmf", bands=...)``;
-``bands`` None: the engine picks b per cell at its ε). A BandMF cell is named ``<method>__bandmf__eps..``, its row
-carries ``noise`` and ``bands`` (results.csv has those columns when the grid runs BandMF), and the report and plot
-label it "DP-SGD + BandMF"; the references run once. A grid of independent noise only keeps its grid.json, its cell
-names and their hashes exactly as before noises existed.
+the default), ``bandmf`` (banded matrix-factorization correlated noise, ``Trainer(noise="bandmf", bands=...)``;
+``bands`` None: the engine picks b per cell at its ε) and ``blt`` (buffered linear Toeplitz correlated noise,
+``Trainer(noise="blt")``: the engine optimises its buffers per cell; no bands). A correlated-noise cell is named
+``<method>__<noise>__eps..`` (``fdp__blt__eps2..``), its row carries ``noise`` and ``bands`` (results.csv has those
+columns when the grid runs correlated noise), and the report and plot label it "DP-SGD + BandMF", "DP-SGD + BLT";
+the references run once. A grid of independent noise only keeps its grid.json, its cell names and their hashes
+exactly as before noises existed.
 
 ``protocol`` picks how the private methods reach each ε: ``default`` trains each method's epochs and
 batch size and calibrates σ; ``paper`` (the paper's §6) fixes σ = 1 and the sampling rate 1/16 and
@@ -58,7 +60,7 @@ import torch
 from featuredp._io import atomic_path, atomic_write_json, atomic_write_text
 from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
 from featuredp.batches import resolve_device
-from featuredp.config import NOISE_KINDS
+from featuredp.config import CORRELATED_NOISES, NOISE_KINDS
 from featuredp.data import load_dataset
 from featuredp.experiments.data_key import data_key
 from featuredp.experiments.grid_report import (
@@ -130,8 +132,8 @@ class GridConfig:
     cells stay; they are keyed by their settings). ``progress``: one line per cell on stderr.
     ``protocol``: ``default`` (each method's epochs and batch size, σ calibrated to ε) or ``paper``
     (σ = 1, sampling rate 1/16, as many steps as ε allows; :func:`paper_steps`); the references train alike
-    under both. ``noises``: the private methods' arms (``independent``, ``bandmf``); ``bands``: BandMF's b for
-    every BandMF cell (None: the engine picks b per cell at its ε).
+    under both. ``noises``: the private methods' arms (``independent``, ``bandmf``, ``blt``); ``bands``: BandMF's b
+    for every BandMF cell (None: the engine picks b per cell at its ε; BLT cells never get it).
     """
 
     dataset: str
@@ -199,21 +201,22 @@ class GridConfig:
             self.bands = check_int("bands", self.bands, minimum=1)
             if "bandmf" not in self.noises:
                 raise ValueError(f"bands is for noises with bandmf, got bands={self.bands} with noises={self.noises}")
-        if "bandmf" in self.noises:
+        correlated = [n for n in self.noises if n in CORRELATED_NOISES]
+        if correlated:
             if not any(m in PRIVATE_METHODS for m in self.methods):
-                raise ValueError(f"noises=['bandmf'] is for the private methods {list(PRIVATE_METHODS)}, got methods "
-                                 f"{self.methods}")  # fmt: skip
+                raise ValueError(f"noises={correlated} is for the private methods {list(PRIVATE_METHODS)}, got "
+                                 f"methods {self.methods}")  # fmt: skip
             if self.protocol == "paper":
-                # The paper protocol sets T from DP-SGD's accountant at σ = 1; BandMF spends by rounds of b steps,
-                # so its cells would stop at another T than their independent twins.
-                raise ValueError("noises with bandmf does not combine with protocol='paper' (its steps come from "
-                                 "independent noise's accountant); use protocol='default'")  # fmt: skip
+                # The paper protocol sets T from DP-SGD's accountant at σ = 1; BandMF spends by rounds of b steps and
+                # BLT by one Gaussian of the whole run, so their cells would stop at another T than their twins.
+                raise ValueError(f"noises with {correlated[0]} does not combine with protocol='paper' (its steps "
+                                 "come from independent noise's accountant); use protocol='default'")  # fmt: skip
 
 
 @dataclass
 class Cell:
     """One unit of work: a method at one ε (None for the references) and one seed, with its noise (a private
-    method's arm: ``independent`` or ``bandmf``)."""
+    method's arm: ``independent``, ``bandmf`` or ``blt``)."""
 
     method: str
     epsilon: float | None
@@ -222,7 +225,8 @@ class Cell:
 
     @property
     def key(self) -> str:
-        """The cell's file name stem, e.g. ``fdp__eps2__seed0`` (``fdp__bandmf__eps2__seed0`` with BandMF)."""
+        """The cell's file name stem, e.g. ``fdp__eps2__seed0`` (``fdp__bandmf__eps2__seed0`` with BandMF,
+        ``fdp__blt__eps2__seed0`` with BLT)."""
         eps = "none" if self.epsilon is None else f"{self.epsilon:g}"
         return f"{_arm(self.method, self.noise)}__eps{eps}__seed{self.seed}"
 
@@ -334,10 +338,12 @@ class GridRunner:
 
     def noise_params(self, method: str, noise: str) -> dict[str, Any]:
         """The Trainer arguments of a noise arm: none for independent noise (so its cells keep the hashes of grids
-        from before noises), ``noise`` and the grid's ``bands`` (if given) for BandMF."""
+        from before noises), ``noise`` and the grid's ``bands`` (if given) for BandMF, ``noise`` alone for BLT (which
+        has no bands: the engine refuses them)."""
         if noise == "independent" or method not in PRIVATE_METHODS:
             return {}
-        return {"noise": noise, **({} if self.cfg.bands is None else {"bands": self.cfg.bands})}
+        return {"noise": noise, **({"bands": self.cfg.bands} if noise == "bandmf" and self.cfg.bands is not None
+                                   else {})}  # fmt: skip
 
     def with_protocol(self, method: str, epsilon: float | None, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` as the grid's protocol has them. Under ``paper`` a private method trains with σ = 1, sampling
@@ -412,8 +418,8 @@ class GridRunner:
             "torch_threads": torch.get_num_threads(),  # CPU time grows with threads; not a results.csv column
             "tuned": _tune_key(cell.method, cell.epsilon, cell.noise) in self.tuned,
             "params": json.dumps(params, sort_keys=True),
-            # The noise as the engine planned it (BandMF's bands: given, or chosen at the cell's ε); None for the
-            # references, which add no noise
+            # The noise as the engine planned it (BandMF's bands: given, or chosen at the cell's ε; BLT has none);
+            # None for the references, which add no noise
             "noise": summary.get("noise", cell.noise) if cell.method in PRIVATE_METHODS else None,
             "bands": summary.get("bands") if cell.method in PRIVATE_METHODS else None,
         }

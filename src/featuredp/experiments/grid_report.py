@@ -16,8 +16,8 @@ from featuredp.experiments.protocols import PAPER_SENTENCE
 from featuredp.methods import METHOD_NAMES, Method, get_method
 from featuredp.methods import METHODS as METHOD_RECORDS
 
-__all__ = ["CLAIMED_DIFFERENCES", "LABELS", "NOISE_LABELS", "REFERENCE_METHODS", "arm_label", "reference_epsilon",
-           "render_summary_md", "row_noise", "summarize"]
+__all__ = ["CLAIMED_DIFFERENCES", "LABELS", "NOISE_LABELS", "NOISE_ORDER", "REFERENCE_METHODS", "arm_label",
+           "reference_epsilon", "render_summary_md", "row_noise", "summarize"]
 
 METHODS = METHOD_NAMES
 REFERENCE_METHODS = tuple(name for name, m in METHOD_RECORDS.items() if m.reference)
@@ -25,17 +25,17 @@ LABELS = {name: m.label for name, m in METHOD_RECORDS.items()}
 #: the differences summary.md reports (the paper's claims): (minuend, subtrahend, how the line names it)
 CLAIMED_DIFFERENCES = (("fdp", "dpsgd", "FDP − DP-SGD"), ("fdp", "fdp_dpsgd", "FDP − FDP(DP-SGD)"),
                        ("fdp_dpsgd", "dpsgd", "FDP(DP-SGD) − DP-SGD"))  # fmt: skip
-#: how a noise arm is named after its method ("DP-SGD + BandMF"); independent noise adds nothing
-NOISE_LABELS = {"independent": "", "bandmf": " + BandMF"}
-#: the order of the noise arms in tables (independent first: the grids from before noises)
-_NOISE_ORDER = {"independent": 0, "bandmf": 1}
+#: how a noise arm is named after its method ("DP-SGD + BandMF", "DP-SGD + BLT"); independent noise adds nothing
+NOISE_LABELS = {"independent": "", "bandmf": " + BandMF", "blt": " + BLT"}
+#: the order of the noise arms in tables and plots (independent first: the grids from before noises)
+NOISE_ORDER = {"independent": 0, "bandmf": 1, "blt": 2}
 
 
 def arm_label(method: str, noise: str | None) -> str:
-    """The report's name of a method with its noise: ``DP-SGD``, ``DP-SGD + BandMF``.
+    """The report's name of a method with its noise: ``DP-SGD``, ``DP-SGD + BandMF``, ``DP-SGD + BLT``.
 
-    >>> arm_label("fdp", "bandmf")
-    'FDP (Alg. 1) + BandMF'
+    >>> arm_label("fdp", "bandmf"), arm_label("dpsgd", "blt")
+    ('FDP (Alg. 1) + BandMF', 'DP-SGD + BLT')
     """
     return LABELS[method] + NOISE_LABELS.get(noise or "independent", f" + {noise}")
 
@@ -67,7 +67,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean ± std of accuracy (and mean ε spent, σ, steps, wall time) per method, noise and target ε.
 
     Each entry has ``noise`` (None for the references) and ``bands`` (BandMF's b of its cells, sorted; None for
-    independent noise)."""
+    independent noise and BLT)."""
     groups: dict[tuple[str, str | None, float | None], list[dict[str, Any]]] = {}
     for r in rows:
         eps = r["target_epsilon"]
@@ -76,7 +76,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     order = {m: i for i, m in enumerate(METHODS)}
     for (method, noise, eps), rs in sorted(groups.items(), key=lambda kv: (
-            order[kv[0][0]], _NOISE_ORDER.get(kv[0][1] or "independent", 9), kv[0][2] or 0.0)):  # fmt: skip
+            order[kv[0][0]], NOISE_ORDER.get(kv[0][1] or "independent", 9), kv[0][2] or 0.0)):  # fmt: skip
         acc = np.array([float(r["accuracy"]) for r in rs])
         sigma = [float(r["noise_multiplier"]) for r in rs if r.get("noise_multiplier") not in (None, "")]
         bands = sorted({int(r["bands"]) for r in rs if _number(r.get("bands"))})
@@ -202,10 +202,14 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
         sigma = "—" if s["noise_multiplier"] is None else f"{s['noise_multiplier']:.3f}"
         lines.append(f"| {_arm_name(s)} | {eps} | {spent} | {sigma} | {s['steps']:.0f} | {s['wall_s']:.1f} "
                      f"| {s['cpu_s']:.1f} |")
-    if correlated:
+    if "bandmf" in correlated:
         lines += ["", "BandMF's σ is the std of z in the released C x + z (C's first coefficient 1), not comparable "
                   "with DP-SGD's: its ε is that of DP-SGD with multiplier σ / (max column norm of C), sampling rate "
                   "m·b/n and ⌈T/b⌉ steps (docs/accounting.md, \"Correlated noise (BandMF)\")."]  # fmt: skip
+    if "blt" in correlated:
+        lines += ["", "BLT's σ is likewise the std of z in C x + z, not comparable with DP-SGD's: its ε is that of one "
+                  "Gaussian release with multiplier σ / Δ, Δ the min-sep sensitivity of C over epochs of ⌊n/m⌋ steps, "
+                  "without amplification by sampling (featuredp.blt)."]  # fmt: skip
     total = sum(float(r["wall_s"]) for r in rows)
     total_cpu = sum(float(r.get("cpu_s") or 0.0) for r in rows)
     lines += [
@@ -230,6 +234,11 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
                      "at the same ε and δ with the same hyperparameters (with tuning: each arm tuned alike); σ is "
                      "calibrated for each (docs/accounting.md, "
                      "\"Correlated noise (BandMF)\").")
+    if "blt" in (meta.get("noises") or []):
+        lines.append("* Noise, the BLT arm: buffered linear Toeplitz correlated noise with cyclic sampling over epochs "
+                     "of ⌊n/m⌋ steps (BLT: d <= 4 buffers optimised for the run's workload, one Gaussian at the "
+                     "min-sep sensitivity, no amplification: featuredp.blt), at the same ε and δ with the same "
+                     "hyperparameters as the other arms (with tuning: each arm tuned alike); σ is calibrated for each.")
     if meta.get("tuned"):
         lines += [
             "",

@@ -11,11 +11,14 @@ import matplotlib
 import numpy as np
 
 from featuredp._io import atomic_save_png
-from featuredp.experiments.grid_report import arm_label, row_noise
+from featuredp.experiments.grid_report import NOISE_ORDER, arm_label, row_noise
 from featuredp.methods import METHODS
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt
+
+#: the line style of each correlated-noise arm (its method's colour, hollow markers)
+_CORRELATED_STYLES = {"bandmf": "-.", "blt": ":"}
 
 
 def privacy_utility_plot(
@@ -28,8 +31,9 @@ def privacy_utility_plot(
     """Accuracy vs target ε per private method and noise (mean ± std over seeds as error bars), with the
     non-private and public-only means as horizontal reference lines (shaded ± std).
 
-    A private method's correlated-noise arm (rows with ``noise`` = ``bandmf``) is a second line in the method's
-    colour, dashed with hollow markers, labelled "DP-SGD + BandMF". Returns what was drawn:
+    A private method's correlated-noise arms (rows with ``noise`` = ``bandmf`` or ``blt``) are further lines in the
+    method's colour with hollow markers, BandMF dash-dotted and BLT dotted, labelled "DP-SGD + BandMF" and
+    "DP-SGD + BLT". Returns what was drawn:
     ``{"lines": {arm: (eps, means, stds)}, "references": {method: (mean, std)}}``, where an arm is the method's
     name for independent noise and ``<method>+<noise>`` otherwise.
     """
@@ -48,7 +52,8 @@ def privacy_utility_plot(
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     eps_all = sorted({e for (_, e) in by if e is not None})
     arms = [(method, record, arm) for method, record in METHODS.items() if not record.reference
-            for arm in sorted((a for a in noises if a == method or a.startswith(f"{method}+")), key=len)]
+            for arm in sorted((a for a in noises if a == method or a.startswith(f"{method}+")),
+                              key=lambda a: NOISE_ORDER.get(noises[a], len(NOISE_ORDER)))]
     for method, record, arm in arms:
         pts = sorted((e, v) for (m, e), v in by.items() if m == arm and e is not None)
         if not pts:
@@ -57,8 +62,10 @@ def privacy_utility_plot(
         means = [float(np.mean(v)) for _, v in pts]
         stds = [float(np.std(v, ddof=1)) if len(v) > 1 else 0.0 for _, v in pts]
         correlated = noises[arm] != "independent"
+        # Both correlated arms share the method's colour, so each kind needs a line style of its own to be told apart.
+        style = _CORRELATED_STYLES.get(noises[arm], "--") if correlated else record.linestyle
         ax.errorbar(xs, means, yerr=stds, capsize=3, label=arm_label(method, noises[arm]), color=record.color,
-                    marker=record.marker, linestyle="-." if correlated else record.linestyle,
+                    marker=record.marker, linestyle=style,
                     markerfacecolor="none" if correlated else record.color)  # fmt: skip
         drawn["lines"][arm] = (xs, means, stds)
     for method, record in METHODS.items():

@@ -65,7 +65,7 @@ def train_text_run(*, out: str | Path | None, method: str, epsilon: float | None
     summary = {
         "task": "text", "method": method, "epsilon": done.epsilon, "delta": result.delta,
         "noise_multiplier": result.plan.noise_multiplier, "noise": result.plan.noise, "bands": result.plan.bands,
-        "max_grad_norm": result.plan.max_grad_norm,
+        "correlated_noise": result.privacy_report.get("correlated_noise"), "max_grad_norm": result.plan.max_grad_norm,
         "sampling_rate": result.plan.sampling_rate, "steps": result.steps, "pretrain_steps": result.pretrain_steps,
         "guarantee": result.guarantee, "data": data.source, "private": data.psi.describe().hides,
         "train_texts": len(data.train), "test_texts": len(data.test), "truncated": data.train.truncated,

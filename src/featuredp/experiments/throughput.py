@@ -123,22 +123,31 @@ def engine_runner(
     ``ablate`` (cost measurements only; the step it times has a weaker or no guarantee): ``"checks"`` switches
     off ghost clipping's per-step separability check and forward guard, ``"noise"`` replaces the float64
     noise by the old float32 ``torch.randn`` (bounded support), so that one interleaved run gives their costs.
-    ``noise``: the private steps' noise, ``"independent"`` or ``"bandmf"`` (BandMF with ``bands`` bands, default
+    ``noise``: the private steps' noise, ``"independent"``, ``"bandmf"`` (BandMF with ``bands`` bands, default
     :data:`BENCHMARK_BANDS`: the step draws one Gaussian vector and runs the float64 recurrence over the last
-    b − 1 noise vectors, and samples from b secret partitions).
+    b − 1 noise vectors, and samples from b secret partitions) or ``"blt"`` (BLT, no ``bands``: its strategy is
+    optimised for a run of :data:`BENCHMARK_BLT_EPOCHS` epochs of ⌊n/m⌋ steps, and the step runs the float64
+    recurrence over its d buffers, in ``info["buffers"]``, and samples from ⌊n/m⌋ secret partitions).
     """
     if ablate not in (None, *ABLATIONS):
         raise ValueError(f"ablate must be one of {', '.join(ABLATIONS)} or None, got {ablate!r}")
     record = get_method(method)
     noise = check_choice("noise", noise, NOISE_KINDS)
-    if noise == "bandmf":
+    if noise != "independent":
         if not record.private:
-            raise ValueError(f"noise='bandmf' is for the private methods, got method {method!r}")
+            raise ValueError(f"noise={noise!r} is for the private methods, got method {method!r}")
         if ablate is not None:
-            raise ValueError(f"ablate is for independent noise, got ablate={ablate!r} with noise='bandmf'")
+            raise ValueError(f"ablate is for independent noise, got ablate={ablate!r} with noise={noise!r}")
+    if noise == "bandmf":
         bands = check_int("bands", BENCHMARK_BANDS if bands is None else bands, minimum=1)
+        steps = bands
     elif bands is not None:
         raise ValueError(f"bands is for noise='bandmf', got bands={bands} with noise={noise!r}")
+    elif noise == "blt":
+        # A one-step (or one-epoch) plan would give BLT a strategy for a single participation, not a training run's.
+        steps = max(2, BENCHMARK_BLT_EPOCHS * (int(data.n) // int(batch_size)))
+    else:
+        steps = 1
     spec = spec_for(data, "mlp", hidden=list(hidden))
     model = build_model(spec, seed=init_seed(seed))
     # Non-private SGD and DP-SGD train on the plain loss; only the methods that read Ψ get it (and FDP pays
@@ -149,8 +158,9 @@ def engine_runner(
         record.name,
         # The timed step never counts steps; a one-step plan keeps the plan's checks (the noise sampler's tail
         # against δ, featuredp.accounting.sampler) from refusing a run planned far beyond any accountant. BandMF
-        # plans b steps, the fewest its strategy takes (the timed steps go on past them, as a long run's would).
-        steps=1 if bands is None else bands,
+        # plans b steps, the fewest its strategy takes, and BLT a few epochs (the timed steps go on past them, as a
+        # long run's would).
+        steps=steps,
         noise=noise,
         bands=bands,
         batch_size=batch_size,
@@ -194,7 +204,8 @@ def engine_runner(
         step,
         float(batch_size),
         {"method": method, "strategy": strategy_name, "trainer": trainer, "loss_split": loss_split,
-         "secure_rng": secure_rng, "ablate": ablate, "noise": noise, "bands": bands},
+         "secure_rng": secure_rng, "ablate": ablate, "noise": noise, "bands": bands,
+         "buffers": len(trainer.plan.noise_coeffs or ()) // 2 if noise == "blt" and trainer.plan else None},
     )
 
 
@@ -202,6 +213,8 @@ def engine_runner(
 ABLATIONS = ("checks", "noise")
 #: BandMF's bands in ``featuredp benchmark`` when none are given (the engine's default without a target ε)
 BENCHMARK_BANDS = 8
+#: the epochs (of ⌊n/m⌋ steps) whose BLT strategy ``featuredp benchmark`` times: several participations per record
+BENCHMARK_BLT_EPOCHS = 4
 
 
 def _without_checks(trainer: Trainer) -> None:

@@ -146,7 +146,8 @@ def train_one(
             same model (``public_only``: free under FDP; None without a Ψ), and the last training loss shown
             (``summary["train_loss"]``: ℓ_pub on public batches for the FDP methods, ℓ for non-private ones;
             a private batch's loss is never shown).
-        noise, bands: the Trainer's (``"bandmf"``: correlated noise, for a private method only).
+        noise, bands: the Trainer's (``"bandmf"`` or ``"blt"``: correlated noise, for a private method only;
+            ``bands`` for ``"bandmf"`` only).
         params: Trainer keyword arguments (epochs, batch_size, noise_multiplier, max_grad_norm,
             alpha, lr, pretrain_epochs, public_batch_size, ...) replacing the preset's; None values
             are ignored and keys the method does not read are dropped
@@ -198,7 +199,8 @@ def train_one(
         kwargs["target_epsilon"] = epsilon
         kwargs["delta"] = delta
     if noise != "independent" or bands is not None:
-        # Not through the preset's parameters: a non-private method given bandmf is refused, never dropped.
+        # Not through the preset's parameters: a non-private method given correlated noise is refused, never
+        # dropped.
         kwargs.update(noise=noise, bands=bands)
     if device is not None:
         kwargs["device"] = device
@@ -236,6 +238,9 @@ def train_one(
         "noise_multiplier": plan.noise_multiplier,
         "noise": plan.noise,
         "bands": plan.bands,
+        # the privacy report's block of a correlated-noise run (BLT's buffers and epoch, BandMF's coefficients, the
+        # sensitivity its ε is accounted at); None for independent noise
+        "correlated_noise": result.privacy_report.get("correlated_noise"),
         "max_grad_norm": plan.max_grad_norm,
         "sampling_rate": plan.sampling_rate,
         "batch_size": plan.expected_batch_size,
