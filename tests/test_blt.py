@@ -132,6 +132,15 @@ def test_optimised_strategy_is_valid_deterministic_and_beats_dpsgds(n, b, beta):
     assert ratio < 0.6
 
 
+def test_the_optimisers_parameters_stay_in_the_valid_region_at_its_edge():
+    # Σω → 1 (c_1 → c_0) is where the optimum often lies; softmax rounding once put Σω an ulp above 1, which the
+    # plan then refused when a tuning trial loaded it.
+    v = [-3.518676179034963, -6.327107355230263, -3.116372312686761, 0.206629896736218]
+    theta, omega = blt._unpack(np.array([0.0, 0.0, 0.0, 0.0, *v, 40.0]), 4)
+    assert omega.sum() <= 1.0
+    blt.check_blt_params(theta, omega)
+
+
 def test_momentum_strategy_is_optimised_for_its_own_workload():
     n, b = 60, 15
     plain = blt.optimize_blt(n, b)

@@ -128,6 +128,8 @@ def _unpack(x: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
     theta = 1.0 / (1.0 + np.exp(-u))
     e = np.exp(v - v.max())
     omega = e / e.sum() / (1.0 + math.exp(-r))
+    while omega.sum() > 1.0:  # rounding: Σω may come out an ulp above 1, outside the valid region
+        omega = np.nextafter(omega, 0.0)
     return np.minimum(theta, 1.0 - 1e-12), omega
 
 

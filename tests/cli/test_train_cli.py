@@ -468,6 +468,16 @@ def test_train_blt_end_to_end_plans_accounts_and_prints_blt(capsys, tmp_path):
     assert "noise multiplier" not in line and "bands" not in line
 
 
+@pytest.mark.parametrize("kind", ["bandmf", "blt"])
+@pytest.mark.parametrize("tune", ["private", "public"])
+def test_train_tunes_with_correlated_noise_and_the_run_is_that_noise(kind, tune, capsys):
+    argv = [*_BLT[:-1], kind, "--tune", tune, "--tune-trials", "2", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["noise"] == kind and out["correlated_noise"]["noise"] == kind and out["tuning"]["mode"] == tune
+    assert 0 < out["epsilon"] <= 4.0
+
+
 def _no_data(monkeypatch) -> None:
     def no_data(*args, **kwargs):
         raise AssertionError("data loaded before the flags were checked")
@@ -483,9 +493,6 @@ def _no_data(monkeypatch) -> None:
     (["--method", "nonprivate"], "--noise {kind} is for the private methods dpsgd, fdp_dpsgd, fdp, got --method "
                                  "nonprivate"),
     (["--method", "public"], "--noise {kind} is for the private methods"),
-    (["--method", "fdp_auto"], "--noise {kind} does not combine with --tune or --method fdp_auto"),
-    (["--tune", "public"], "--noise {kind} does not combine with --tune or --method fdp_auto"),
-    (["--tune", "private"], "--noise {kind} does not combine with --tune or --method fdp_auto"),
 ])  # fmt: skip
 def test_train_correlated_noise_refusals_exit_2_before_any_data(kind, extra, needle, capsys, monkeypatch):
     _no_data(monkeypatch)

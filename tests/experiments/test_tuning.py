@@ -12,9 +12,10 @@ import pytest
 
 import featuredp.experiments.tuning as tuning
 from featuredp.accounting import BudgetLedger
-from featuredp.accounting.tuning import tuning_epsilon
+from featuredp.accounting.tuning import trial_event, tuning_epsilon, tuning_event
 from featuredp.experiments.tuning import TuningSettings, candidates, noisy_score, public_view_table, tune
 from featuredp.noise import ChaCha20Generator
+from featuredp.plan import PrivacyPlan
 
 
 def _table(tmp_path, flip_private: bool = False) -> dict:
@@ -255,3 +256,46 @@ def test_the_margin_grows_with_the_number_of_challengers_the_winners_curse():
     assert moved_fixed / searches > 0.2  # the old fixed margin: the winner's curse
     assert moved_margin / searches < 0.09  # family-wise ≈ 5% (+ sampling slack)
     assert tuning.choice_margin(27) > tuning.choice_margin(3) == 2.0
+
+
+@pytest.mark.parametrize("kind", ["bandmf", "blt"])
+def test_private_search_with_correlated_noise_is_accounted_as_the_mechanism_each_trial_ran(kind, tmp_path,
+                                                                                             monkeypatch):  # fmt: skip
+    # Each trial releases C x + z: the search is K trials of the Poisson-subsampled Gaussian that noise is accounted
+    # as (σ / Δ, rate, rounds), not of DP-SGD at σ of z (which would overstate the noise by Δ and understate ε).
+    opts = _table(tmp_path)
+    calls, plans = [], []
+    real = tuning.train_one
+
+    def recording(**kw):
+        calls.append(kw)
+        run = real(**kw)
+        plans.append(run.result.plan)
+        return run
+
+    monkeypatch.setattr(tuning, "train_one", recording)
+    monkeypatch.setattr(tuning, "sample_trials", lambda mean, dist, u: 3)
+    run = tune(TuningSettings("private", mean_trials=3), method="fdp", dataset="csv", dataset_options=opts,
+               private=["s"], epsilon=2.0, progress=False, baselines=False, noise=kind, **FAST)
+    assert len(plans) == 3 and all(p.noise == kind for p in plans)
+    assert len({(p.noise_coeffs, p.bands, p.noise_multiplier) for p in plans}) == 1  # one mechanism, K times
+    terms = plans[0].dpsgd_terms(plans[0].steps)
+    assert terms[0] < plans[0].noise_multiplier  # Δ > 1: σ of z is not the accounted multiplier
+    event = tuning_event(trial_event(*terms), 3, "geometric")
+    assert tuning_epsilon(event, 1e-5) == pytest.approx(run.summary["epsilon"], rel=1e-9)
+    assert 1.8 < run.summary["epsilon"] <= 2.0
+    naive = tuning_epsilon(tuning_event(trial_event(plans[0].noise_multiplier, plans[0].sampling_rate,
+                                                    plans[0].steps), 3, "geometric"), 1e-5)  # fmt: skip
+    assert naive < 0.8 * run.summary["epsilon"]  # the accounting this test guards against says far less
+    assert run.summary["noise"] == kind and run.summary["tuning"]["noise_multiplier"] == plans[0].noise_multiplier
+
+
+def test_a_trial_that_ran_another_mechanism_is_refused():
+    plan = PrivacyPlan("dpsgd", 1000, 100, 0.1, 40, noise_multiplier=2.0, max_grad_norm=1.0, delta=1e-5,
+                       noise="bandmf", bands=4, noise_coeffs=(1.0, 0.5))  # fmt: skip
+    terms = plan.dpsgd_terms(40)
+    tuning._check_trial(plan, 40, terms)
+    for other in ((terms[0] * 1.01, terms[1], terms[2]), (terms[0], terms[1] / 2, terms[2]),
+                  (terms[0], terms[1], terms[2] - 1)):  # fmt: skip
+        with pytest.raises(RuntimeError, match="refusing to release it"):
+            tuning._check_trial(plan, 40, other)

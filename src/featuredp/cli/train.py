@@ -288,11 +288,8 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.noise != "independent":
         from featuredp.methods import PRIVATE_METHODS
 
-        # fdp_auto first: it is Algorithm 1 (private), tuned, so "not a private method" would misstate why
-        if args.tune or args.method == "fdp_auto":
-            raise ValueError(f"--noise {args.noise} does not combine with --tune or --method fdp_auto yet: give the "
-                             "settings, or use --noise independent")
-        if args.method not in PRIVATE_METHODS:
+        # fdp_auto is Algorithm 1 (private), tuned: its search and its final run take the noise like --tune's
+        if args.method not in (*PRIVATE_METHODS, "fdp_auto"):
             raise ValueError(f"--noise {args.noise} is for the private methods {', '.join(PRIVATE_METHODS)}, got "
                              f"--method {args.method}")
     if args.method == "fdp_auto" and args.public_weight is not None:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from featuredp._io import atomic_write_json
+from featuredp.accounting.calibrate import scaled_noise
 from featuredp.accounting.tuning import (
     DISTRIBUTIONS,
     calibrate_tuning_noise,
@@ -49,12 +50,14 @@ from featuredp.accounting.tuning import (
 )
 from featuredp.batches import correct as _correct
 from featuredp.batches import evaluate
+from featuredp.correlated import plan_strategy
 from featuredp.data import load_dataset
 from featuredp.experiments.runs import RUN_JSON, data_files_fingerprint, record_data_fingerprint, save_run
 from featuredp.experiments.train_one import TrainedModel, ledger_summary, references, resolved_params, train_one
 from featuredp.features import Columns
 from featuredp.methods import get_method
 from featuredp.noise import ChaCha20Generator
+from featuredp.plan import PrivacyPlan
 from featuredp.run_state import open_ledger
 
 __all__ = ["AUTO_METHOD", "AUTO_PUBLIC_WEIGHTS", "CHOICE_ERROR", "MODES", "RUN_OPTIONS", "SEARCH_SPACE",
@@ -318,12 +321,16 @@ def _tune_private(job: _Job) -> TrainedModel:
     base = resolved_params(method, dataset, fit.n, _params(kwargs))
     q = min(1.0, float(base["batch_size"]) / fit.n)
     steps = max(1, round(float(base["epochs"]) / q))
-    sigma = calibrate_tuning_noise(epsilon, delta, q, steps, settings.mean_trials, settings.distribution)
-    sigma_score = score_noise_multiplier(sigma, q, steps)
-    event = tuning_event(trial_event(sigma, q, steps), settings.mean_trials, settings.distribution)
+    fixed = {k: v for k, v in kwargs.items() if k not in ("batch_size", "epochs", "steps", "sampling_rate")}
+    # The search is accounted as K trials of one mechanism: DP-SGD's (σ, q, T), or the Poisson-subsampled Gaussian
+    # that correlated noise is accounted as (PrivacyPlan.dpsgd_terms); σ of z is then that multiplier times Δ.
+    terms, sens, fixed = _trial_terms(fixed, base, fit.n, q, steps, epsilon, delta)
+    sigma_eq = calibrate_tuning_noise(epsilon, delta, terms[1], terms[2], settings.mean_trials, settings.distribution)
+    sigma = scaled_noise(sigma_eq, sens)
+    sigma_score = score_noise_multiplier(sigma_eq, terms[1], terms[2])
+    event = tuning_event(trial_event(sigma_eq, terms[1], terms[2]), settings.mean_trials, settings.distribution)
     total = tuning_epsilon(event, delta)
     grid = candidates(method, base, auto=job.auto)
-    fixed = {k: v for k, v in kwargs.items() if k not in ("batch_size", "epochs", "steps", "sampling_rate")}
     ledger = open_ledger(ledger)
     reservation = None if ledger is None else ledger.reserve(
         f"tuned {method} on {dataset} (private random search)", event=event)
@@ -339,6 +346,7 @@ def _tune_private(job: _Job) -> TrainedModel:
                 run = train_one(method=method, data=(fit, val), private=private, epsilon=None, delta=delta,
                                 progress=False, dataset=dataset,
                                 **{**fixed, **cand, "noise_multiplier": sigma, "sampling_rate": q, "steps": steps})
+                _check_trial(run.result.plan, steps, (sigma_eq, terms[1], terms[2]))
                 noisy = noisy_score(round(float(run.summary["accuracy"]) * val.n), sigma_score, rng)
                 if best is None or noisy > best[0]:
                     best = (noisy, cand, run)
@@ -389,6 +397,38 @@ def _tune_private(job: _Job) -> TrainedModel:
     if out is not None:
         _save(out, trained, dataset, job.options, job.file_hashes)
     return trained
+
+
+def _trial_terms(fixed: dict[str, Any], base: Mapping[str, Any], n: int, q: float, steps: int, epsilon: float,
+                 delta: float) -> tuple[tuple[float, float, int], float, dict[str, Any]]:  # fmt: skip
+    """((1/Δ, q', T') of one trial's mechanism at σ = 1, its sensitivity Δ, the trials' fixed arguments).
+
+    Independent noise: (1, q, T), Δ = 1. Correlated noise: the strategy the trials will run (BandMF's b fixed here,
+    chosen at the target ε when not given, so that every trial runs the same C), and the plan's
+    :meth:`~featuredp.plan.PrivacyPlan.dpsgd_terms`; the candidates vary lr, C and α only, so the strategy, a
+    function of n, m, T and the momentum, is the same for every trial (and :func:`_check_trial` checks it).
+    """
+    noise = fixed.get("noise", "independent")
+    if noise == "independent":
+        return (1.0, q, steps), 1.0, fixed
+    momentum = float(base.get("momentum", 0.9)) if base.get("optimizer", "sgd") == "sgd" else 0.0
+    m = q * n
+    bands, coeffs = plan_strategy(noise, n, m, steps, bands=fixed.get("bands"), target_epsilon=epsilon, delta=delta,
+                                  momentum=momentum, relation=fixed.get("relation") or "add-remove",
+                                  accountant=fixed.get("accountant") or "pld")  # fmt: skip
+    plan = PrivacyPlan("dpsgd", n, m, q, steps, noise_multiplier=1.0, max_grad_norm=1.0, delta=delta, noise=noise,
+                       bands=bands, noise_coeffs=coeffs)  # fmt: skip
+    inv_sens, q_eq, t_eq = plan.dpsgd_terms(steps)
+    return (inv_sens, q_eq, t_eq), 1.0 / inv_sens, {**fixed, "bands": bands}
+
+
+def _check_trial(plan: Any, steps: int, terms: tuple[float, float, int]) -> None:
+    """Refuse a trial that ran another mechanism than the search is accounted for (a multiplier below it, another
+    rate or more rounds): its guarantee would not be the one stated."""
+    sigma, q, t = plan.dpsgd_terms(steps)
+    if not (sigma >= terms[0] * (1 - 1e-12) and math.isclose(q, terms[1], rel_tol=1e-12) and t == terms[2]):
+        raise RuntimeError(f"a tuning trial ran (σ, q, T) = ({sigma:.6g}, {q:.6g}, {t}) but the search is accounted "
+                           f"for ({terms[0]:.6g}, {terms[1]:.6g}, {terms[2]}): refusing to release it")
 
 
 def _params(kwargs: Mapping[str, Any]) -> dict[str, Any]:
