@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from featuredp import bandmf, correlated
+from featuredp import correlated, sampling
 from featuredp.data import TabularDataset
 from featuredp.losses import LossSplit, forward
 from featuredp.noise import ChaCha20Generator, SecureNoise, TorchNoise
@@ -104,7 +104,7 @@ def record_cyclic(monkeypatch: Any) -> list[np.ndarray]:
     """Record every batch the run's cyclic sampler (BandMF's and BLT's) draws, in order."""
     rec: list[np.ndarray] = []
 
-    class Recording(bandmf.BMinSepSampler):
+    class Recording(sampling.BMinSepSampler):
         def sample(self):
             idx = super().sample()
             rec.append(idx.copy())

@@ -18,11 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _fdp_synth
 
 import featuredp.distributed as fdist
 from _fdp_synth import ZeroSplit, make_tabular
-from featuredp.bandmf import BMinSepSampler
 from featuredp.engine import Trainer
 from featuredp.features import Columns, LabelPrivate
 from featuredp.models import LogisticRegression
-from featuredp.sampling import PoissonSampler
+from featuredp.sampling import BMinSepSampler, PoissonSampler
 
 torch.set_num_threads(1)
 

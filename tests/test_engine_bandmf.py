@@ -17,7 +17,7 @@ import torch
 from torch.nn import functional as nnf
 
 from _fdp_synth import LinearSplit, ZeroSplit, make_tabular, record_cyclic, record_noise
-from featuredp import accounting, bandmf, correlated, run_state
+from featuredp import accounting, bandmf, correlated, run_state, sampling
 from featuredp.accounting import BudgetLedger
 from featuredp.cli import main
 from featuredp.engine import Trainer
@@ -251,7 +251,7 @@ def test_replay_neighbours_differ_only_through_the_strategys_sensitivity(monkeyp
     record = {"x": 3 * torch.ones(1, d), "y": torch.zeros(1, dtype=torch.long)}  # its gradient is clipped
     plus = {k: torch.cat([base[k], record[k]]) for k in base}
 
-    class Replay(bandmf.BMinSepSampler):
+    class Replay(sampling.BMinSepSampler):
         """The cyclic sampler of D in both runs (same secret partition and coins); D + x adds x at its steps."""
 
         def __init__(self, dataset_size, expected_batch, bands, generator, **kw):
@@ -357,7 +357,7 @@ def test_each_ranks_sampler_covers_its_shard_at_the_whole_datasets_rate():
                                          world_size=2).private_sampler for r in (0, 1)]  # fmt: skip
     q = plan.expected_batch_size * 2 / 200
     for r, s in enumerate(samplers):
-        assert isinstance(s, bandmf.BMinSepSampler) and s.sampling_rate == pytest.approx(q)
+        assert isinstance(s, sampling.BMinSepSampler) and s.sampling_rate == pytest.approx(q)
         assert s.offset == 100 * r and s.dataset_size == 100 and s.expected_batch_size == plan.expected_batch_size
         for _ in range(6):
             idx = s.sample()

@@ -18,7 +18,7 @@ import torch
 from torch.nn import functional as nnf
 
 from _fdp_synth import LinearSplit, ZeroSplit, make_tabular, record_cyclic, record_noise
-from featuredp import accounting, bandmf, blt, correlated
+from featuredp import accounting, bandmf, blt, correlated, sampling
 from featuredp.accounting import BudgetLedger
 from featuredp.engine import Trainer
 from featuredp.errors import UnreachableTargetError
@@ -189,7 +189,7 @@ def test_replay_neighbours_differ_only_through_the_minsep_sensitivity(monkeypatc
     record = {"x": 3 * torch.ones(1, d), "y": torch.zeros(1, dtype=torch.long)}
     plus = {k: torch.cat([base[k], record[k]]) for k in base}
 
-    class Replay(bandmf.BMinSepSampler):
+    class Replay(sampling.BMinSepSampler):
         """D's cyclic sampler in both runs (same secret partition and coins); D + x adds x at its steps."""
 
         def __init__(self, dataset_size, expected_batch, bands, generator, **kw):
@@ -286,7 +286,7 @@ def test_each_ranks_sampler_covers_its_shard_at_the_whole_datasets_rate():
                                          privacy=t.privacy, schedule=t.schedule, device=torch.device("cpu"), rank=r,
                                          world_size=2).private_sampler for r in (0, 1)]  # fmt: skip
     for r, s in enumerate(samplers):
-        assert isinstance(s, bandmf.BMinSepSampler) and s.bands == 5 and s.sampling_rate == pytest.approx(1.0)
+        assert isinstance(s, sampling.BMinSepSampler) and s.bands == 5 and s.sampling_rate == pytest.approx(1.0)
         assert s.offset == 100 * r and s.dataset_size == 100
         for _ in range(6):
             idx = s.sample()

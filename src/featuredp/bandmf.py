@@ -1,11 +1,12 @@
 """Correlated noise for DP-SGD and FDP: banded matrix-factorization DP-FTRL (BandMF), a building block.
 
-This module holds the strategy, the noise, the sampler and (re-exported from :mod:`featuredp.accounting.bandmf`,
+This module holds the strategy, the noise and (re-exported from :mod:`featuredp.accounting.bandmf`,
 numpy only, so that the privacy plan can use it without torch) the accounting, each tested on its own. The Trainer
-composes them with ``noise="bandmf", bands=b`` (``featuredp train --noise bandmf --bands b``; docs/accounting.md):
-:class:`BMinSepSampler` replaces the private Poisson sampler, :class:`BandedNoise` wraps the run's noise source, the
-strategy is :func:`banded_toeplitz_strategy` for the run's private steps and its workload, and ε, the plan, the
-ledger and the guarantee come from :func:`bandmf_event`.
+composes them (:mod:`featuredp.correlated`) with ``noise="bandmf", bands=b`` (``featuredp train --noise bandmf --bands
+b``; docs/accounting.md): the cyclic sampler :class:`~featuredp.sampling.BMinSepSampler` replaces the private Poisson
+sampler, :class:`BandedNoise` wraps the run's noise source, the strategy is :func:`banded_toeplitz_strategy` for
+the run's private steps and its workload, and ε, the plan, the ledger and the guarantee come from
+:func:`bandmf_event`.
 
 The mechanism. Let x be the stream of clipped gradient sums (row t = step t, one row per step, n steps) and A the
 workload: the linear map from gradients to what training uses of them. With plain SGD the iterates are
@@ -34,11 +35,12 @@ For a banded Toeplitz C the largest column is the first: max column norm = ‖(c
 (:func:`sensitivity`).
 
 Amplification and accounting (:func:`bandmf_event`). With the cyclic Poisson sampling of the same paper (Section 5,
-Algorithm 2; :class:`BMinSepSampler`): each record is assigned to one of b partitions, independently and uniformly
-with secret coins, and step t Poisson-samples partition t mod b at rate q = m·b/n (m the expected batch). The
-assignment is independent per record, not an equal split, because the guarantee is for add-or-remove neighbours: with
-an equal split of a random permutation, adding a record moves the others between partitions, which the reduction
-does not cover (jax_privacy accepts add-or-remove only with its INDEPENDENT partition for this reason).
+Algorithm 2; :class:`~featuredp.sampling.BMinSepSampler`): each record is assigned to one of b partitions,
+independently and uniformly with secret coins, and step t Poisson-samples partition t mod b at rate q = m·b/n (m the
+expected batch). The assignment is independent per record, not an equal split, because the guarantee is for
+add-or-remove neighbours: with an equal split of a random permutation, adding a record moves the others between
+partitions, which the reduction does not cover (jax_privacy accepts add-or-remove only with its INDEPENDENT
+partition for this reason).
 Theorem 4 there (Theorem 1 is its informal statement; the numbering as cited by jax_privacy's
 docs/batch_selection.md and its toeplitz module) reduces the privacy of b-banded BandMF run for n steps to that
 of DP-SGD with Poisson sampling rate q, noise multiplier σ / (max column norm of C), run for ceil(n/b) steps: one
@@ -50,7 +52,8 @@ With b = 1 (C = I) the event is DP-SGD's, exactly.
 
 Not to be confused: Dong & Ganesh (arXiv:2602.09338) call a *different* sampler "b-min-sep subsampling" (a record
 is eligible whenever it sat out the last b steps) and account for it by Monte Carlo only; the accounting here holds
-for the cyclic Poisson sampler of Choquette-Choo et al., which is what :class:`BMinSepSampler` draws.
+for the cyclic Poisson sampler of Choquette-Choo et al., which is what :class:`~featuredp.sampling.BMinSepSampler`
+draws.
 
 Randomness: the noise z comes from a featuredp noise source (:class:`~featuredp.noise.TorchNoise` or
 :class:`~featuredp.noise.SecureNoise`), the partition and the coins from the private sampling stream
@@ -69,7 +72,6 @@ import torch
 from scipy.optimize import minimize
 from scipy.signal import lfilter
 
-from featuredp._keys import Uncopyable
 from featuredp._validate import check_int, check_nonnegative, check_positive, check_real
 from featuredp.accounting.bandmf import (
     _check_coeffs,
@@ -79,17 +81,13 @@ from featuredp.accounting.bandmf import (
     calibrate_bandmf_noise,
     sensitivity,
 )
-from featuredp.noise import NoiseSource, _add_in_float64
-from featuredp.sampling import PoissonSampler
+from featuredp.noise import CorrelatedNoise, NoiseSource
 
 __all__ = [
     "BAND_CHOICES",
     "DEFAULT_BANDS",
     "RMSE_SETTINGS",
-    "BMinSepSampler",
     "BandedNoise",
-    "CorrelatedNoise",
-    "CyclicPoissonSampler",
     "banded_toeplitz_strategy",
     "bandmf_epsilon",
     "bandmf_event",
@@ -269,110 +267,6 @@ def banded_toeplitz_strategy(n_steps: int, bands: int, *, momentum: float = 0.0,
 
 # ----------------------------------------------------------------------------- noise
 
-class CorrelatedNoise(Uncopyable, NoiseSource):
-    """The part that BandMF's and BLT's noise share: w_t = (C⁻¹ z)_t for step t, online, in float64.
-
-    Each call draws z_t ~ N(0, I_dim) from ``source`` (a :class:`~featuredp.noise.TorchNoise` or
-    :class:`~featuredp.noise.SecureNoise`: their float64 Box–Muller, their cut tail) and a subclass's recurrence
-    turns it into w_t, keeping a few earlier vectors (its ``_buffers``). :meth:`add` adds std·w_t to the sums in
-    float64 and rounds once, exactly as the sources add std·z_t.
-
-    ``std`` (σ·C in the Trainer's terms) is fixed by the first :meth:`add` and refused if it changes: the privacy
-    analysis is of C x + z with one σ for all steps. ``std = 0`` adds nothing and draws nothing (a non-private run).
-    The buffers are secret (they fix part of the next steps' noise): they are in :meth:`state_dict` only, for the
-    private checkpoint; the object refuses copies and pickling.
-    """
-
-    #: what the mechanism is called in the privacy report
-    kind = "correlated"
-
-    def __init__(self, dim: int, source: NoiseSource) -> None:
-        self.dim = check_int("dim", dim, minimum=1)
-        if not isinstance(source, NoiseSource) or isinstance(source, CorrelatedNoise):
-            raise TypeError(f"source must be a featuredp.noise source (TorchNoise, SecureNoise), got "
-                            f"{type(source).__name__}")  # fmt: skip
-        self.source = source
-        self.secure = source.secure
-        # The mechanism releases C x + z: the sampler's cut tail is z's, per pair of coordinates, as for DP-SGD.
-        self.tail_mass_per_pair = source.tail_mass_per_pair
-        self._buffers: torch.Tensor | None = None  # float64, secret
-        self._step = 0
-        self._std: float | None = None
-
-    @property
-    def step(self) -> int:
-        """How many noise vectors have been drawn."""
-        return self._step
-
-    def _correlate(self, z: torch.Tensor, buffers: torch.Tensor | None) -> torch.Tensor:
-        """w_t from z_t (may be consumed) and the buffers, updating the buffers in place."""
-        raise NotImplementedError
-
-    def _buffer_rows(self) -> int:
-        """How many vectors of length dim the recurrence keeps (0: none)."""
-        raise NotImplementedError
-
-    def _params(self) -> dict[str, torch.Tensor]:
-        """The public parameters of C, saved with the state so that a resume with other parameters is refused."""
-        raise NotImplementedError
-
-    def sample(self, device: torch.device | str | None = None) -> torch.Tensor:
-        """The next w_t as a float64 vector of length ``dim`` on ``device`` (secret: it is the step's noise)."""
-        dev = torch.device("cpu") if device is None else torch.device(device)
-        # The sources' own draw: 0 + 1·z in float64 is z exactly (their add keeps the float64 sum).
-        z = self.source.add({"z": torch.zeros(self.dim, dtype=torch.float64, device=dev)}, 1.0)["z"]
-        rows = self._buffer_rows()
-        if rows and self._buffers is None:
-            self._buffers = torch.zeros((rows, self.dim), dtype=torch.float64, device=dev)
-        elif self._buffers is not None and self._buffers.device != dev:
-            self._buffers = self._buffers.to(dev)
-        w = self._correlate(z, self._buffers)
-        self._step += 1
-        return w
-
-    def add(self, sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
-        """``sums`` + std·w_t (one flat draw over all tensors, in order), summed in float64, each rounded once."""
-        std = check_nonnegative("std", std)
-        total = sum(int(v.numel()) for v in sums.values())
-        if total != self.dim:
-            raise ValueError(f"sums must hold dim={self.dim} numbers in all, got {total}")
-        if self._std is None:
-            self._std = std
-        elif std != self._std:
-            raise ValueError(f"std must stay {self._std!r} for the whole run (one σ for C x + z), got {std!r}")
-        if std == 0:
-            return {k: v.clone() for k, v in sums.items()}
-        w = self.sample(next(iter(sums.values())).device)
-        return _add_in_float64(sums, w, std)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The source's generator state, the step, the std, C's parameters and the buffers (all secret)."""
-        return {
-            "source": self.source.state_dict(),
-            **self._params(),
-            "dim": self.dim,
-            "step": self._step,
-            "std": self._std,
-            "history": (torch.empty(0, dtype=torch.float64) if self._buffers is None
-                        else self._buffers.detach().to("cpu").clone()),
-        }  # fmt: skip
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; C's parameters and ``dim`` must be this object's."""
-        for key, mine in self._params().items():
-            saved = state.get(key)
-            if saved is None or saved.shape != mine.shape or not torch.equal(saved.to(torch.float64), mine):
-                raise ValueError(f"the checkpoint's {self.kind} coefficients differ from this run's ({key}); resume "
-                                 "with the same")  # fmt: skip
-        if int(state["dim"]) != self.dim:
-            raise ValueError(f"the checkpoint's noise dim={int(state['dim'])} differs from this run's dim={self.dim}")
-        self.source.load_state_dict(state["source"])
-        self._step = int(state["step"])
-        self._std = None if state["std"] is None else float(state["std"])
-        hist = state["history"]
-        self._buffers = None if hist.numel() == 0 else hist.to(torch.float64).clone()
-
-
 class BandedNoise(CorrelatedNoise):
     """Correlated noise w_t = (C⁻¹ z)_t for step t, online, for the b-banded Toeplitz C with first column ``coeffs``.
 
@@ -423,118 +317,6 @@ class BandedNoise(CorrelatedNoise):
 
     def __repr__(self) -> str:  # never the history
         return f"BandedNoise(bands={self.bands}, dim={self.dim}, step={self._step})"
-
-
-# ----------------------------------------------------------------------------- sampling
-
-
-class BMinSepSampler:
-    """Cyclic Poisson sampling (Choquette-Choo et al. 2023, Algorithm 2): b-min-separated participation.
-
-    Each of the ``dataset_size`` records is assigned to one of ``bands`` partitions, independently and uniformly,
-    by secret coins from ``generator`` (the private sampling stream); step t samples each record of partition t mod b
-    independently with probability q = expected_batch·b/n. A record can only join steps of one residue class mod b,
-    so two of its participations are always at least b steps apart. ``expected_batch`` is the normaliser of the
-    private sum, as for :class:`~featuredp.sampling.PoissonSampler` (a partition holds n/b records on average, so a
-    step's expected batch is m). Independent assignment, not an equal split: adding or removing a record leaves every
-    other record's partition as it was, which add-or-remove accounting needs (an equal split of a permutation would
-    move records between partitions when one is added).
-
-    ``generator`` is a ``numpy.random.Generator`` (from :func:`featuredp.sampling.make_streams`, OS entropy unless
-    the user seeds the run) or a :class:`~featuredp.noise.ChaCha20Generator`; an integer seed is refused, so that no
-    published seed can fix the partition. With ``bands = 1`` nothing is permuted and the batches are those of
-    ``PoissonSampler(dataset_size, expected_batch/dataset_size, generator)``, draw for draw. The assignment is
-    secret (it says which steps can contain a record): it is in :meth:`state_dict` only.
-
-    Not the "b-min-sep subsampling" of Dong & Ganesh (2026), whose accounting differs (module docstring).
-    """
-
-    def __init__(self, dataset_size: int, expected_batch: float, bands: int, generator: Any, *, offset: int = 0,
-                 sampling_rate: float | None = None) -> None:  # fmt: skip
-        self.dataset_size = check_int("dataset_size", dataset_size, minimum=0 if sampling_rate is not None else 1)
-        self.expected_batch = check_positive("expected_batch", expected_batch)
-        self.bands = check_int("bands", bands, minimum=1)
-        #: the first index it samples (a rank's shard starts there; 0 for the whole dataset)
-        self.offset = check_int("offset", offset, minimum=0)
-        if sampling_rate is not None:
-            # A rank's shard of a data-parallel run: q is the whole dataset's m·b/N, and each record of the shard
-            # gets its own coin for its part, so the ranks' assignments together are one independent assignment.
-            q = float(sampling_rate)
-            if not 0 < q <= 1:
-                raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
-        elif self.bands > self.dataset_size:
-            raise ValueError(f"bands must be <= dataset_size={self.dataset_size}, got {bands!r}")
-        else:
-            q = self.expected_batch * self.bands / self.dataset_size
-        if q > 1:
-            raise ValueError(
-                f"bands={bands!r} is too many for expected_batch={expected_batch!r} and dataset_size="
-                f"{self.dataset_size}: a partition of n/b records cannot supply the batch; use bands <= "
-                f"{max(1, int(self.dataset_size // self.expected_batch))}"
-            )
-        self.sampling_rate = q
-        # PoissonSampler does the checks of the generator's type (an int seed is refused there).
-        PoissonSampler(1, q, generator)
-        self.generator = generator
-        self._step = 0
-        self._parts = self._partition()
-
-    def _partition(self) -> list[np.ndarray]:
-        n, b = self.dataset_size, self.bands
-        if b == 1:
-            return [np.arange(n, dtype=np.int64)]
-        # One coin per record, drawn in index order: record i's part does not depend on how many records follow.
-        if isinstance(self.generator, np.random.Generator):
-            part = self.generator.integers(0, b, size=n)
-        else:  # ChaCha20: 53-bit uniforms (the floor's bias is below 2⁻⁵³·b)
-            part = np.minimum(np.floor(self.generator.random(n) * b), b - 1).astype(np.int64)
-        return [np.flatnonzero(part == k).astype(np.int64) for k in range(b)]
-
-    @property
-    def expected_batch_size(self) -> float:
-        """m = n·q/b, the normaliser of the private sum (never the realised size)."""
-        return self.expected_batch
-
-    def sample(self) -> np.ndarray:
-        """Indices of the next step's batch: a Poisson sample of partition t mod b, sorted, int64 (may be empty)."""
-        part = self._parts[self._step % self.bands]
-        self._step += 1
-        local = PoissonSampler(part.size, self.sampling_rate, self.generator).sample()
-        return part[local] + self.offset
-
-    def state_dict(self) -> dict[str, Any]:
-        """The partitions (secret), the step and a secure generator's state (a numpy one's belongs to Streams)."""
-        state: dict[str, Any] = {
-            "partitions": [torch.from_numpy(p.copy()) for p in self._parts],
-            "step": self._step,
-        }
-        state.update(PoissonSampler(1, self.sampling_rate, self.generator).state_dict())
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (same dataset size and bands).
-
-        Constructing the sampler draws a fresh assignment from a numpy generator: restore the generator's state
-        (:meth:`featuredp.sampling.Streams.load_state_dict`) after constructing the sampler, not before.
-        """
-        parts = [p.numpy().astype(np.int64) for p in state["partitions"]]
-        tiles = np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
-        if len(parts) != self.bands or not np.array_equal(tiles, np.arange(self.dataset_size)):
-            raise ValueError("the checkpoint's partitions do not fit this run's dataset_size and bands")
-        PoissonSampler(1, self.sampling_rate, self.generator).load_state_dict(state)
-        self._parts = parts
-        self._step = int(state["step"])
-
-    def __repr__(self) -> str:  # never the partitions
-        return (f"BMinSepSampler(dataset_size={self.dataset_size}, expected_batch={self.expected_batch}, "
-                f"bands={self.bands}, step={self._step})")  # fmt: skip
-
-
-#: Choquette-Choo et al.'s name for the same sampler.
-CyclicPoissonSampler = BMinSepSampler
-
-
-# ----------------------------------------------------------------------------- accounting: featuredp.accounting.bandmf
 
 
 # ----------------------------------------------------------------------------- the RMSE figure

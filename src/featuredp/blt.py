@@ -10,7 +10,7 @@ step with all the earlier ones, yet generates it with d buffers: training adds w
 (Algorithm 3 of arXiv:2408.08868), d vectors of memory, in float64 (:class:`BLTNoise`).
 
 Participation and accounting (:mod:`featuredp.accounting.blt`, re-exported here). A BLT run samples with the same
-cyclic sampler as BandMF (:class:`featuredp.bandmf.BMinSepSampler`) over b = ⌊n/m⌋ secret partitions, one per step
+cyclic sampler as BandMF (:class:`featuredp.sampling.BMinSepSampler`) over b = ⌊n/m⌋ secret partitions, one per step
 of an epoch, each taken whole (rate m·b/n, at least 1 − m/n): a record takes part once per epoch, b steps apart,
 as in multi-epoch DP-FTRL. C is not banded, so the cyclic Poisson amplification of BandMF does not apply; the run is
 accounted as one Gaussian release with the min-sep sensitivity of C (no amplification), as jax_privacy accounts its
@@ -49,7 +49,6 @@ from featuredp.accounting.blt import (
 )
 from featuredp.bandmf import (
     RMSE_SETTINGS,
-    CorrelatedNoise,
     _check_momentum,
     _frobenius_squared,
     best_bands,
@@ -57,7 +56,7 @@ from featuredp.bandmf import (
     noise_rmse,
     workload_coefficients,
 )
-from featuredp.noise import NoiseSource
+from featuredp.noise import CorrelatedNoise, NoiseSource
 
 __all__ = [
     "MAX_BUFFERS",

@@ -20,7 +20,7 @@ import numpy as np
 
 from featuredp._validate import check_choice
 from featuredp.accounting.calibrate import calibrate_steps
-from featuredp.bandmf import BandedNoise, BMinSepSampler, bandmf_sampling_rate, calibrate_bandmf_noise, run_strategy
+from featuredp.bandmf import BandedNoise, bandmf_sampling_rate, calibrate_bandmf_noise, run_strategy
 from featuredp.bandmf import sensitivity as bandmf_sensitivity
 from featuredp.blt import (
     BLTNoise,
@@ -34,6 +34,7 @@ from featuredp.blt import (
 from featuredp.config import CORRELATED_NOISES
 from featuredp.errors import UnreachableTargetError
 from featuredp.noise import NoiseSource
+from featuredp.sampling import BMinSepSampler
 
 __all__ = ["budget_steps", "calibrate", "partitions", "plan_strategy", "report", "sampler_and_noise"]
 

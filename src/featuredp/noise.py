@@ -64,6 +64,7 @@ __all__ = [
     "TAIL_MASS_PER_PAIR",
     "WORDS_PER_PAIR",
     "ChaCha20Generator",
+    "CorrelatedNoise",
     "NoiseSource",
     "SecureNoise",
     "TorchNoise",
@@ -336,3 +337,107 @@ def add_noise(grads: dict[str, torch.Tensor], std: float, generator: torch.Gener
     The same draw as :class:`TorchNoise` (the float64 transform, added in float64).
     """
     return TorchNoise(generator).add(grads, std)
+
+
+class CorrelatedNoise(Uncopyable, NoiseSource):
+    """The part that BandMF's and BLT's noise share: w_t = (C⁻¹ z)_t for step t, online, in float64.
+
+    Each call draws z_t ~ N(0, I_dim) from ``source`` (a :class:`~featuredp.noise.TorchNoise` or
+    :class:`~featuredp.noise.SecureNoise`: their float64 Box–Muller, their cut tail) and a subclass's recurrence
+    turns it into w_t, keeping a few earlier vectors (its ``_buffers``). :meth:`add` adds std·w_t to the sums in
+    float64 and rounds once, exactly as the sources add std·z_t.
+
+    ``std`` (σ·C in the Trainer's terms) is fixed by the first :meth:`add` and refused if it changes: the privacy
+    analysis is of C x + z with one σ for all steps. ``std = 0`` adds nothing and draws nothing (a non-private run).
+    The buffers are secret (they fix part of the next steps' noise): they are in :meth:`state_dict` only, for the
+    private checkpoint; the object refuses copies and pickling.
+    """
+
+    #: what the mechanism is called in the privacy report
+    kind = "correlated"
+
+    def __init__(self, dim: int, source: NoiseSource) -> None:
+        self.dim = check_int("dim", dim, minimum=1)
+        if not isinstance(source, NoiseSource) or isinstance(source, CorrelatedNoise):
+            raise TypeError(f"source must be a featuredp.noise source (TorchNoise, SecureNoise), got "
+                            f"{type(source).__name__}")  # fmt: skip
+        self.source = source
+        self.secure = source.secure
+        # The mechanism releases C x + z: the sampler's cut tail is z's, per pair of coordinates, as for DP-SGD.
+        self.tail_mass_per_pair = source.tail_mass_per_pair
+        self._buffers: torch.Tensor | None = None  # float64, secret
+        self._step = 0
+        self._std: float | None = None
+
+    @property
+    def step(self) -> int:
+        """How many noise vectors have been drawn."""
+        return self._step
+
+    def _correlate(self, z: torch.Tensor, buffers: torch.Tensor | None) -> torch.Tensor:
+        """w_t from z_t (may be consumed) and the buffers, updating the buffers in place."""
+        raise NotImplementedError
+
+    def _buffer_rows(self) -> int:
+        """How many vectors of length dim the recurrence keeps (0: none)."""
+        raise NotImplementedError
+
+    def _params(self) -> dict[str, torch.Tensor]:
+        """The public parameters of C, saved with the state so that a resume with other parameters is refused."""
+        raise NotImplementedError
+
+    def sample(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """The next w_t as a float64 vector of length ``dim`` on ``device`` (secret: it is the step's noise)."""
+        dev = torch.device("cpu") if device is None else torch.device(device)
+        # The sources' own draw: 0 + 1·z in float64 is z exactly (their add keeps the float64 sum).
+        z = self.source.add({"z": torch.zeros(self.dim, dtype=torch.float64, device=dev)}, 1.0)["z"]
+        rows = self._buffer_rows()
+        if rows and self._buffers is None:
+            self._buffers = torch.zeros((rows, self.dim), dtype=torch.float64, device=dev)
+        elif self._buffers is not None and self._buffers.device != dev:
+            self._buffers = self._buffers.to(dev)
+        w = self._correlate(z, self._buffers)
+        self._step += 1
+        return w
+
+    def add(self, sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
+        """``sums`` + std·w_t (one flat draw over all tensors, in order), summed in float64, each rounded once."""
+        std = check_nonnegative("std", std)
+        total = sum(int(v.numel()) for v in sums.values())
+        if total != self.dim:
+            raise ValueError(f"sums must hold dim={self.dim} numbers in all, got {total}")
+        if self._std is None:
+            self._std = std
+        elif std != self._std:
+            raise ValueError(f"std must stay {self._std!r} for the whole run (one σ for C x + z), got {std!r}")
+        if std == 0:
+            return {k: v.clone() for k, v in sums.items()}
+        w = self.sample(next(iter(sums.values())).device)
+        return _add_in_float64(sums, w, std)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The source's generator state, the step, the std, C's parameters and the buffers (all secret)."""
+        return {
+            "source": self.source.state_dict(),
+            **self._params(),
+            "dim": self.dim,
+            "step": self._step,
+            "std": self._std,
+            "history": (torch.empty(0, dtype=torch.float64) if self._buffers is None
+                        else self._buffers.detach().to("cpu").clone()),
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; C's parameters and ``dim`` must be this object's."""
+        for key, mine in self._params().items():
+            saved = state.get(key)
+            if saved is None or saved.shape != mine.shape or not torch.equal(saved.to(torch.float64), mine):
+                raise ValueError(f"the checkpoint's {self.kind} coefficients differ from this run's ({key}); resume "
+                                 "with the same")  # fmt: skip
+        if int(state["dim"]) != self.dim:
+            raise ValueError(f"the checkpoint's noise dim={int(state['dim'])} differs from this run's dim={self.dim}")
+        self.source.load_state_dict(state["source"])
+        self._step = int(state["step"])
+        self._std = None if state["std"] is None else float(state["std"])
+        hist = state["history"]
+        self._buffers = None if hist.numel() == 0 else hist.to(torch.float64).clone()

@@ -29,13 +29,13 @@ from torch import nn
 
 from featuredp import correlated
 from featuredp.accounting import BudgetLedger, Reservation, compose_events, compute_epsilon, dpsgd_event
-from featuredp.bandmf import BMinSepSampler
 from featuredp.config import PrivacyConfig, ScheduleConfig
 from featuredp.distributed import shard_bounds
 from featuredp.errors import BudgetExceededError, PrivacyRiskWarning
 from featuredp.noise import ChaCha20Generator, NoiseSource, SecureNoise, TorchNoise
 from featuredp.plan import PrivacyPlan
 from featuredp.sampling import (
+    BMinSepSampler,
     EpochShuffler,
     PoissonSampler,
     Streams,

@@ -11,6 +11,10 @@ unless the user seeds the run (docs/engine.md, "Randomness, runs and budgets"); 
 sampler draws its coins from a ChaCha20 keystream
 (:class:`featuredp.noise.ChaCha20Generator`).
 
+:class:`BMinSepSampler` is the cyclic Poisson sampler of the correlated-noise mechanisms (BandMF,
+:mod:`featuredp.bandmf`; BLT, :mod:`featuredp.blt`): a secret partition of the records, each part sampled at the
+steps of one residue class, so that a record's participations are at least b steps apart.
+
 The dataset size and sampling rate are explicit arguments: nothing is read from
 a DataLoader.
 """
@@ -23,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from featuredp._validate import check_int, check_sampling_rate
+from featuredp._validate import check_int, check_positive, check_sampling_rate
 
 # defined with the light checks so that numpy-only modules (featuredp.mechanisms) warn without importing torch
 from featuredp._validate import warn_private_seed as warn_private_seed
@@ -223,3 +227,109 @@ def _unstringify(obj: Any) -> Any:
             return int(obj["int"])
         return {k: _unstringify(v) for k, v in obj.items()}
     return obj
+
+
+class BMinSepSampler:
+    """Cyclic Poisson sampling (Choquette-Choo et al. 2023, Algorithm 2): b-min-separated participation.
+
+    Each of the ``dataset_size`` records is assigned to one of ``bands`` partitions, independently and uniformly,
+    by secret coins from ``generator`` (the private sampling stream); step t samples each record of partition t mod b
+    independently with probability q = expected_batch·b/n. A record can only join steps of one residue class mod b,
+    so two of its participations are always at least b steps apart. ``expected_batch`` is the normaliser of the
+    private sum, as for :class:`~featuredp.sampling.PoissonSampler` (a partition holds n/b records on average, so a
+    step's expected batch is m). Independent assignment, not an equal split: adding or removing a record leaves every
+    other record's partition as it was, which add-or-remove accounting needs (an equal split of a permutation would
+    move records between partitions when one is added).
+
+    ``generator`` is a ``numpy.random.Generator`` (from :func:`featuredp.sampling.make_streams`, OS entropy unless
+    the user seeds the run) or a :class:`~featuredp.noise.ChaCha20Generator`; an integer seed is refused, so that no
+    published seed can fix the partition. With ``bands = 1`` nothing is permuted and the batches are those of
+    ``PoissonSampler(dataset_size, expected_batch/dataset_size, generator)``, draw for draw. The assignment is
+    secret (it says which steps can contain a record): it is in :meth:`state_dict` only.
+
+    Not the "b-min-sep subsampling" of Dong & Ganesh (2026), whose accounting differs (:mod:`featuredp.bandmf`).
+    """
+
+    def __init__(self, dataset_size: int, expected_batch: float, bands: int, generator: Any, *, offset: int = 0,
+                 sampling_rate: float | None = None) -> None:  # fmt: skip
+        self.dataset_size = check_int("dataset_size", dataset_size, minimum=0 if sampling_rate is not None else 1)
+        self.expected_batch = check_positive("expected_batch", expected_batch)
+        self.bands = check_int("bands", bands, minimum=1)
+        #: the first index it samples (a rank's shard starts there; 0 for the whole dataset)
+        self.offset = check_int("offset", offset, minimum=0)
+        if sampling_rate is not None:
+            # A rank's shard of a data-parallel run: q is the whole dataset's m·b/N, and each record of the shard
+            # gets its own coin for its part, so the ranks' assignments together are one independent assignment.
+            q = float(sampling_rate)
+            if not 0 < q <= 1:
+                raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
+        elif self.bands > self.dataset_size:
+            raise ValueError(f"bands must be <= dataset_size={self.dataset_size}, got {bands!r}")
+        else:
+            q = self.expected_batch * self.bands / self.dataset_size
+        if q > 1:
+            raise ValueError(
+                f"bands={bands!r} is too many for expected_batch={expected_batch!r} and dataset_size="
+                f"{self.dataset_size}: a partition of n/b records cannot supply the batch; use bands <= "
+                f"{max(1, int(self.dataset_size // self.expected_batch))}"
+            )
+        self.sampling_rate = q
+        # PoissonSampler does the checks of the generator's type (an int seed is refused there).
+        PoissonSampler(1, q, generator)
+        self.generator = generator
+        self._step = 0
+        self._parts = self._partition()
+
+    def _partition(self) -> list[np.ndarray]:
+        n, b = self.dataset_size, self.bands
+        if b == 1:
+            return [np.arange(n, dtype=np.int64)]
+        # One coin per record, drawn in index order: record i's part does not depend on how many records follow.
+        if isinstance(self.generator, np.random.Generator):
+            part = self.generator.integers(0, b, size=n)
+        else:  # ChaCha20: 53-bit uniforms (the floor's bias is below 2⁻⁵³·b)
+            part = np.minimum(np.floor(self.generator.random(n) * b), b - 1).astype(np.int64)
+        return [np.flatnonzero(part == k).astype(np.int64) for k in range(b)]
+
+    @property
+    def expected_batch_size(self) -> float:
+        """m = n·q/b, the normaliser of the private sum (never the realised size)."""
+        return self.expected_batch
+
+    def sample(self) -> np.ndarray:
+        """Indices of the next step's batch: a Poisson sample of partition t mod b, sorted, int64 (may be empty)."""
+        part = self._parts[self._step % self.bands]
+        self._step += 1
+        local = PoissonSampler(part.size, self.sampling_rate, self.generator).sample()
+        return part[local] + self.offset
+
+    def state_dict(self) -> dict[str, Any]:
+        """The partitions (secret), the step and a secure generator's state (a numpy one's belongs to Streams)."""
+        state: dict[str, Any] = {
+            "partitions": [torch.from_numpy(p.copy()) for p in self._parts],
+            "step": self._step,
+        }
+        state.update(PoissonSampler(1, self.sampling_rate, self.generator).state_dict())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (same dataset size and bands).
+
+        Constructing the sampler draws a fresh assignment from a numpy generator: restore the generator's state
+        (:meth:`featuredp.sampling.Streams.load_state_dict`) after constructing the sampler, not before.
+        """
+        parts = [p.numpy().astype(np.int64) for p in state["partitions"]]
+        tiles = np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+        if len(parts) != self.bands or not np.array_equal(tiles, np.arange(self.dataset_size)):
+            raise ValueError("the checkpoint's partitions do not fit this run's dataset_size and bands")
+        PoissonSampler(1, self.sampling_rate, self.generator).load_state_dict(state)
+        self._parts = parts
+        self._step = int(state["step"])
+
+    def __repr__(self) -> str:  # never the partitions
+        return (f"BMinSepSampler(dataset_size={self.dataset_size}, expected_batch={self.expected_batch}, "
+                f"bands={self.bands}, step={self._step})")  # fmt: skip
+
+
+#: Choquette-Choo et al.'s name for the same sampler.
+CyclicPoissonSampler = BMinSepSampler

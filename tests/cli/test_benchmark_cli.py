@@ -92,8 +92,9 @@ def test_bandmf_is_timed_beside_independent_noise_in_the_same_rounds(capsys):
     # median of within-round ratios to independent noise; the BandMF arm really steps with the banded noise.
     import json
 
-    from featuredp.bandmf import BandedNoise, BMinSepSampler
+    from featuredp.bandmf import BandedNoise
     from featuredp.experiments import throughput
+    from featuredp.sampling import BMinSepSampler
 
     args = ["benchmark", "--batch-size", "32", "--dataset-size", "256", "--rounds", "2", "--min-time", "0.01",
             "--methods", "dpsgd,fdp", "--noise", "independent,bandmf", "--bands", "4", "--json"]  # fmt: skip
@@ -122,9 +123,9 @@ def test_blt_is_timed_beside_independent_noise_and_bandmf_in_the_same_rounds(cap
     # with BLT's buffered noise over the cyclic sampler, for a strategy of several epochs (not DP-SGD's C = I).
     import json
 
-    from featuredp.bandmf import BMinSepSampler
     from featuredp.blt import BLTNoise
     from featuredp.experiments import throughput
+    from featuredp.sampling import BMinSepSampler
 
     args = ["benchmark", "--batch-size", "32", "--dataset-size", "256", "--rounds", "2", "--min-time", "0.01",
             "--methods", "dpsgd", "--noise", "blt,independent,bandmf", "--bands", "4", "--json"]  # fmt: skip

@@ -1,5 +1,8 @@
 """Privacy–utility grids: method × ε × seed on a tabular dataset, composed from the engine.
 
+What a grid is (its settings, checked up front, and its cells) is :mod:`featuredp.experiments.grid_config`,
+re-exported here; this module runs it.
+
 :func:`run_grid` trains every cell through :func:`featuredp.experiments.train_one.train_one`
 (which builds Ψ, the loss split, the model and an :class:`~featuredp.engine.Trainer`),
 evaluates on the test set and writes, in ``out``:
@@ -43,13 +46,11 @@ test set). Tuning is *not* accounted for in the reported ε, and summary.md says
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
 import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +59,9 @@ import pandas as pd
 import torch
 
 from featuredp._io import atomic_path, atomic_write_json, atomic_write_text
-from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
-from featuredp.batches import resolve_device
-from featuredp.config import CORRELATED_NOISES, NOISE_KINDS
 from featuredp.data import load_dataset
 from featuredp.experiments.data_key import data_key
+from featuredp.experiments.grid_config import METHODS, Cell, GridConfig, arm_name, grid_cells, settings_hash
 from featuredp.experiments.grid_report import (
     LABELS,
     REFERENCE_METHODS,
@@ -81,7 +80,7 @@ from featuredp.experiments.protocols import (
     paper_steps,
 )
 from featuredp.experiments.train_one import train_cell
-from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS, get_method
+from featuredp.methods import PRIVATE_METHODS, get_method
 
 __all__ = [
     "CSV_COLUMNS",
@@ -107,7 +106,6 @@ __all__ = [
     "train_cell",
 ]
 
-METHODS = METHOD_NAMES
 CSV_COLUMNS = [
     "dataset", "method", "target_epsilon", "seed", "accuracy", "epsilon", "delta", "noise_multiplier",
     "max_grad_norm", "sampling_rate", "batch_size", "steps", "pretrain_steps", "stopped_early", "wall_s", "cpu_s",
@@ -119,138 +117,6 @@ NOISE_COLUMNS = ["noise", "bands"]
 GRID_FILE = "grid.json"
 #: the grid's outputs derived from its cells (rewritten on every run; cells and tuning files are kept)
 GRID_OUTPUTS = ("results.csv", "summary.md", "privacy_utility.png")
-
-
-# --------------------------------------------------------------------------------------------------------
-@dataclass
-class GridConfig:
-    """What to run. ``seeds`` are the seed values; ``method_params`` override the preset per method.
-
-    ``device`` (cpu, cuda, cuda:N, mps, auto) changes where cells train, not their results beyond
-    float rounding, so it is not part of a cell's configuration: finished cells are reused on any device.
-    ``overwrite``: ``out`` may hold the results of a different grid, which this one replaces (its
-    cells stay; they are keyed by their settings). ``progress``: one line per cell on stderr.
-    ``protocol``: ``default`` (each method's epochs and batch size, σ calibrated to ε) or ``paper``
-    (σ = 1, sampling rate 1/16, as many steps as ε allows; :func:`paper_steps`); the references train alike
-    under both. ``noises``: the private methods' arms (``independent``, ``bandmf``, ``blt``); ``bands``: BandMF's b
-    for every BandMF cell (None: the engine picks b per cell at its ε; BLT cells never get it).
-    """
-
-    dataset: str
-    out: Path
-    methods: list[str] = field(default_factory=lambda: list(METHODS))
-    epsilons: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0])
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    quick: bool = False
-    tune: bool = False
-    delta: float | None = None
-    private: list[str] | None = None
-    dataset_options: dict[str, Any] = field(default_factory=dict)
-    method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
-    val_fraction: float = 0.2
-    progress: bool = True
-    command: str = ""
-    report_only: bool = False  # summarise the finished cells; run nothing (e.g. while a grid is still running)
-    device: str | None = None
-    overwrite: bool = False  # replace the results.csv/summary.md/plot of a different grid in ``out``
-    protocol: str = "default"
-    noises: list[str] = field(default_factory=lambda: ["independent"])
-    bands: int | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.dataset, str) or not self.dataset:
-            raise ValueError(f"dataset must be a dataset name, got {self.dataset!r}")
-        self.out = Path(self.out)
-        if not self.methods:
-            raise ValueError("methods must name at least one method, got []")
-        self.methods = [check_choice("methods", m, METHODS) for m in dict.fromkeys(self.methods)]
-        if not self.epsilons and any(m in PRIVATE_METHODS for m in self.methods):
-            raise ValueError("epsilons must hold at least one value for the private methods, got []")
-        self.epsilons = sorted({check_positive("epsilons", e) for e in self.epsilons})
-        if not self.seeds:
-            raise ValueError("seeds must hold at least one seed, got []")
-        self.seeds = [check_int("seeds", s, minimum=0) for s in dict.fromkeys(self.seeds)]
-        if self.delta is not None:
-            check_open_unit("delta", self.delta)
-        check_open_unit("val_fraction", self.val_fraction)
-        if self.device is not None:
-            resolve_device(self.device)  # an absent device is an error before any cell runs
-        unknown = sorted(set(self.method_params) - set(METHODS))
-        if unknown:
-            raise ValueError(f"method_params has unknown method(s) {unknown}; methods are {list(METHODS)}")
-        self.protocol = check_choice("protocol", self.protocol, PROTOCOLS)
-        if self.protocol == "paper":
-            for method, params in self.method_params.items():
-                fixed = sorted(set(params) & set(PAPER_FIXED)) if method in PRIVATE_METHODS else []
-                if fixed:
-                    raise ValueError(f"method_params[{method!r}] sets {', '.join(fixed)}, which protocol='paper' "
-                                     "fixes (σ = 1, sampling rate 1/16, steps from ε); drop it or use "
-                                     "protocol='default'")  # fmt: skip
-        self._check_noises()
-        for part in (self.out, *self.out.parents):
-            if part.exists() and not part.is_dir():
-                raise ValueError(f"out must be a folder, got {str(self.out)!r}, which is an existing file"
-                                 + ("" if part == self.out else f" ({str(part)!r} is a file)"))
-
-    def _check_noises(self) -> None:
-        if isinstance(self.noises, str) or not self.noises:
-            raise ValueError(f"noises must name at least one of {', '.join(NOISE_KINDS)}, got {self.noises!r}")
-        given = [check_choice("noises", n, NOISE_KINDS) for n in dict.fromkeys(self.noises)]
-        self.noises = [n for n in NOISE_KINDS if n in given]  # one order, whatever the order given
-        if self.bands is not None:
-            self.bands = check_int("bands", self.bands, minimum=1)
-            if "bandmf" not in self.noises:
-                raise ValueError(f"bands is for noises with bandmf, got bands={self.bands} with noises={self.noises}")
-        correlated = [n for n in self.noises if n in CORRELATED_NOISES]
-        if correlated:
-            if not any(m in PRIVATE_METHODS for m in self.methods):
-                raise ValueError(f"noises={correlated} is for the private methods {list(PRIVATE_METHODS)}, got "
-                                 f"methods {self.methods}")  # fmt: skip
-            if self.protocol == "paper":
-                # The paper protocol sets T from DP-SGD's accountant at σ = 1; BandMF spends by rounds of b steps and
-                # BLT by one Gaussian of the whole run, so their cells would stop at another T than their twins.
-                raise ValueError(f"noises with {correlated[0]} does not combine with protocol='paper' (its steps "
-                                 "come from independent noise's accountant); use protocol='default'")  # fmt: skip
-
-
-@dataclass
-class Cell:
-    """One unit of work: a method at one ε (None for the references) and one seed, with its noise (a private
-    method's arm: ``independent``, ``bandmf`` or ``blt``)."""
-
-    method: str
-    epsilon: float | None
-    seed: int
-    noise: str = "independent"
-
-    @property
-    def key(self) -> str:
-        """The cell's file name stem, e.g. ``fdp__eps2__seed0`` (``fdp__bandmf__eps2__seed0`` with BandMF,
-        ``fdp__blt__eps2__seed0`` with BLT)."""
-        eps = "none" if self.epsilon is None else f"{self.epsilon:g}"
-        return f"{_arm(self.method, self.noise)}__eps{eps}__seed{self.seed}"
-
-
-def _arm(method: str, noise: str) -> str:
-    # Independent noise keeps the bare method name: the cells and tuning files of grids from before noises.
-    return method if noise == "independent" else f"{method}__{noise}"
-
-
-def grid_cells(cfg: GridConfig) -> list[Cell]:
-    """The cells of a grid: references once per seed, private methods per noise, ε and seed."""
-    cells: list[Cell] = []
-    for seed in cfg.seeds:
-        for method in cfg.methods:
-            if method in PRIVATE_METHODS:
-                cells.extend(Cell(method, eps, seed, noise) for noise in cfg.noises for eps in cfg.epsilons)
-            else:
-                cells.append(Cell(method, None, seed))
-    return cells
-
-
-def settings_hash(obj: Any) -> str:
-    """A short digest of JSON-able settings (cells and grids are named and compared by it)."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class GridRunner:
@@ -671,7 +537,7 @@ class GridRunner:
 
 
 def _tune_key(method: str, epsilon: float | None, noise: str = "independent") -> str:
-    return f"{_arm(method, noise)}__eps{'none' if epsilon is None else f'{epsilon:g}'}"
+    return f"{arm_name(method, noise)}__eps{'none' if epsilon is None else f'{epsilon:g}'}"
 
 
 def _describe_difference(theirs: dict[str, Any], mine: dict[str, Any]) -> str:

@@ -53,7 +53,7 @@ from featuredp.data.text import (
 )
 from featuredp.data.text_corpus import support_dialogues
 from featuredp.engine import Trainer, init_seed
-from featuredp.experiments.grid import settings_hash
+from featuredp.experiments.grid_config import settings_hash
 from featuredp.experiments.presets import TEXT_PRESET, trainer_arguments
 from featuredp.experiments.text_report import render_text_summary, text_privacy_plot
 from featuredp.features.text import Span, TextSpans, placeholder
