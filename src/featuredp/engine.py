@@ -660,8 +660,8 @@ class Trainer:
         if plan.is_private and delta is not None:
             # The guarantee covers what the noise sampler cannot produce: its cut tail's mass η over every
             # noise pair this run drew turns (ε, δ) into (ε, δ + (1 + e^ε)·η) (featuredp.accounting.sampler).
-            # BandMF too: its mechanism releases C x + z, and BandedNoise draws z from the same source, the same
-            # number of fresh normals per step (dim), so the count and the per-pair mass are the same.
+            # Correlated noise too (BandMF, BLT): the mechanism releases C x + z, and z comes from the same source,
+            # the same number of fresh normals per step (dim), so the count and the per-pair mass are the same.
             noised = state.private_steps if plan.noise_multiplier else 0  # σ = 0 draws no noise
             dim, mass = _noised_coordinates(self.model), state.noise.tail_mass_per_pair
             extra = sampler_tail_delta(eps, noised, dim, mass)
