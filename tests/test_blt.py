@@ -139,6 +139,10 @@ def test_the_optimisers_parameters_stay_in_the_valid_region_at_its_edge():
     theta, omega = blt._unpack(np.array([0.0, 0.0, 0.0, 0.0, *v, 40.0]), 4)
     assert omega.sum() <= 1.0
     blt.check_blt_params(theta, omega)
+    # and far out (a line search can wander there) the map neither overflows nor leaves the region
+    theta, omega = blt._unpack(np.array([-1000.0, 1000.0, 0.0, 0.0, -1000.0]), 2)
+    assert omega.sum() == 0.0 and np.all((theta >= 0) & (theta < 1))
+    blt.check_blt_params(theta, omega)
 
 
 def test_momentum_strategy_is_optimised_for_its_own_workload():

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from scipy.optimize import minimize
 from scipy.signal import lfilter
+from scipy.special import expit
 
 from featuredp._validate import check_int, check_positive
 from featuredp.accounting.blt import (
@@ -124,9 +125,9 @@ def blt_loss(buf_decay: object, output_scale: object, n: int, min_sep: int, *, m
 def _unpack(x: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
     """θ = sigmoid(u), ω = sigmoid(r)·softmax(v): the valid region, unconstrained."""
     u, v, r = x[:d], x[d : 2 * d], x[2 * d]
-    theta = 1.0 / (1.0 + np.exp(-u))
+    theta = expit(u)  # no overflow however far a line search wanders
     e = np.exp(v - v.max())
-    omega = e / e.sum() / (1.0 + math.exp(-r))
+    omega = e / e.sum() * float(expit(r))
     while omega.sum() > 1.0:  # rounding: Σω may come out an ulp above 1, outside the valid region
         omega = np.nextafter(omega, 0.0)
     return np.minimum(theta, 1.0 - 1e-12), omega
