@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from featuredp._validate import check_choice
+from featuredp.accounting.bandmf import bandmf_terms
 from featuredp.accounting.calibrate import calibrate_steps
 from featuredp.bandmf import BandedNoise, bandmf_sampling_rate, calibrate_bandmf_noise, run_strategy
 from featuredp.bandmf import sensitivity as bandmf_sensitivity
@@ -82,9 +83,9 @@ def budget_steps(noise: str, target_epsilon: float, delta: float, sigma: float, 
     """
     if noise == "bandmf":
         assert bands is not None
-        q = min(1.0, m * bands / n)
+        multiplier, q, _ = bandmf_terms(sigma, m, n, steps, bands, coeffs)
         try:
-            rounds = calibrate_steps(target_epsilon, delta, q, sigma / bandmf_sensitivity(coeffs, steps), **acct)
+            rounds = calibrate_steps(target_epsilon, delta, q, multiplier, **acct)
         except UnreachableTargetError:
             raise UnreachableTargetError(
                 f"target_epsilon={target_epsilon!r} is not reachable with noise='bandmf': one round of bands={bands} "
@@ -144,7 +145,7 @@ def report(plan: Any, private_steps: int) -> dict[str, Any]:
             "max_column_norm": sens,
             "effective_noise_multiplier": sigma / sens,
             "sampling": f"cyclic Poisson over {plan.bands} secret partitions, rate "
-                        f"{min(1.0, m * plan.bands / n):.4g} per partition",
+                        f"{bandmf_sampling_rate(m, n, plan.bands):.4g} per partition",
             "rounds": -(-private_steps // plan.bands),
             "accounting": "amplified BandMF (Choquette-Choo et al. 2023, Thm 4): DP-SGD at rate m·b/n, "
                           "multiplier σ / max column norm of C, ceil(T/b) rounds",
@@ -161,8 +162,8 @@ def report(plan: Any, private_steps: int) -> dict[str, Any]:
         "participations": -(-t // b),
         "sensitivity": sens,
         "effective_noise_multiplier": sigma / sens if sens else math.inf,
-        "sampling": f"cyclic over {b} secret partitions (one epoch of {b} steps), rate {min(1.0, m * b / n):.4g} "
-                    "per partition",
+        "sampling": f"cyclic over {b} secret partitions (one epoch of {b} steps), rate "
+                    f"{bandmf_sampling_rate(m, n, b):.4g} per partition",
         "accounting": "one Gaussian release with the min-sep sensitivity of C (no amplification; McKenna 2024, "
                       "Thm 2), as jax_privacy's SingleReleaseTrainingAccountant",
     }  # fmt: skip

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from featuredp.accounting import DpEvent, compute_epsilon, dpsgd_event, epsilon_for
-from featuredp.accounting.bandmf import bandmf_event, bandmf_sampling_rate, sensitivity
-from featuredp.accounting.blt import blt_event, blt_sensitivity
+from featuredp.accounting.bandmf import bandmf_terms
+from featuredp.accounting.blt import blt_min_separation, blt_terms
 from featuredp.methods import get_method
 
 __all__ = ["Disclosure", "PrivacyPlan", "TrainResult", "inf_to_str", "str_to_inf"]
@@ -196,21 +196,12 @@ class PrivacyPlan:
         planned run (its rows see every earlier column, and ‖C v‖² splits over the segments' rows, so the
         segments' Gaussians compose to at least the whole run's).
         """
-        if not self.noise_multiplier:
-            raise ValueError(f"a plan with noise_multiplier={self.noise_multiplier!r} has no privacy event")
-        if self.noise == "blt":
-            if self.noise_coeffs is None:
-                raise ValueError("a plan with noise='blt' needs noise_coeffs")
-            counted = max(int(steps), self.steps) if segment else int(steps)
-            return blt_event(self.noise_multiplier, self.noise_coeffs, self.expected_batch_size, self.dataset_size,
-                             counted)  # fmt: skip
-        if self.noise != "bandmf":
-            return dpsgd_event(self.noise_multiplier, self.sampling_rate, steps)
-        if self.bands is None or self.noise_coeffs is None:
-            raise ValueError("a plan with noise='bandmf' needs bands and noise_coeffs")
-        counted = max(int(steps), len(self.noise_coeffs)) if segment else int(steps)
-        return bandmf_event(self.noise_multiplier, self.expected_batch_size, self.dataset_size, counted, self.bands,
-                            self.noise_coeffs)  # fmt: skip
+        counted = int(steps)
+        if segment and self.noise == "bandmf":
+            counted = max(counted, len(self.noise_coeffs or ()))
+        elif segment and self.noise == "blt":
+            counted = max(counted, self.steps)
+        return dpsgd_event(*self.dpsgd_terms(counted))
 
     def dpsgd_terms(self, steps: int) -> tuple[float, float, int]:
         """(σ, q, T) of the Poisson-subsampled Gaussian mechanism that ``steps`` private steps are accounted as:
@@ -223,19 +214,16 @@ class PrivacyPlan:
         """
         if not self.noise_multiplier:
             raise ValueError(f"a plan with noise_multiplier={self.noise_multiplier!r} has no privacy event")
+        m, n, t = self.expected_batch_size, self.dataset_size, max(1, int(steps))
         if self.noise == "blt":
             if self.noise_coeffs is None:
                 raise ValueError("a plan with noise='blt' needs noise_coeffs")
-            sens = blt_sensitivity(self.noise_coeffs, self.expected_batch_size, self.dataset_size,
-                                   max(1, int(steps)))  # fmt: skip
-            return float(self.noise_multiplier) / sens, 1.0, 1
-        if self.noise != "bandmf":
-            return float(self.noise_multiplier), float(self.sampling_rate), int(steps)
-        if self.bands is None or self.noise_coeffs is None:
-            raise ValueError("a plan with noise='bandmf' needs bands and noise_coeffs")
-        sens = sensitivity(self.noise_coeffs, max(1, int(steps)))
-        q = bandmf_sampling_rate(self.expected_batch_size, self.dataset_size, self.bands)
-        return float(self.noise_multiplier) / sens, q, -(-int(steps) // self.bands)
+            return blt_terms(self.noise_multiplier, self.noise_coeffs, m, n, t)
+        if self.noise == "bandmf":
+            if self.bands is None or self.noise_coeffs is None:
+                raise ValueError("a plan with noise='bandmf' needs bands and noise_coeffs")
+            return bandmf_terms(self.noise_multiplier, m, n, t, self.bands, self.noise_coeffs)
+        return float(self.noise_multiplier), float(self.sampling_rate), int(steps)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (∞ written as the string "inf")."""
@@ -286,7 +274,7 @@ class PrivacyPlan:
             acc = (
                 f"noise blt: buffered linear Toeplitz correlated noise with {d} buffers, noise std "
                 f"{self.noise_multiplier:.4g}·C, cyclic sampling over epochs of "
-                f"{max(1, int(self.dataset_size // self.expected_batch_size))} steps, {{T}} private steps, one "
+                f"{blt_min_separation(self.dataset_size, self.expected_batch_size)} steps, {{T}} private steps, one "
                 f"Gaussian release at the min-sep sensitivity (no amplification), {self.accountant.upper()} "
                 f"accountant, {rel} neighbours"
             )

@@ -17,7 +17,8 @@ from featuredp.accounting.accountant import compute_epsilon
 from featuredp.accounting.calibrate import calibrate_noise_multiplier, scaled_noise
 from featuredp.accounting.events import DpEvent, dpsgd_event
 
-__all__ = ["bandmf_epsilon", "bandmf_event", "bandmf_sampling_rate", "calibrate_bandmf_noise", "sensitivity"]
+__all__ = ["bandmf_epsilon", "bandmf_event", "bandmf_sampling_rate", "bandmf_terms", "calibrate_bandmf_noise",
+           "sensitivity"]
 
 
 def _check_coeffs(coeffs: object) -> np.ndarray:
@@ -81,9 +82,19 @@ def bandmf_event(
     >>> bandmf_event(1.0, 512, 60000, 117, 1, [1.0]) == dpsgd_event(1.0, 512 / 60000, 117)
     True
     """
+    return dpsgd_event(*bandmf_terms(noise_multiplier, expected_batch, n, steps, bands, coeffs))
+
+
+def bandmf_terms(noise_multiplier: float, expected_batch: float, n: int, steps: int, bands: int,
+                 coeffs: Sequence[float] | np.ndarray) -> tuple[float, float, int]:  # fmt: skip
+    """(σ / sens(C), q = min(1, m·b/n), ⌈steps/b⌉): the Poisson-subsampled Gaussian :func:`bandmf_event` is.
+
+    >>> bandmf_terms(2.0, 512, 60000, 117, 1, [1.0]) == (2.0, 512 / 60000, 117)
+    True
+    """
     sigma = check_positive("noise_multiplier", noise_multiplier)
     steps, c, q = _amplified(expected_batch, n, steps, bands, coeffs)
-    return dpsgd_event(sigma / sensitivity(c, steps), q, -(-steps // int(bands)))
+    return sigma / sensitivity(c, steps), q, -(-steps // int(bands))
 
 
 def _amplified(expected_batch: float, n: int, steps: int, bands: int, coeffs: Sequence[float] | np.ndarray

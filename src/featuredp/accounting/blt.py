@@ -38,7 +38,7 @@ import numpy as np
 from featuredp._validate import check_int, check_positive
 from featuredp.accounting.accountant import compute_epsilon
 from featuredp.accounting.calibrate import calibrate_noise_multiplier, scaled_noise
-from featuredp.accounting.events import DpEvent, gaussian_event
+from featuredp.accounting.events import DpEvent, dpsgd_event
 
 __all__ = [
     "blt_coefficients",
@@ -46,6 +46,7 @@ __all__ = [
     "blt_event",
     "blt_min_separation",
     "blt_sensitivity",
+    "blt_terms",
     "calibrate_blt_noise",
     "check_blt_params",
     "minsep_sensitivity",
@@ -164,13 +165,23 @@ def blt_event(noise_multiplier: float, params: Sequence[float] | np.ndarray, exp
               steps: int) -> DpEvent:  # fmt: skip
     """The dp_accounting event of ``steps`` BLT steps: one Gaussian release with multiplier σ / Δ (no amplification;
     module docstring). ``params`` = (θ_1..θ_d, ω_1..ω_d); with d = 0 (C = I) and steps <= n/m it is one DP-SGD step
-    without sampling: ``gaussian_event(σ)``.
+    without sampling: ``GaussianDpEvent(σ)``.
 
     >>> blt_event(2.0, [], 100, 1000, 5)
     GaussianDpEvent(noise_multiplier=2.0)
     """
+    return dpsgd_event(*blt_terms(noise_multiplier, params, expected_batch, n, steps))
+
+
+def blt_terms(noise_multiplier: float, params: Sequence[float] | np.ndarray, expected_batch: float, n: int,
+              steps: int) -> tuple[float, float, int]:  # fmt: skip
+    """(σ / Δ, 1, 1): :func:`blt_event` as a Poisson-subsampled Gaussian (rate 1, one release).
+
+    >>> blt_terms(2.0, [], 100, 1000, 30)  # C = I over 3 epochs: Δ = sqrt(3)
+    (1.1547005383792517, 1.0, 1)
+    """
     sigma = check_positive("noise_multiplier", noise_multiplier)
-    return gaussian_event(sigma / blt_sensitivity(params, expected_batch, n, steps))
+    return sigma / blt_sensitivity(params, expected_batch, n, steps), 1.0, 1
 
 
 def blt_epsilon(noise_multiplier: float, params: Sequence[float] | np.ndarray, expected_batch: float, n: int,
