@@ -341,13 +341,13 @@ def _bound(epsilon: float | None, delta: float, ball: float) -> float | None:
     return float(attribute_inference_bound({"epsilon": epsilon, "delta": delta}, ball))
 
 
-def _inference_block(hits: np.ndarray, ranks: np.ndarray, ks: np.ndarray, ball: float | None,
+def _inference_block(hits: np.ndarray, ranks: np.ndarray, best_prior: np.ndarray, ball: float | None,
                      epsilon: float | None, delta: float, confidence: float) -> dict[str, Any]:  # fmt: skip
     n = int(hits.size)
     h = int(hits.sum())
     # each end of the two-sided (2c − 1) interval is a one-sided c limit
     lo, hi = clopper_pearson(h, n, 2.0 * confidence - 1.0)
-    prior = float(np.mean(1.0 / ks))
+    prior = float(np.mean(best_prior))
     b = prior if ball is None else ball
     return {
         "n": n,
@@ -370,8 +370,10 @@ def span_inference(
     delta: float | None = None,
     ball: float | None = None,
     confidence: float = 0.95,
-    seed: int = 0,
+    seed: int | None = 0,
     chunk_size: int = _DEFAULT_CHUNK,
+    priors: Sequence[Sequence[float]] | None = None,
+    groups: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Infer one span's contents of training records from the model, against Theorem 4's bound.
 
@@ -394,10 +396,18 @@ def span_inference(
     and Ball = 1/k understates the prior: such targets are counted in ``value_elsewhere`` (choose targets
     without them, or pass a larger ``ball``).
 
+    ``priors``: when the true value is *not* uniform among its candidates (values that recur, e.g. first names),
+    the prior probability of each candidate of each target (same order as its candidates; each row is normalised
+    here). The prior-only baseline is then the mean over targets of the largest prior probability — the success
+    of the best guess without the model (always the likeliest candidate) — and Ball defaults to it. ``groups``:
+    per target, how many training records hold its true value; the result gets ``by_group`` (``"1"``,
+    ``"2-10"``, ``">10"``), since a value many records share is learnt from all of them.
+
     Returns ``{"n", "hits", "accuracy", "accuracy_lower", "accuracy_upper", "mean_rank", "prior_baseline",
     "ball", "bound", "violates", "epsilon", "delta", "confidence", "k": {"min", "max", "mean"},
     "value_elsewhere", "tie_rule", "by_type": {type: {n, hits, accuracy, accuracy_lower, accuracy_upper,
-    mean_rank, prior_baseline, ball, bound}}}`` (per-type limits are not corrected for the several types).
+    mean_rank, prior_baseline, ball, bound}}, "by_group": {...the same} | None}`` (per-type and per-group limits
+    are not corrected for the several types or groups).
     """
     conf = check_open_unit("confidence", confidence)
     if conf <= 0.5:
@@ -413,7 +423,12 @@ def span_inference(
             raise ValueError(f"ball must be a probability in [0, 1], got {ball!r}")
     if not targets:
         raise ValueError("targets must hold at least one (text, span, candidates) triple, got 0")
+    if priors is not None and len(priors) != len(targets):
+        raise ValueError(f"priors must hold one row per target ({len(targets)}), got {len(priors)}")
+    if groups is not None and len(groups) != len(targets):
+        raise ValueError(f"groups must hold one group size per target ({len(targets)}), got {len(groups)}")
     parsed: list[tuple[str, str, list[str], int, str]] = []
+    best_prior: list[float] = []
     elsewhere = 0
     for t, tgt in enumerate(targets):
         try:
@@ -428,6 +443,14 @@ def span_inference(
                              f"got {len(cands)} (true value {'in' if truth in cands else 'missing'})")  # fmt: skip
         elsewhere += int(truth in text[:start] or truth in text[end:])
         parsed.append((text[:start], text[end:], cands, cands.index(truth), kind))
+        if priors is not None:
+            row = np.asarray(priors[t], dtype=float)
+            if row.shape != (len(cands),) or np.any(row < 0) or not row.sum() > 0:
+                raise ValueError(f"priors[{t}] must hold {len(cands)} non-negative weights (one per candidate), "
+                                 "not all zero")
+            best_prior.append(float(row.max() / row.sum()))
+        else:
+            best_prior.append(1.0 / len(cands))
     nll = _score_pairs(score, ((p, c + rest) for p, rest, cands, _, _ in parsed for c in cands), chunk)
     rng = np.random.default_rng(seed)
     hits, ranks, ks, kinds = [], [], [], []
@@ -440,8 +463,8 @@ def span_inference(
         ranks.append(_rank(v, float(v[ti])))
         ks.append(len(cands))
         kinds.append(kind)
-    h, r, k = np.array(hits), np.array(ranks), np.array(ks, dtype=float)
-    out = _inference_block(h, r, k, ball, eps, d, conf)
+    h, r, k, bp = np.array(hits), np.array(ranks), np.array(ks, dtype=float), np.array(best_prior)
+    out = _inference_block(h, r, bp, ball, eps, d, conf)
     out["violates"] = None if out["bound"] is None else bool(out["accuracy_lower"] > out["bound"])
     out.update(
         {
@@ -455,7 +478,13 @@ def span_inference(
     )
     kind_arr = np.array(kinds)
     out["by_type"] = {
-        kind: _inference_block(h[kind_arr == kind], r[kind_arr == kind], k[kind_arr == kind], ball, eps, d, conf)
+        kind: _inference_block(h[kind_arr == kind], r[kind_arr == kind], bp[kind_arr == kind], ball, eps, d, conf)
         for kind in sorted(set(kinds))
     }
+    out["by_group"] = None
+    if groups is not None:
+        g = np.array([int(x) for x in groups])
+        bins = {"1": g <= 1, "2-10": (g >= 2) & (g <= 10), ">10": g > 10}
+        out["by_group"] = {name: _inference_block(h[m], r[m], bp[m], ball, eps, d, conf)
+                           for name, m in bins.items() if m.any()}  # fmt: skip
     return out

@@ -46,12 +46,21 @@ def add_text_arguments(parser: argparse.ArgumentParser) -> None:
                    "A span no annotation marks and no detector finds is public")
     g.add_argument("--names-file", default=None, metavar="FILE",
                    help="one name per line, for --detect name")
+    # --test-data (the data flags): a JSONL of held-out texts, so held-out metrics are not computed on --data
     g.add_argument("--max-len", type=int, default=None, help="tokens per text (UTF-8 bytes + specials; default 128)")
     g.add_argument("--text-train-size", type=int, default=None, metavar="N",
                    help="use the first N training texts (default: the preset's for the corpus, all of --data)")
     g.add_argument("--canaries", type=_counts, default=None, metavar="R1,R2",
                    help="plant the exposure audit's canaries this many times each (compare: default 1,10,100; "
                    "train: none unless given; 0: none). They are private spans of type 'secret' from a public seed")
+
+
+def read_names(path: str) -> list[str]:
+    """The names of a ``--names-file`` (one per line, blank lines skipped); a missing file is a one-line error."""
+    names_path = Path(path)
+    if not names_path.is_file():
+        raise ValueError(f"--names-file: no file {path!r}")
+    return [n.strip() for n in names_path.read_text(encoding="utf-8").splitlines() if n.strip()]
 
 
 def text_data_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -65,6 +74,14 @@ def text_data_options(args: argparse.Namespace) -> dict[str, Any]:
         if not args.spans:
             raise ValueError("--spans: name the private span types of --data (e.g. --spans email,phone,name)")
         opts["path"] = str(path)
+    test_data = getattr(args, "test_data", None)
+    if test_data is not None:
+        if data is None:
+            raise ValueError("--test-data: give --data FILE.jsonl too (the generated corpus has its own held-out "
+                             "split)")  # fmt: skip
+        if not Path(test_data).is_file():
+            raise ValueError(f"--test-data: no file {test_data!r}")
+        opts["test"] = str(Path(test_data))
     if args.spans:
         opts["spans"] = list(args.spans)
     for d in args.detect:
@@ -77,10 +94,7 @@ def text_data_options(args: argparse.Namespace) -> dict[str, Any]:
     if "name" in args.detect:
         if not args.names_file:
             raise ValueError("--detect name needs --names-file FILE (one name per line)")
-        names_path = Path(args.names_file)
-        if not names_path.is_file():
-            raise ValueError(f"--names-file: no file {args.names_file!r}")
-        opts["names"] = [n.strip() for n in names_path.read_text(encoding="utf-8").splitlines() if n.strip()]
+        opts["names"] = read_names(args.names_file)
     if args.max_len is not None:
         if args.max_len < 16:
             raise ValueError(f"--max-len must be >= 16, got {args.max_len}")

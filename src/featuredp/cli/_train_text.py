@@ -59,7 +59,8 @@ def train_text(args: argparse.Namespace) -> int:
         f"method            {summary['method']} (task text)",
         f"data              {summary['data']}; private: {summary['private']}",
         f"perplexity        {summary['perplexity']:.4g} held-out, full text ({summary['public_perplexity']:.4g} on the "
-        "redacted text)",
+        "redacted text)" + ("" if summary["heldout_covered"] else " — not covered by ε"),
+        f"held-out          {summary['heldout_note']}",
         *privacy_lines(summary),
     ]
     lines.append(f"guarantee         {summary['guarantee']}")

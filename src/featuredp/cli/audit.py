@@ -60,6 +60,8 @@ def register(subparsers: Any) -> None:
                    help="feature canaries keep their true label (default: a wrong label, same in both versions)")
     p.add_argument("--beta", type=float, default=0.05, help="1 - confidence of the epsilon lower bound")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--names-file", default=None, metavar="FILE",
+                   help="text runs trained with --detect name: the same names list (run.json keeps only its count)")
     p.add_argument("--out", default=None, help="report directory (default RUN_DIR/audit)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -239,13 +241,15 @@ def _audit_text(args: argparse.Namespace, run_dir: Path) -> int:
     """``--attack exposure|extraction|span`` on a text run: the report to RUN_DIR/audit/text_<attack>.{json,md}."""
     import torch
 
+    from featuredp.cli._text_args import read_names
     from featuredp.experiments.text_runs import audit_text_run, text_audit_lines
 
     attack = args.attack or "span"  # exposure needs canaries planted at training time (train --canaries)
     if attack not in TEXT_ATTACKS:
         raise ValueError(f"--attack {attack} is for tabular runs; a text run takes --attack {'|'.join(TEXT_ATTACKS)}")
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
-    payload = audit_text_run(run_dir, attack, out=args.out)
+    names = read_names(args.names_file) if args.names_file else None
+    payload = audit_text_run(run_dir, attack, out=args.out, names=names)
     if args.json:
         print(json.dumps(_plain(payload)))
         return 0

@@ -68,14 +68,18 @@ __all__ = [
     "TASK",
     "TEXT_ATTACKS",
     "TEXT_METHODS",
+    "SpanTargets",
     "TextCompareConfig",
     "TextData",
     "TrainedText",
     "audit_text_model",
     "cell_key",
     "data_options",
+    "extraction_audit",
+    "extraction_targets",
     "fit_batches",
     "load_text_data",
+    "mark_exposure_power",
     "run_text_compare",
     "span_targets",
     "text_model_spec",
@@ -104,6 +108,22 @@ class TextData:
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def heldout(self) -> dict[str, Any]:
+        """Where the held-out texts come from, and whether metrics on them are covered by ε (``source``,
+        ``covered``, ``note``): a split of the user's file is private data trained on by no one, and a metric on
+        it (perplexity, accuracy) is a noiseless function of its texts' private spans."""
+        if self.options.get("path") is None:
+            return {"source": "generated", "covered": True,
+                    "note": "held-out texts: a split of the public generated corpus (no private data)"}
+        if self.options.get("test"):
+            return {"source": "test_data", "covered": False,
+                    "note": f"held-out metrics from --test-data {Path(self.options['test']).name}, outside the "
+                    "training data; not covered by ε if that file is private itself"}  # fmt: skip
+        return {"source": "split", "covered": False,
+                "note": "held-out metrics not covered by ε: computed on a split of the private --data file, each a "
+                "noiseless function of those texts' private spans (use --test-data FILE to keep them off it)"}
+
+    @property
     def originals(self) -> list[TextRecord]:
         """The training records that are not canaries (the audits' targets)."""
         return [r for r in self.train.records if not any(s.type == CANARY_TYPE for s in r.spans)]
@@ -112,6 +132,7 @@ class TextData:
 def load_text_data(
     *,
     path: str | Path | None = None,
+    test: str | Path | None = None,
     spans: Sequence[str] | None = None,
     detect: Sequence[str] = (),
     names: Sequence[str] = (),
@@ -127,6 +148,9 @@ def load_text_data(
 ) -> TextData:
     """The generated support corpus (``path=None``) or a user's annotated JSONL, split, with canaries planted.
 
+    ``test``: a second JSONL file read as the held-out texts (same spans and detectors); ``path`` is then used
+    whole for training, so held-out metrics are computed off the training file (else on a split of it, and
+    then not covered by ε: :attr:`TextData.heldout`).
     ``spans``: the private span types (default: every type of the corpus; required for a file); ``detect`` /
     ``names``: built-in detectors run on a file's texts as well. ``canary_repeats`` (empty: none),
     ``canaries_per_repeat`` and ``canary_digits``: the exposure audit's canaries (secrets of ``canary_digits``
@@ -136,6 +160,8 @@ def load_text_data(
     again rebuild the same data.
     """
     max_len = check_int("max_len", max_len, minimum=16)
+    if test is not None and path is None:
+        raise ValueError("--test-data: give --data FILE.jsonl too (the generated corpus has its own held-out split)")
     if path is None:
         types = tuple(spans) if spans else CORPUS_SPANS
         n_tr = check_int("n_train", n_train if n_train is not None else 4000, minimum=10)
@@ -151,12 +177,17 @@ def load_text_data(
         if not spans:
             raise ValueError("--spans: name the private span types of --data FILE.jsonl (e.g. email,phone,name)")
         records = load_text_jsonl(path, spans=spans, detect=detect, names=names)
-        train_recs, test_recs = split_records(records, test_fraction=test_fraction, split_seed=corpus_seed)
+        if test is not None:
+            train_recs, test_recs = records, load_text_jsonl(test, spans=spans, detect=detect, names=names)
+        else:
+            train_recs, test_recs = split_records(records, test_fraction=test_fraction, split_seed=corpus_seed)
         if n_train is not None:
             train_recs = train_recs[: check_int("n_train", n_train, minimum=10)]
         if n_test is not None:
             test_recs = test_recs[: check_int("n_test", n_test, minimum=1)]
-        source = f"{Path(path).name}: {len(train_recs):,} train / {len(test_recs):,} test (split seed {corpus_seed})"
+        source = (f"{Path(path).name}: {len(train_recs):,} train / {len(test_recs):,} test (split seed {corpus_seed})"
+                  if test is None else f"{Path(path).name}: {len(train_recs):,} train (the whole file); "
+                  f"{Path(test).name} (--test-data): {len(test_recs):,} test")  # fmt: skip
         detect_ = tuple(d for d in detect if d in spans)
         psi = TextSpans(tuple(dict.fromkeys((*spans, CANARY_TYPE))), detect_, tuple(names))
     canaries: list[Canary] = []
@@ -168,12 +199,13 @@ def load_text_data(
                                                rng=np.random.default_rng(canary_seed))  # fmt: skip
     tok = ByteTokenizer()
     train = TextDataset(train_recs, psi, tokenizer=tok, max_len=max_len, name="text-train")
-    test = TextDataset(test_recs, psi, tokenizer=tok, max_len=max_len, name="text-test")
-    options = {"path": None if path is None else str(path), "spans": list(psi.types), "detect": list(detect),
+    test_set = TextDataset(test_recs, psi, tokenizer=tok, max_len=max_len, name="text-test")
+    options = {"path": None if path is None else str(path), **({} if test is None else {"test": str(test)}),
+               "spans": list(psi.types), "detect": list(detect),
                "names": len(names), "n_train": n_originals, "n_test": len(test_recs), "max_len": max_len,
                "canary_repeats": list(canary_repeats), "canaries_per_repeat": canaries_per_repeat,
                "canary_digits": canary_digits, "corpus_seed": corpus_seed, "canary_seed": canary_seed}  # fmt: skip
-    return TextData(train, test, canaries, psi, source, options)
+    return TextData(train, test_set, canaries, psi, source, options)
 
 
 def text_model_spec(data: TextData, base: Mapping[str, Any]) -> dict[str, Any]:
@@ -199,52 +231,115 @@ def _placeholdered(record: TextRecord, keep: Span) -> tuple[str, Span]:
     return "".join(parts), Span(start, start + keep.end - keep.start, keep.type)
 
 
-def span_targets(records: Sequence[TextRecord], *, k: int = 10, n: int = 200, seed: int = 0,
-                 min_distinct: float = 0.95) -> list[tuple[str, Span, list[str]]]:  # fmt: skip
+@dataclass
+class SpanTargets:
+    """Span-inference targets (:func:`span_targets`) with each candidate's prior weight and each target's group."""
+
+    #: (Ψ(x) with one span filled in, that span, its k distinct candidates)
+    targets: list[tuple[str, Span, list[str]]]
+    #: per target, each candidate's prior weight (how many target records hold it; the posterior is proportional)
+    priors: list[list[float]]
+    #: per target, how many training records hold its true value (among spans of its type)
+    groups: list[int]
+    #: the span types not targeted, and why
+    skipped: dict[str, str]
+
+
+def span_targets(records: Sequence[TextRecord], *, k: int = 10, n: int = 200,
+                 rng: np.random.Generator | None = None) -> SpanTargets:  # fmt: skip
     """Span-inference targets from ``records``: Ψ(x) with one span filled in, and k candidates for that span.
 
-    Each target is one record's text with its other spans replaced by their placeholders (so the attacker
-    knows exactly Ψ(x)), one of its spans, and k distinct candidates: the true value and the values of that
-    type in k − 1 other records drawn uniformly (public ``seed``). For the prior of the true value to be 1/k the
-    candidates must be exchangeable with it, which holds when a type's values are (nearly) all distinct: only
-    types with at least ``min_distinct`` distinct values among their occurrences (and k of them) are targeted.
-    A type with frequent repeats (first names alone) would make the commonest values likelier than 1/k, and a
-    model that merely prefers them would seem to beat the prior.
+    Each target is one record, drawn at random (``rng``; default OS entropy — the draw is a function of the
+    private records, so never from a public seed), with its other spans replaced by their placeholders (the
+    attacker knows exactly Ψ(x)), its first span of a targeted type, and k distinct candidates: the true value
+    and k − 1 others drawn uniformly without replacement from the type's other *distinct* values. Types with
+    fewer than k distinct values are skipped (``skipped`` says why).
+
+    Values may recur (first names). The baseline that follows is exact: with the candidate set drawn this way,
+    P(set | truth = v) = 1 / C(|D| − 1, k − 1) is the same for every v in the set, so the posterior of candidate
+    c given the set is p(c) / Σ p(c′) over the set, where p is the empirical distribution of the targeted values.
+    The best guess without the model is the likeliest candidate, and its success — the prior baseline of
+    :func:`~featuredp.attacks.text.span_inference` given ``priors`` — is the mean of max p(c) / Σ p(c′). (Drawing
+    the others from p instead would make the posterior depend on the order of the draws; 1/k, the old
+    baseline, is right only when every value is distinct and lets a model that merely prefers frequent values
+    seem to beat the prior.) ``groups``: how many training records hold each target's true value.
     """
-    rng = np.random.default_rng(seed)
-    values: dict[str, list[str]] = {}
+    k = check_int("k", k, minimum=2)
+    rng = rng if rng is not None else np.random.default_rng()
+    distinct: dict[str, set[str]] = {}
+    holders: dict[str, dict[str, int]] = {}
     for r in records:
+        seen: set[tuple[str, str]] = set()
         for s in r.spans:
-            values.setdefault(s.type, []).append(r.text[s.start:s.end])
-    pools = {t: v for t, v in values.items() if len(set(v)) >= max(k, min_distinct * len(v))}
-    out: list[tuple[str, Span, list[str]]] = []
-    for i in rng.permutation(len(records)):
-        r = records[int(i)]
+            v = r.text[s.start:s.end]
+            distinct.setdefault(s.type, set()).add(v)
+            if (s.type, v) not in seen:
+                seen.add((s.type, v))
+                holders.setdefault(s.type, {}).setdefault(v, 0)
+                holders[s.type][v] += 1
+    pools = {t: sorted(v) for t, v in distinct.items() if len(v) >= k}
+    skipped = {t: f"{len(v)} distinct values, fewer than k = {k} candidates" for t, v in sorted(distinct.items())
+               if t not in pools}  # fmt: skip
+    eligible: list[tuple[TextRecord, Span]] = []
+    weight: dict[str, dict[str, int]] = {}
+    for r in records:
         span = next((s for s in sorted(r.spans) if s.type in pools), None)
-        if span is None:
-            continue
+        if span is not None:
+            eligible.append((r, span))
+            w = weight.setdefault(span.type, {})
+            w[r.text[span.start:span.end]] = w.get(r.text[span.start:span.end], 0) + 1
+    out = SpanTargets([], [], [], skipped)
+    for i in rng.permutation(len(eligible))[:n]:
+        r, span = eligible[int(i)]
         true = r.text[span.start:span.end]
-        cands = [true]
-        for j in rng.permutation(len(pools[span.type])):
-            v = pools[span.type][int(j)]
-            if v not in cands:
-                cands.append(v)
-                if len(cands) == k:
-                    break
+        others = [v for v in pools[span.type] if v != true]
+        cands = [true, *(others[int(j)] for j in rng.choice(len(others), k - 1, replace=False))]
         rng.shuffle(cands)
         text, moved = _placeholdered(r, span)
-        out.append((text, moved, cands))
-        if len(out) >= n:
-            break
+        out.targets.append((text, moved, cands))
+        out.priors.append([float(weight[span.type].get(c, 0)) for c in cands])
+        out.groups.append(holders[span.type][true])
     return out
+
+
+def extraction_targets(data: TextData, n: int, *, rng: np.random.Generator | None = None
+                       ) -> tuple[list[TextRecord], list[TextRecord]]:  # fmt: skip
+    """The extraction audit's records: the same number drawn at random from the training texts and the held-out ones.
+
+    min(n, training texts, held-out texts) of each, uniformly without replacement (``rng``; default OS entropy,
+    a secret draw: the records' order may be a function of private data, e.g. a newest-first log, so the first
+    records are never taken). Drawn alike, the two sets come from the same population and the excess rate
+    compares like with like. The draw is not kept: a new audit draws again.
+    """
+    rng = rng if rng is not None else np.random.default_rng()
+    train, held = data.originals, list(data.test.records)
+    m = min(int(n), len(train), len(held))
+    return ([train[int(i)] for i in rng.choice(len(train), m, replace=False)],
+            [held[int(i)] for i in rng.choice(len(held), m, replace=False)])  # fmt: skip
+
+
+#: how the audits draw their targets (recorded in each report)
+RANDOM_TARGETS = "drawn uniformly at random without replacement from OS entropy (never in file order); not kept"
 
 
 #: the audits of a text model (``featuredp audit RUN --attack ...``)
 TEXT_ATTACKS = ("exposure", "extraction", "span")
 
 
+def extraction_audit(generate: Any, data: TextData, n: int, *, rng: np.random.Generator | None = None
+                     ) -> dict[str, Any]:  # fmt: skip
+    """:func:`~featuredp.attacks.text.extraction` on :func:`extraction_targets` (n of each, drawn at random)."""
+    types = [t for t in data.psi.types if t != CANARY_TYPE]
+    train, held = extraction_targets(data, n, rng=rng)
+    out = extraction(generate, [(r.text, r.spans) for r in train], span_types=types,
+                     heldout=[(r.text, r.spans) for r in held])  # fmt: skip
+    out["targets"] = {"train": len(train), "heldout": len(held), "drawn": RANDOM_TARGETS}
+    return out
+
+
 def audit_text_model(model: torch.nn.Module, data: TextData, *, epsilon: float | None, delta: float | None,
-                     audit: Mapping[str, Any], attacks: Sequence[str] = TEXT_ATTACKS) -> dict[str, Any]:  # fmt: skip
+                     audit: Mapping[str, Any], attacks: Sequence[str] = TEXT_ATTACKS,
+                     rng: np.random.Generator | None = None) -> dict[str, Any]:  # fmt: skip
     """Perplexity on the held-out texts and the audits of :mod:`featuredp.attacks.text` for one model.
 
     ``audit``: ``extraction`` (records tried, train and held-out each), ``span_targets`` and ``span_k``; the
@@ -257,7 +352,8 @@ def audit_text_model(model: torch.nn.Module, data: TextData, *, epsilon: float |
         check_choice("attack", a, TEXT_ATTACKS)
     tok, L = data.train.tokenizer, data.train.max_len
     score = lm_scorer(model, tok, L)
-    out: dict[str, Any] = {"perplexity": perplexity(model, data.test.batch())}
+    rng = rng if rng is not None else np.random.default_rng()  # the targets' draw: secret (OS entropy)
+    out: dict[str, Any] = {"perplexity": perplexity(model, data.test.batch()), "heldout": data.heldout}
     if "exposure" in attacks:
         if not data.canaries:
             raise ValueError("attack exposure: this model was trained without canaries (train with --canaries "
@@ -269,19 +365,19 @@ def audit_text_model(model: torch.nn.Module, data: TextData, *, epsilon: float |
         out["exposure"] = report
     k = int(audit.get("span_k", 10))
     if "extraction" in attacks:
-        n_ex = int(audit.get("extraction", 100))
-        types = [t for t in data.psi.types if t != CANARY_TYPE]
-        rec = [(r.text, r.spans) for r in data.originals[:n_ex]]
-        held = [(r.text, r.spans) for r in data.test.records[:n_ex]]
         generate = lm_generator(model, tok, L)
-        out["extraction"] = extraction(generate, rec, span_types=types, heldout=held)
+        out["extraction"] = extraction_audit(generate, data, int(audit.get("extraction", 100)), rng=rng)
         # the control: the planted secrets, whose repeats a non-private model memorises
         out["extraction"]["canaries"] = {
             str(r): extraction(generate, [(c.text, [_secret_span(c)]) for c in data.canaries if c.repeats == r]
                                )["rate"] for r in sorted({c.repeats for c in data.canaries})}  # fmt: skip
     if "span" in attacks:
-        targets = span_targets(data.originals, k=k, n=int(audit.get("span_targets", 200)))
-        out["span_inference"] = span_inference(score, targets, epsilon=epsilon, delta=delta) if targets else None
+        drawn = span_targets(data.originals, k=k, n=int(audit.get("span_targets", 200)), rng=rng)
+        out["span_inference"] = None if not drawn.targets else {
+            **span_inference(score, drawn.targets, epsilon=epsilon, delta=delta, priors=drawn.priors,
+                             groups=drawn.groups, seed=None),
+            "groups": drawn.groups, "targets_drawn": RANDOM_TARGETS}  # fmt: skip
+        out["span_skipped"] = drawn.skipped
         if out["span_inference"] is not None and data.canaries:
             digits = len(data.canaries[0].secret)
             rng = np.random.default_rng(1)
@@ -496,8 +592,8 @@ def run_text_compare(cfg: TextCompareConfig) -> dict[str, Any]:
     if not rows:
         raise FileNotFoundError(f"no finished cells of this comparison in {str(cfg.out)!r}")
     summary = summarize_text(rows)
-    meta = {"source": data.source, "disclosure": data.psi.describe().hides, "model": text_model_spec(data,
-            preset["model"]), "delta": delta, "quick": cfg.quick, "command": cfg.command,
+    meta = {"source": data.source, "heldout": data.heldout, "disclosure": data.psi.describe().hides,
+            "model": text_model_spec(data, preset["model"]), "delta": delta, "quick": cfg.quick, "command": cfg.command,
             "methods": grid["methods"], "audit": preset["audit"], "canaries": [
                 {"repeats": c.repeats, "secret": c.secret} for c in data.canaries],
             "wall_s": round(time.perf_counter() - started, 1), "cells_run": len(rows) - reused,
@@ -518,6 +614,29 @@ def _mean(values: Sequence[float | None]) -> float | None:
 def _mean_by_key(dicts: Sequence[Mapping[str, float]]) -> dict[str, float | None]:
     keys = sorted({k for d in dicts for k in d}, key=int)
     return {k: _mean([d.get(k) for d in dicts]) for k in keys}
+
+
+#: the least gap (bits) between the non-private model's canary exposure and a private model's for the exposure audit
+#: to have power: below it the canaries are not memorised enough for a low exposure to say anything
+EXPOSURE_POWER_BITS = 3.0
+
+
+def mark_exposure_power(rows: Sequence[dict[str, Any]]) -> None:
+    """Add ``exposure_power_bits`` and ``exposure_no_power`` to each private row of a summary, in place.
+
+    The gap is max over repeat counts (10×, 100×, ...) of the non-private model's mean exposure minus this row's;
+    below :data:`EXPOSURE_POWER_BITS` the audit has no power (the non-private model did not memorise the canaries
+    either, so a private model's low exposure is no evidence). Without a non-private row with exposures: None.
+    """
+    ref = next((r.get("exposure_by_repeats") or {} for r in rows if r["method"] == "nonprivate"), {})
+    for r in rows:
+        if r["method"] == "nonprivate":
+            continue
+        mine = r.get("exposure_by_repeats") or {}
+        gaps = [float(ref[k]) - float(mine[k]) for k in ref if k in mine and k != "1"
+                and ref[k] is not None and mine[k] is not None]  # fmt: skip
+        r["exposure_power_bits"] = max(gaps) if gaps else None
+        r["exposure_no_power"] = None if not gaps else bool(max(gaps) < EXPOSURE_POWER_BITS)
 
 
 def summarize_text(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -550,6 +669,7 @@ def summarize_text(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "canaries": _mean_by_key([s.get("canaries") or {} for s in spi])},
             "train_wall_s": _mean([r["train_wall_s"] for r in rs]),
         })  # fmt: skip
+    mark_exposure_power(out)
     order = {m: i for i, m in enumerate(TEXT_METHODS)}
     out.sort(key=lambda r: (order.get(str(r["method"]), 99), cast(float, r["epsilon"] or 0.0)))
     return out

@@ -32,6 +32,7 @@ def _pct(value: Any) -> str:
 def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
     """summary.md: what is private, the table (perplexity, exposure, extraction, span inference) and the notes."""
     ex = meta.get("audit", {})
+    uncovered = "" if (meta.get("heldout") or {}).get("covered", True) else " (not covered by ε)"
     lines = [
         "# Feature DP for text: perplexity and what the model reveals of private spans",
         "",
@@ -41,10 +42,11 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
         f"* Model: {meta['model'].get('kind')} (d = {meta['model'].get('d_model')}, {meta['model'].get('n_layers')} "
         f"layers, vocabulary {meta['model'].get('vocab_size')}, {meta['model'].get('max_len')} tokens); "
         f"δ = {meta['delta']:g}.",
+        f"* Held-out texts: {(meta.get('heldout') or {}).get('note', 'see the data line')}.",
         f"* Command: `{meta['command']}`",
         "",
-        "| method | ε | ε spent | perplexity ↓ | exposure 10× (bits) | exposure 100× | extraction train / held-out "
-        "| span inference (prior, bound) | control: 100× canary extracted / inferred |",
+        f"| method | ε | ε spent | perplexity ↓{uncovered} | exposure 10× (bits) | exposure 100× "
+        "| extraction train / held-out | span inference (prior, bound) | control: 100× canary extracted / inferred |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -57,7 +59,8 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
         std = f" ± {r['perplexity_std']:.2f}" if r["seeds"] > 1 else ""
         lines.append(
             f"| {label} | {_f(r['epsilon'], 'g')} | {_f(r['epsilon_spent'], '.3f')} | {r['perplexity']:.2f}{std} "
-            f"| {_f(r['canary_exposure'], '.1f')} | {_f(r['exposure_by_repeats'].get('100'), '.1f')} "
+            f"| {_f(r['canary_exposure'], '.1f')}{' (no power)' if r.get('exposure_no_power') else ''} "
+            f"| {_f(r['exposure_by_repeats'].get('100'), '.1f')} "
             f"| {_pct(e['rate'])} / {_pct(e['heldout_rate'])} | {si_txt} "
             f"| {_pct((e.get('canaries') or {}).get('100'))} / {_pct(((si or {}).get('canaries') or {}).get('100'))} |"
         )
@@ -71,10 +74,14 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
         "Extraction: greedy decoding after the text before each private span reproduces it exactly, on training "
         "records and on held-out ones (a value that is easy to guess scores on both). Span inference: given Ψ(x) of a "
         f"training record with one span to fill and {ex.get('span_k', 10)} candidates, the model's likeliest; the "
-        "prior is 1/k and the bound is Theorem 4's at the run's (ε, δ); the bound is exceeded only if the "
-        "accuracy's 95% lower limit is above it. Control: the same two attacks on the canaries planted 100 times "
-        "(extraction after their prefix; inference among k digit strings) show the attacks' power where a model "
-        "memorises.",
+        "prior is the best guess without the model and the bound is Theorem 4's at the run's (ε, δ); the bound is "
+        "exceeded only if the accuracy's 95% lower limit is above it. Control: the same two attacks on the canaries "
+        "planted 100 times (extraction after their prefix; inference among k digit strings) show the attacks' power "
+        "where a model memorises. Exposure \"(no power)\": the non-private model's exposure exceeds this model's "
+        "by less than 3 bits at every repeat count (10×, 100×), so the canaries were not memorised enough for a low "
+        "exposure to show privacy. Extraction and span-inference targets are drawn at random (OS entropy), the same "
+        "number from training and held-out texts; span inference's prior is the best guess without the model (the "
+        "likeliest candidate when values recur, 1/k when they are all distinct).",
         "",
         f"Wall time of this invocation: {meta.get('wall_s', 0):.0f} s ({meta.get('cells_run', 0)} cells trained, "
         f"{meta.get('cells_reused', 0)} reused); training time summed over the cells: "

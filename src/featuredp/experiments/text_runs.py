@@ -8,18 +8,22 @@ private folder only, and the audit refuses a file whose bytes changed since trai
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from featuredp._io import atomic_write_json, atomic_write_text, inside
 from featuredp._validate import check_choice
 from featuredp.experiments.runs import (
+    DATA_FINGERPRINT_FILE,
     Run,
     check_data_fingerprint,
     data_files_fingerprint,
     load_run,
+    private_checkpoint,
     record_data_fingerprint,
     save_run,
 )
@@ -34,7 +38,7 @@ from featuredp.experiments.text_lm import (
 )
 from featuredp.lm import perplexity
 
-__all__ = ["TASK_KEY", "audit_text_run", "is_text_run", "train_text_run"]
+__all__ = ["NAMES_KEY", "TASK_KEY", "audit_text_run", "check_names", "is_text_run", "names_digest", "train_text_run"]
 
 #: run.json's key that marks a text run
 TASK_KEY = "task"
@@ -62,6 +66,7 @@ def train_text_run(*, out: str | Path | None, method: str, epsilon: float | None
     result = done.result
     metrics = {"perplexity": perplexity(done.model, data.test.batch()),
                "public_perplexity": perplexity(done.model, data.test.batch(), key="x_pub")}  # fmt: skip
+    held = data.heldout
     summary = {
         "task": "text", "method": method, "epsilon": done.epsilon, "delta": result.delta,
         "noise_multiplier": result.plan.noise_multiplier, "noise": result.plan.noise, "bands": result.plan.bands,
@@ -69,15 +74,66 @@ def train_text_run(*, out: str | Path | None, method: str, epsilon: float | None
         "sampling_rate": result.plan.sampling_rate, "steps": result.steps, "pretrain_steps": result.pretrain_steps,
         "guarantee": result.guarantee, "data": data.source, "private": data.psi.describe().hides,
         "train_texts": len(data.train), "test_texts": len(data.test), "truncated": data.train.truncated,
-        "canaries": len(data.canaries), **metrics, "train_wall_s": round(done.wall_s, 1), "out": None,
+        "canaries": len(data.canaries), **metrics, "heldout_source": held["source"],
+        "heldout_covered": held["covered"], "heldout_note": held["note"], "train_wall_s": round(done.wall_s, 1),
+        "out": None,
     }  # fmt: skip
     if out is not None:
         save_run(out, done.trainer, result, model_spec=done.spec,
                  dataset={"task": "text", "options": data.options}, metrics=metrics,
                  extra={TASK_KEY: "text", "audit": preset["audit"]})  # fmt: skip
-        record_data_fingerprint(out, data_files_fingerprint(data.options))
+        names = list(given.get("names") or ())
+        # the names' digest sits with the data's fingerprint, in the private folder: run.json keeps only their count
+        record_data_fingerprint(out, {**data_files_fingerprint(data.options),
+                                      **({NAMES_KEY: names_digest(names)} if names else {})})  # fmt: skip
         summary["out"] = str(out)
     return summary
+
+
+#: the key of the names list's digest in the run's private data fingerprint
+NAMES_KEY = "names_sha256"
+
+
+def names_digest(names: Sequence[str]) -> str:
+    """SHA-256 of a ``--names-file`` list, whatever its order (kept in the run's private folder only)."""
+    return hashlib.sha256("\n".join(sorted(names)).encode("utf-8")).hexdigest()
+
+
+def _kept_names_digest(run: Run) -> str | None:
+    """The names digest training kept privately for ``run`` (None: none kept, or unreadable)."""
+    try:
+        kept = json.loads((private_checkpoint(run.path).parent / DATA_FINGERPRINT_FILE).read_text(encoding="utf-8"))
+        value = kept["sha256"].get(NAMES_KEY)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def check_names(run: Run, names: Sequence[str] | None) -> list[str]:
+    """The names to rebuild ``run``'s private spans with (``--names-file``), checked against what training kept.
+
+    A run trained with ``--detect name`` needs the same list: its count must equal run.json's ``names`` and, when
+    training kept a digest of it privately, its digest too; anything else is refused with one line (other names
+    would mark other spans private, and the audit would attack the wrong spans). A run without names takes none.
+    """
+    options = run.dataset.get("options") or {}
+    count = int(options.get("names") or 0)
+    given = list(names or ())
+    if not count or "name" not in (options.get("detect") or ()):
+        if given:
+            raise ValueError(f"--names-file: run {run.path} was not trained with --detect name and a names list")
+        return []
+    if not given:
+        raise ValueError(f"--names-file: run {run.path} found names with --detect name ({count} names); give the "
+                         "same --names-file FILE (run.json keeps only their count)")  # fmt: skip
+    if len(given) != count:
+        raise ValueError(f"--names-file: {len(given)} names, but run {run.path} was trained with {count}; give the "
+                         "list it was trained with")  # fmt: skip
+    kept = _kept_names_digest(run)
+    if kept is not None and kept != names_digest(given):
+        raise ValueError(f"--names-file: not the list run {run.path} was trained with (its digest differs); give "
+                         "that list")  # fmt: skip
+    return given
 
 
 def is_text_run(run: Run) -> bool:
@@ -85,11 +141,13 @@ def is_text_run(run: Run) -> bool:
     return run.info.get(TASK_KEY) == "text"
 
 
-def audit_text_run(run_dir: str | Path, attack: str, *, out: str | Path | None = None) -> dict[str, Any]:
+def audit_text_run(run_dir: str | Path, attack: str, *, out: str | Path | None = None,
+                   names: Sequence[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """Run one of :data:`~featuredp.experiments.text_lm.TEXT_ATTACKS` on a text run; write JSON and Markdown.
 
     The data is rebuilt from run.json (the JSONL file, whose bytes must be those the run was trained on, or the
-    generated corpus from its public seed) and the canaries from their public seed.
+    generated corpus from its public seed) and the canaries from their public seed; ``names``: the
+    ``--names-file`` list of a run trained with ``--detect name`` (:func:`check_names`).
     """
     attack = check_choice("--attack", attack, TEXT_ATTACKS)
     run = load_run(run_dir)
@@ -98,9 +156,7 @@ def audit_text_run(run_dir: str | Path, attack: str, *, out: str | Path | None =
     check_data_fingerprint(run)
     options = dict(run.dataset.get("options") or {})
     # run.json counts the --names-file names but never keeps them (they may be users' names)
-    if options.pop("names", 0) and "name" in (options.get("detect") or ()):
-        raise ValueError(f"--attack {attack}: run {run.path} found names with --detect name, whose list run.json does "
-                         "not keep, so its private spans cannot be rebuilt")  # fmt: skip
+    options["names"] = check_names(run, names)
     if attack == "exposure" and not options.get("canary_repeats"):
         raise ValueError("--attack exposure: this run was trained without canaries; train it with --canaries 1,10,100")
     data = load_text_data(**options)
@@ -109,7 +165,7 @@ def audit_text_run(run_dir: str | Path, attack: str, *, out: str | Path | None =
     res = audit_text_model(run.model, data, epsilon=eps, delta=delta if eps is not None else None,
                            audit=run.info.get("audit") or text_preset(False)["audit"], attacks=(attack,))  # fmt: skip
     payload = {"attack": attack, "method": run.info.get("method"), "epsilon_claimed": eps, "delta": delta,
-               "run_dir": str(run.path), **res}  # fmt: skip
+               "run_dir": str(run.path), **res, "heldout_covered": data.heldout["covered"]}  # fmt: skip
     out_dir = Path(out) if out is not None else run.path / "audit"
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(inside(out_dir, f"text_{attack}.json"), payload)
@@ -123,7 +179,8 @@ def render_text_audit(p: Mapping[str, Any]) -> str:
     eps = p["epsilon_claimed"]
     head = [f"# Text audit: {p['attack']}", "",
             f"Run {p['run_dir']}: method {p['method']}, ε = {'∞' if eps is None else f'{eps:.3g}'}; held-out "
-            f"perplexity {p['perplexity']:.3f}.", ""]  # fmt: skip
+            f"perplexity {p['perplexity']:.3f} ({(p.get('heldout') or {}).get('note', 'held-out texts')}).",
+            ""]  # fmt: skip
     return "\n".join(head + text_audit_lines(p)) + "\n"
 
 
@@ -140,12 +197,22 @@ def text_audit_lines(p: Mapping[str, Any]) -> list[str]:
         # a rate is None when the texts tried hold no private span
         pct = {k: "—" if r is None else f"{100 * r:.1f}%"
                for k, r in (("train", x["rate"]), ("held", held.get("rate")))}  # fmt: skip
+        drawn = x.get("targets") or {}
         return [f"extraction: {x['extracted']} of {x['tried']} private spans of training texts reproduced exactly "
-                f"({pct['train']}); held-out texts {pct['held']} (guessable values)"]
+                f"({pct['train']}); held-out texts {pct['held']} (guessable values); "
+                f"{drawn.get('train', '?')} training and {drawn.get('heldout', '?')} held-out texts drawn at random"]
     s = p["span_inference"]
+    skipped = "; ".join(f"{t}: {why}" for t, why in (p.get("span_skipped") or {}).items())
     if s is None:
-        return ["span inference: no span type with enough distinct values to draw candidates from"]
+        return [f"span inference: no span type with enough distinct values to draw candidates from ({skipped})"]
     bound = "no bound (not private)" if s["bound"] is None else f"Theorem 4's bound {100 * s['bound']:.1f}%"
     verdict = "" if s["violates"] is None else (" — EXCEEDS THE BOUND" if s["violates"] else " — within the bound")
-    return [f"span inference: {100 * s['accuracy']:.1f}% of {s['n']} targets (95% CI lower "
-            f"{100 * s['accuracy_lower']:.1f}%), prior {100 * s['prior_baseline']:.1f}%, {bound}{verdict}"]
+    lines = [f"span inference: {100 * s['accuracy']:.1f}% of {s['n']} targets drawn at random (95% CI lower "
+             f"{100 * s['accuracy_lower']:.1f}%), prior (best guess without the model) "
+             f"{100 * s['prior_baseline']:.1f}%, {bound}{verdict}"]
+    for g, b in (s.get("by_group") or {}).items():
+        lines.append(f"  true value held by {g} training record(s): {100 * b['accuracy']:.1f}% of {b['n']} "
+                     f"(prior {100 * b['prior_baseline']:.1f}%)")
+    if skipped:
+        lines.append(f"  not targeted: {skipped}")
+    return lines
