@@ -48,52 +48,53 @@ def _records(n: int = 30, *, distinct_names: bool = False) -> list[TextRecord]:
 
 
 def test_span_targets_show_the_target_and_placeholders_only() -> None:
-    records = _records()
-    targets = span_targets(records, k=5, n=12, seed=0)
-    assert len(targets) == 12
+    records = _records(distinct_names=True)
+    drawn = span_targets([TextRecord(r.text, r.spans[1:]) for r in records], k=5, n=12)
+    assert len(drawn.targets) == 12 == len(drawn.priors) == len(drawn.groups)
     by_first = {r.values("email")[0]: r for r in records}
     all_emails = {v for r in records for v in r.values("email")}
-    for text, span, cands in targets:
+    for text, span, cands in drawn.targets:
         true = text[span.start : span.end]
         record = by_first[true]  # the first span of a targeted type is the one to infer
         name, _, second = record.values()
-        # Ψ(x) with the target filled in: the name and the other email are placeholders, not their contents
-        assert text == f"Hi I'm {placeholder('name')}, write to {true} or to {placeholder('email')} please"
-        assert name not in text and second not in text
+        # Ψ(x) with the target filled in: the other email is a placeholder, not its contents
+        assert text == f"Hi I'm {name}, write to {true} or to {placeholder('email')} please"
+        assert second not in text
         assert span.type == "email" and len(cands) == 5 == len(set(cands)) and true in cands
         assert set(cands) <= all_emails  # the others are values of that type from the data
 
 
-def test_span_targets_skip_types_whose_values_repeat() -> None:
-    """Two first names for 30 records: the commoner is likelier than 1/k, so names are never targeted."""
+def test_span_targets_take_recurring_values_with_their_prior_and_skip_types_with_few() -> None:
+    """Two first names for 30 records: targeted no more (fewer than k distinct values: skipped, with a reason)."""
     repeated = span_targets(_records(), k=5, n=30)
-    assert len(repeated) == 30 and {s.type for _, s, _ in repeated} == {"email"}
-    # the same records with distinct names: names are targeted (it is the repetition that excludes them)
+    assert len(repeated.targets) == 30 and {s.type for _, s, _ in repeated.targets} == {"email"}
+    assert "name" in repeated.skipped and "fewer than k = 5" in repeated.skipped["name"]
+    # distinct names: names are the first span, so they are targeted
     distinct = span_targets(_records(distinct_names=True), k=5, n=30)
-    assert {s.type for _, s, _ in distinct} == {"name"}
-    # 27 distinct values among 30 (90% < 95%): excluded as well
+    assert {s.type for _, s, _ in distinct.targets} == {"name"} and set(distinct.groups) == {1}
+    # names that recur (27 distinct among 30) are targeted as well, with their group sizes and prior weights
     few = [_record(f"Person{min(i, 26):02d}", f"a{i:02d}@one.org", f"b{i:02d}@two.net") for i in range(30)]
-    assert {s.type for _, s, _ in span_targets(few, k=5, n=30)} == {"email"}
-    # fewer than k distinct values of every type (two names, four emails): no target at all
-    assert span_targets(_records(2), k=5) == []
+    drawn = span_targets(few, k=5, n=30)
+    assert {s.type for _, s, _ in drawn.targets} == {"name"}
+    assert sorted(drawn.groups)[-4:] == [4, 4, 4, 4]  # Person26 is held by 4 records
+    for (text, span, cands), prior in zip(drawn.targets, drawn.priors):
+        assert prior == [4.0 if c == "Person26" else 1.0 for c in cands]
 
 
-def test_span_targets_are_reproducible_from_the_public_seed() -> None:
+def test_span_targets_are_a_secret_draw() -> None:
     records = _records(distinct_names=True)
-    assert span_targets(records, k=5, n=10, seed=3) == span_targets(records, k=5, n=10, seed=3)
-    assert span_targets(records, k=5, n=10, seed=3) != span_targets(records, k=5, n=10, seed=4)
+    assert span_targets(records, k=5, n=10).targets != span_targets(records, k=5, n=10).targets
 
 
 def test_span_targets_on_the_corpus_are_its_public_view_with_one_span_filled() -> None:
     records = support_dialogues(150, seed=1)
     psi = TextSpans(CORPUS_SPANS)
     public = {psi(r.text, r.spans) for r in records}
-    targets = span_targets(records, k=10, n=60)
-    assert len(targets) == 60
-    for text, span, cands in targets:
+    drawn = span_targets(records, k=10, n=60)
+    assert len(drawn.targets) == 60
+    for text, span, cands in drawn.targets:
         assert text[: span.start] + placeholder(span.type) + text[span.end :] in public
         assert text[span.start : span.end] in cands and len(set(cands)) == 10
-        assert span.type != "name"  # 68 first names for 150 records repeat
 
 
 # ------------------------------------------------------------------------------------------------ data
