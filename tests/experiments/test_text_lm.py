@@ -77,7 +77,7 @@ def test_span_targets_take_recurring_values_with_their_prior_and_skip_types_with
     drawn = span_targets(few, k=5, n=30)
     assert {s.type for _, s, _ in drawn.targets} == {"name"}
     assert sorted(drawn.groups)[-4:] == [4, 4, 4, 4]  # Person26 is held by 4 records
-    for (text, span, cands), prior in zip(drawn.targets, drawn.priors):
+    for (_, _, cands), prior in zip(drawn.targets, drawn.priors):
         assert prior == [4.0 if c == "Person26" else 1.0 for c in cands]
 
 
