@@ -538,11 +538,17 @@ def data_options(preset: Mapping[str, Any], given: Mapping[str, Any]) -> dict[st
     return {**out, **dict(given)}
 
 
+#: the audits' design (2: random targets, recurring values' prior, held-out labels); a cell audited by another is
+#: not reused
+AUDIT_VERSION = 2
+
+
 def cell_key(grid: Mapping[str, Any], method: str, epsilon: float | None, seed: int) -> str:
     """The hash of everything that determines one cell's result: the data, model, audits, δ and this method's
     settings, never the rest of the grid (a ``--methods`` subset or more ε reuse the cells they share)."""
     own = {k: grid[k] for k in ("task", "load", "model", "audit", "delta")}
-    return settings_hash({**own, "method": method, "params": grid["methods"][method], "cell": [method, epsilon, seed]})
+    return settings_hash({**own, "audit_version": AUDIT_VERSION, "method": method, "params": grid["methods"][method],
+                          "cell": [method, epsilon, seed]})
 
 
 def run_text_compare(cfg: TextCompareConfig) -> dict[str, Any]:
