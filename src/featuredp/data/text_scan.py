@@ -32,7 +32,7 @@ from scipy import stats
 
 from featuredp.features.text import DETECTORS, Span, TextSpans, detect_spans, load_annotated_jsonl
 
-__all__ = ["SAMPLE_CHARS", "TOP_REPEATS", "clopper_pearson", "default_detectors", "normalise_value",
+__all__ = ["SAMPLE_CHARS", "TOP_REPEATS", "boundary_counts", "clopper_pearson", "default_detectors", "normalise_value",
            "scan_text_file"]  # fmt: skip
 
 #: the most characters of one sampled Ψ(x) line
@@ -94,6 +94,39 @@ def _check_types(spans: Sequence[str] | None, detect: Sequence[str] | None, name
     return list(dict.fromkeys(spans)), list(dict.fromkeys(detect))
 
 
+def _tally(rows: Sequence[tuple[str, Sequence[Span]]], psi: TextSpans, repeat_types: Sequence[str],
+           ) -> tuple[dict[str, int], dict[str, int], dict[str, list[int]]]:  # fmt: skip
+    """(annotated spans per type, spans the detectors add per detector type, per type of ``repeat_types`` the
+    number of records holding each distinct value, largest first)."""
+    annotated: dict[str, int] = {}
+    detected: dict[str, int] = dict.fromkeys(psi.detect, 0)
+    holders: dict[str, dict[str, set[int]]] = {t: {} for t in repeat_types}
+    for i, (text, ann) in enumerate(rows):
+        for s in ann:
+            annotated[s.type] = annotated.get(s.type, 0) + 1
+        private_ann = {s for s in ann if s.type in psi.types}
+        for s in psi.spans(text, ann):
+            if s not in private_ann:
+                detected[s.type] = detected.get(s.type, 0) + 1
+            if s.type in holders:
+                holders[s.type].setdefault(normalise_value(text[s.start:s.end]), set()).add(i)
+    counts = {t: sorted((len(r) for r in by_value.values()), reverse=True) for t, by_value in holders.items()}
+    return dict(sorted(annotated.items())), detected, counts
+
+
+def boundary_counts(rows: Sequence[tuple[str, Sequence[Span]]], psi: TextSpans,
+                    repeat_types: Sequence[str]) -> dict[str, Any]:  # fmt: skip
+    """What ``train --task text`` reports of its training texts: ``annotated`` and ``detected`` spans per type, and
+    ``largest_repeat``: per type of ``repeat_types``, the most records that hold one value (0: no value).
+
+    ``rows``: (text, annotated spans) per training record. The repeat count is a statistic of private values,
+    shown to the analyst as a group-privacy warning and never part of what the model releases.
+    """
+    annotated, detected, counts = _tally(rows, psi, repeat_types)
+    return {"annotated": annotated, "detected": detected,
+            "largest_repeat": {t: (c[0] if c else 0) for t, c in counts.items()}}  # fmt: skip
+
+
 def scan_text_file(path: str | Path, *, spans: Sequence[str] | None = None, detect: Sequence[str] | None = None,
                    names: Sequence[str] = (), sample: int = 5) -> dict[str, Any]:  # fmt: skip
     """What Ψ does on an annotated JSONL file: the counts of the module docstring and ``sample`` Ψ(x) lines.
@@ -115,21 +148,10 @@ def scan_text_file(path: str | Path, *, spans: Sequence[str] | None = None, dete
     annotated_types = {s.type for _, ann in rows for s in ann}
     spans_, detect_ = _check_types(spans, detect, names, annotated_types)
     psi = TextSpans(tuple(dict.fromkeys([*spans_, *detect_])), tuple(detect_), tuple(names))
-    annotated: dict[str, int] = {}
-    detected: dict[str, int] = dict.fromkeys(detect_, 0)
+    annotated, detected, holders = _tally(rows, psi, spans_)
     hits: dict[str, list[int]] = {}  # type -> [found, of]
-    holders: dict[str, dict[str, set[int]]] = {t: {} for t in spans_}
     recall_types = [t for t in detect_ if t in annotated_types]
-    for i, (text, ann) in enumerate(rows):
-        for s in ann:
-            annotated[s.type] = annotated.get(s.type, 0) + 1
-        private_ann = {s for s in ann if s.type in psi.types}
-        hidden = psi.spans(text, ann)
-        for s in hidden:
-            if s not in private_ann:
-                detected[s.type] = detected.get(s.type, 0) + 1
-            if s.type in holders:
-                holders[s.type].setdefault(normalise_value(text[s.start:s.end]), set()).add(i)
+    for text, ann in rows:
         for t in recall_types:
             mine = [s for s in ann if s.type == t]
             if not mine:
@@ -143,8 +165,7 @@ def scan_text_file(path: str | Path, *, spans: Sequence[str] | None = None, dete
         lower, upper = clopper_pearson(found_n, of)
         recall[t] = {"found": found_n, "of": of, "rate": found_n / of, "lower": lower, "upper": upper}
     repeated: dict[str, dict[str, Any]] = {}
-    for t, by_value in holders.items():
-        counts = sorted((len(r) for r in by_value.values()), reverse=True)
+    for t, counts in holders.items():
         repeated[t] = {"top": counts[:TOP_REPEATS], "max": counts[0] if counts else 0}
     picks = random.SystemRandom().sample(range(len(rows)), min(sample, len(rows)))
     lines = []
