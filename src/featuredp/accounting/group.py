@@ -114,33 +114,36 @@ def group_bound(noise_multiplier: float, sampling_rate: float, steps: int, delta
         return GroupBound(_upper_bound(sigma, q, steps, delta, k, accountant), k, "upper-bound", 0)
     j = np.arange(k + 1)
     logpmf = stats.binom.logpmf(j, k, q)
-    # cut the upper tail where it cannot matter for any ε up to _TAIL_EPS (checked after the fact)
-    log_cut = math.log(_SLACK * delta / steps) - _TAIL_EPS
     logsf = stats.binom.logsf(j, k, q)
-    j_max = int(np.argmax(logsf <= log_cut)) if np.any(logsf <= log_cut) else k
-    pmf = np.exp(logpmf[: j_max + 1])
-    keep = pmf > 0
-    # what is dropped: the tail above j_max, and terms too small for a float (all moved to J = 0)
-    dropped = [logpmf[j_max + 1:], logpmf[: j_max + 1][~keep]]
-    log_drop = float(special.logsumexp(np.concatenate(dropped))) if any(d.size for d in dropped) else -math.inf
-    if int(keep.sum()) > MAX_TERMS:
-        return GroupBound(_upper_bound(sigma, q, steps, delta, k, accountant), k, "upper-bound", 0)
-    sens = tuple(float(v) for v in j[: j_max + 1][keep])
-    probs = pmf[keep]
-    if log_drop > -math.inf:
-        if sens[0] == 0.0:
-            probs[0] += math.exp(log_drop)
-        else:
-            sens, probs = (0.0, *sens), np.concatenate(([math.exp(log_drop)], probs))
-    probs = probs / probs.sum()
-    truncated = log_drop > -math.inf
-    delta_mix = delta * (1 - _SLACK) if truncated else delta
     scale = k * epsilon_for(sigma, q, steps, delta)
-    eps = _mixture_epsilon(sigma, sens, tuple(float(p) for p in probs), steps, delta_mix, scale)
-    if truncated and math.log(steps) + log_drop + eps > math.log(_SLACK * delta):
-        # the moved mass is not negligible at this ε: the dominating event is always a valid bound
-        return GroupBound(_upper_bound(sigma, q, steps, delta, k, accountant), k, "upper-bound", 0)
-    return GroupBound(eps, k, "mixture-truncated" if truncated else "mixture", len(sens))
+    tail_eps = _TAIL_EPS
+    for _ in range(3):  # a larger ε needs a deeper cut (e^ε·η <= _SLACK·δ): retry with the ε found
+        # cut the upper tail where it cannot matter for any ε up to tail_eps (checked after the fact)
+        below = logsf <= math.log(_SLACK * delta / steps) - tail_eps
+        j_max = int(np.argmax(below)) if np.any(below) else k
+        pmf = np.exp(logpmf[: j_max + 1])
+        keep = pmf > 0
+        # what is dropped: the tail above j_max, and terms too small for a float (all moved to J = 0)
+        dropped = np.concatenate([logpmf[j_max + 1:], logpmf[: j_max + 1][~keep]])
+        log_drop = float(special.logsumexp(dropped)) if dropped.size else -math.inf
+        if int(keep.sum()) > MAX_TERMS:
+            break
+        sens = tuple(float(v) for v in j[: j_max + 1][keep])
+        probs = pmf[keep]
+        if log_drop > -math.inf:
+            if sens[0] == 0.0:
+                probs[0] += math.exp(log_drop)
+            else:
+                sens, probs = (0.0, *sens), np.concatenate(([math.exp(log_drop)], probs))
+        probs = probs / probs.sum()
+        truncated = log_drop > -math.inf
+        eps = _mixture_epsilon(sigma, sens, tuple(float(p) for p in probs), steps,
+                               delta * (1 - _SLACK) if truncated else delta, scale)  # fmt: skip
+        if not truncated or math.log(steps) + log_drop + eps <= math.log(_SLACK * delta):
+            return GroupBound(eps, k, "mixture-truncated" if truncated else "mixture", len(sens))
+        tail_eps, scale = eps + 10.0, eps
+    # too many terms, or the moved mass is not negligible at this ε: the dominating event is always a valid bound
+    return GroupBound(_upper_bound(sigma, q, steps, delta, k, accountant), k, "upper-bound", 0)
 
 
 def group_epsilon(noise_multiplier: float, sampling_rate: float, steps: int, delta: float, group_size: int, *,
