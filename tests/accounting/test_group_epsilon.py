@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -27,7 +28,7 @@ def test_at_full_batch_a_group_is_the_gaussian_at_sensitivity_k(k: int) -> None:
 
 def test_monotone_in_the_group_size_and_never_below_one_record() -> None:
     eps = [group_epsilon(SIGMA, Q, T, DELTA, k) for k in (1, 2, 3, 5, 8)]
-    assert all(a < b for a, b in zip(eps, eps[1:])), eps
+    assert all(a < b for a, b in itertools.pairwise(eps)), eps
     assert min(eps) >= epsilon_for(SIGMA, Q, T, DELTA) * 0.99
 
 

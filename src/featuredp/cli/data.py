@@ -278,7 +278,11 @@ def scan_lines(out: dict[str, Any], *, file: str, detect_given: bool) -> list[st
     lines = [f"file       {file}: {out['records']:,} records",
              f"private    {', '.join(out['spans']) or 'none annotated'} (--spans); Ψ also hides what the detectors "
              "find",
-             f"detectors  {', '.join(detect) or 'none'} ({how})", ""]  # fmt: skip
+             f"detectors  {', '.join(detect) or 'none'} ({how})"]  # fmt: skip
+    public = [t for t in out["annotated"] if t not in out["spans"] and t not in detect]
+    if public:
+        lines.append(f"public     {', '.join(public)}: annotated but not in --spans, so left as they are in Ψ(x)")
+    lines.append("")
     types = list(dict.fromkeys([*out["annotated"], *out["detected"], *out["repeated"]]))
     lines.append(f"{'type':10s} {'annotated':>9s} {'detected':>8s}  {'recall (95% CI)':30s} {'largest repeat':>14s}")
     for t in types:
