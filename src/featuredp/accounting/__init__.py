@@ -12,6 +12,7 @@ Contract used by the engine and the ERM baselines (see DEVELOPING.md)::
     calibrate_noise_multiplier(target_epsilon, delta, sampling_rate, steps, *, relation, accountant) -> float
     calibrate_steps(target_epsilon, delta, sampling_rate, noise_multiplier, *, relation, accountant) -> int
     sampler_tail_delta(epsilon, steps, dimension, tail_mass_per_pair) -> float   # δ of the noise sampler's cut tail
+    group_epsilon(noise_multiplier, sampling_rate, steps, delta, group_size) -> float  # ε of a group of k records
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from featuredp.accounting.events import (
     event_to_dict,
     gaussian_event,
 )
+from featuredp.accounting.group import GroupBound, group_bound, group_epsilon
 from featuredp.accounting.ledger import BudgetLedger, Reservation
 from featuredp.accounting.sampler import (
     bounded_sampler_delta,
@@ -70,6 +72,7 @@ __all__ = [
     "AccountantName",
     "BudgetLedger",
     "DpEvent",
+    "GroupBound",
     "Relation",
     "Reservation",
     "advanced_composition",
@@ -94,6 +97,8 @@ __all__ = [
     "event_to_dict",
     "gaussian_event",
     "gaussian_tradeoff",
+    "group_bound",
+    "group_epsilon",
     "parallel_composition",
     "plot_tradeoff",
     "privacy_profile",

@@ -64,6 +64,7 @@ def train_text(args: argparse.Namespace) -> int:
         *privacy_lines(summary),
     ]
     lines.append(f"guarantee         {summary['guarantee']}")
+    lines += boundary_lines(summary)
     if summary["truncated"]:
         lines.append(f"note              {summary['truncated']} training texts were longer than --max-len and were "
                      "cut")
@@ -72,3 +73,22 @@ def train_text(args: argparse.Namespace) -> int:
                      "exposure|extraction|span)")
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
+
+
+def boundary_lines(summary: dict[str, Any]) -> list[str]:
+    """What Ψ hid in the training texts (spans per type: annotated, detected) and each type's largest repeat,
+    then the group sentences (a value in k > 1 records is a group of k)."""
+    b = summary.get("boundary") or {}
+    types = list(dict.fromkeys([*b.get("annotated", {}), *b.get("detected", {}), *b.get("largest_repeat", {})]))
+    if not types:
+        return []
+    cells = []
+    for t in types:
+        det = b.get("detected", {}).get(t)
+        rep = b.get("largest_repeat", {}).get(t)
+        cells.append(f"{t} {b.get('annotated', {}).get(t, 0)} annotated"
+                     + ("" if det is None else f", {det} detected")
+                     + ("" if rep is None else f", largest repeat {rep}"))  # fmt: skip
+    lines = [f"boundary          {'; '.join(cells)} (training texts)"]
+    lines += [f"group             {g}" for g in summary.get("group_notes") or ()]
+    return lines

@@ -52,11 +52,12 @@ from featuredp.data.text import (
     split_records,
 )
 from featuredp.data.text_corpus import support_dialogues
+from featuredp.data.text_scan import boundary_counts
 from featuredp.engine import Trainer, init_seed
 from featuredp.experiments.grid_config import settings_hash
 from featuredp.experiments.presets import TEXT_PRESET, trainer_arguments
 from featuredp.experiments.text_report import render_text_summary, text_privacy_plot
-from featuredp.features.text import Span, TextSpans, placeholder
+from featuredp.features.text import Span, TextSpans, load_annotated_jsonl, placeholder
 from featuredp.features.tokens import TokenView
 from featuredp.lm import lm_generator, lm_scorer, perplexity
 from featuredp.losses import CausalLMSplit
@@ -106,6 +107,8 @@ class TextData:
     psi: TextSpans
     source: str
     options: dict[str, Any] = field(default_factory=dict)
+    #: what Ψ does on the training texts (canaries aside): :func:`featuredp.data.text_scan.boundary_counts`
+    boundary: dict[str, Any] = field(default_factory=dict)
 
     @property
     def heldout(self) -> dict[str, Any]:
@@ -173,16 +176,26 @@ def load_text_data(
         psi = TextSpans(tuple(dict.fromkeys((*types, CANARY_TYPE))))
         train_recs = [TextRecord(r.text, [s for s in r.spans if s.type in types]) for r in train_recs]
         test_recs = [TextRecord(r.text, [s for s in r.spans if s.type in types]) for r in test_recs]
+        # the generated corpus's spans are its annotations (no detector runs on it)
+        boundary = boundary_counts([(r.text, r.spans) for r in train_recs], TextSpans(types), types)
     else:
         if not spans:
             raise ValueError("--spans: name the private span types of --data FILE.jsonl (e.g. email,phone,name)")
         records = load_text_jsonl(path, spans=spans, detect=detect, names=names)
+        raw = [TextRecord(text, ann) for text, ann in load_annotated_jsonl(path)]
         if test is not None:
             train_recs, test_recs = records, load_text_jsonl(test, spans=spans, detect=detect, names=names)
+            raw_train = raw
         else:
             train_recs, test_recs = split_records(records, test_fraction=test_fraction, split_seed=corpus_seed)
+            # the same split of the raw annotations (it depends on the number of records and the seed only), so
+            # that the boundary report tells annotated spans from detected ones
+            raw_train, _ = split_records(raw, test_fraction=test_fraction, split_seed=corpus_seed)
         if n_train is not None:
             train_recs = train_recs[: check_int("n_train", n_train, minimum=10)]
+            raw_train = raw_train[: len(train_recs)]
+        boundary = boundary_counts([(r.text, r.spans) for r in raw_train],
+                                   TextSpans(tuple(spans), tuple(detect), tuple(names)), spans)  # fmt: skip
         if n_test is not None:
             test_recs = test_recs[: check_int("n_test", n_test, minimum=1)]
         source = (f"{Path(path).name}: {len(train_recs):,} train / {len(test_recs):,} test (split seed {corpus_seed})"
@@ -205,7 +218,7 @@ def load_text_data(
                "names": len(names), "n_train": n_originals, "n_test": len(test_recs), "max_len": max_len,
                "canary_repeats": list(canary_repeats), "canaries_per_repeat": canaries_per_repeat,
                "canary_digits": canary_digits, "corpus_seed": corpus_seed, "canary_seed": canary_seed}  # fmt: skip
-    return TextData(train, test_set, canaries, psi, source, options)
+    return TextData(train, test_set, canaries, psi, source, options, boundary)
 
 
 def text_model_spec(data: TextData, base: Mapping[str, Any]) -> dict[str, Any]:

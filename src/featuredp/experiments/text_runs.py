@@ -11,12 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from featuredp._io import atomic_write_json, atomic_write_text, inside
 from featuredp._validate import check_choice
+from featuredp.accounting.group import group_bound
+from featuredp.errors import PrivacyLeakWarning, PrivacyRiskWarning
 from featuredp.experiments.runs import (
     DATA_FINGERPRINT_FILE,
     Run,
@@ -37,11 +40,16 @@ from featuredp.experiments.text_lm import (
     train_text_model,
 )
 from featuredp.lm import perplexity
+from featuredp.methods import get_method
+from featuredp.plan import TrainResult
 
-__all__ = ["NAMES_KEY", "TASK_KEY", "audit_text_run", "check_names", "is_text_run", "names_digest", "train_text_run"]
+__all__ = ["NAMES_KEY", "REPEAT_WARNING", "TASK_KEY", "audit_text_run", "check_names", "group_guarantee", "is_text_run",
+           "names_digest", "train_text_run"]
 
 #: run.json's key that marks a text run
 TASK_KEY = "task"
+#: a private value held by more training records than this is warned about (it is a group: group privacy)
+REPEAT_WARNING = 10
 
 
 def train_text_run(*, out: str | Path | None, method: str, epsilon: float | None, delta: float,
@@ -64,6 +72,8 @@ def train_text_run(*, out: str | Path | None, method: str, epsilon: float | None
                             model=preset["model"], params=params, device=device, progress=progress,
                             **settings)  # fmt: skip
     result = done.result
+    group, group_lines = group_guarantee(result, data.boundary.get("largest_repeat", {}))
+    _warn_boundary(data.boundary, list(data.options.get("detect") or ()), group_lines)
     metrics = {"perplexity": perplexity(done.model, data.test.batch()),
                "public_perplexity": perplexity(done.model, data.test.batch(), key="x_pub")}  # fmt: skip
     held = data.heldout
@@ -77,6 +87,8 @@ def train_text_run(*, out: str | Path | None, method: str, epsilon: float | None
         "canaries": len(data.canaries), **metrics, "heldout_source": held["source"],
         "heldout_covered": held["covered"], "heldout_note": held["note"], "train_wall_s": round(done.wall_s, 1),
         "out": None,
+        # counts of Ψ-visible structure and of repeated private values, for the analyst: not in model.pt or run.json
+        "boundary": data.boundary, "group": group, "group_notes": group_lines,
     }  # fmt: skip
     if out is not None:
         save_run(out, done.trainer, result, model_spec=done.spec,
@@ -134,6 +146,70 @@ def check_names(run: Run, names: Sequence[str] | None) -> list[str]:
         raise ValueError(f"--names-file: not the list run {run.path} was trained with (its digest differs); give "
                          "that list")  # fmt: skip
     return given
+def _warn_boundary(boundary: Mapping[str, Any], detect: list[str], group_lines: list[str]) -> None:
+    """A detector that found nothing (and whose type nobody annotated), and a value in more than
+    :data:`REPEAT_WARNING` records, are warned about before the summary."""
+    for d in detect:
+        if not boundary.get("detected", {}).get(d) and not boundary.get("annotated", {}).get(d):
+            warnings.warn(PrivacyLeakWarning(
+                f"--detect {d} found nothing in the training texts and no span of type {d} is annotated: if they "
+                f"hold {d} values in a format the detector misses, those values are public under this Ψ "
+                "(featuredp data scan FILE shows what it finds)"), stacklevel=3)  # fmt: skip
+    for t, k in boundary.get("largest_repeat", {}).items():
+        if k > REPEAT_WARNING:
+            line = next((g for g in group_lines if g.startswith(f"values of type {t} ")), "")
+            warnings.warn(PrivacyRiskWarning(
+                f"a {t} value appears in {k} training records (more than {REPEAT_WARNING}): the guarantee's ε is "
+                f"for one record, and those {k} records are a group. {line}".rstrip()), stacklevel=3)  # fmt: skip
+
+
+def group_guarantee(result: TrainResult, largest_repeat: Mapping[str, int]) -> tuple[dict[str, Any] | None,
+                                                                                     list[str]]:  # fmt: skip
+    """The group bound of a run for each private type whose values repeat (k > 1 records), and the largest group.
+
+    Returns (``{"type", "size", "epsilon", "delta", "accounting"}`` of the type with the largest k, or None when no
+    value repeats; one sentence per repeating type). ε_k is :func:`featuredp.accounting.group.group_bound` of the
+    plan's σ, rate and the private steps run, at the plan's δ plus the noise sampler's cut tail at ε_k (as for
+    the run's own δ). Not computed (``epsilon`` None) for correlated noise (BandMF, BLT), for replace-one
+    neighbours, or for non-private training; 0 for the public method (it reads Ψ(S) only).
+    """
+    groups = {t: int(k) for t, k in largest_repeat.items() if int(k) > 1}
+    if not groups:
+        return None, []
+    plan = result.plan
+    method = get_method(plan.method)
+    eps_one = "∞" if math.isinf(result.epsilon) else f"{result.epsilon:.4g}"
+    why_not = None
+    if method.public_steps:
+        why_not = ""
+    elif not method.private or not plan.noise_multiplier or plan.delta is None:
+        why_not = "non-private training: there is no ε, for one record or a group"
+    elif plan.noise != "independent":
+        why_not = f"the group bound is not computed for correlated noise ({plan.noise})"
+    elif plan.relation != "add-remove":
+        why_not = "the group bound is computed for add/remove neighbours only"
+    tail = float((result.privacy_report.get("noise_sampler") or {}).get("tail_mass") or 0.0)
+    lines: list[str] = []
+    found: dict[str, dict[str, Any]] = {}
+    for t, k in sorted(groups.items(), key=lambda kv: -kv[1]):
+        head = f"values of type {t} repeat in up to {k} records: such a value is a group of {k} records"
+        if why_not == "":
+            found[t] = {"type": t, "size": k, "epsilon": 0.0, "delta": 0.0, "accounting": "public: reads Ψ(S) only"}
+            lines.append(f"{head}; the public method reads only Ψ(S), so the group is covered at (0, 0) too")
+            continue
+        if why_not is not None:
+            found[t] = {"type": t, "size": k, "epsilon": None, "delta": None, "accounting": why_not}
+            lines.append(f"{head}; {why_not}")
+            continue
+        # why_not is None: a private plan with σ > 0 and δ (checked above)
+        bound = group_bound(float(plan.noise_multiplier or 0.0), plan.sampling_rate, result.steps,
+                            float(plan.delta or 0.0), k, accountant=plan.accountant)  # fmt: skip
+        delta = float(plan.delta or 0.0) + (math.inf if bound.epsilon > 700 else (1 + math.exp(bound.epsilon)) * tail)
+        found[t] = {"type": t, "size": k, "epsilon": bound.epsilon, "delta": delta, "accounting": bound.method}
+        lines.append(f"{head}; ε = {eps_one} covers one record, the group of {k} is covered at ε_{k} = "
+                     f"{bound.epsilon:.4g} (δ = {delta:.3g}; {bound.method} accounting)")
+    top = max(groups, key=lambda t: groups[t])
+    return found[top], lines
 
 
 def is_text_run(run: Run) -> bool:
