@@ -64,8 +64,8 @@ def train_text(args: argparse.Namespace) -> int:
     ]
     lines.append(f"guarantee         {summary['guarantee']}")
     if summary["truncated"]:
-        lines.append(f"note              {summary['truncated']} training texts were longer than --max-len and were "
-                     "cut")
+        lines.append(f"note              {summary['truncated']} redacted training texts were longer than --max-len "
+                     "and were cut")
     if summary["out"]:
         lines.append(f"saved             {summary['out']} (audit: featuredp audit {summary['out']} --attack "
                      "exposure|extraction|span)")

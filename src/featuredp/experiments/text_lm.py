@@ -138,6 +138,10 @@ def load_text_data(
     max_len = check_int("max_len", max_len, minimum=16)
     if path is None:
         types = tuple(spans) if spans else CORPUS_SPANS
+        unknown = [t for t in types if t not in (*CORPUS_SPANS, CANARY_TYPE)]
+        if unknown:  # a typo must not train with the span it meant left public
+            raise ValueError(f"--spans: unknown span type {', '.join(unknown)}: the generated corpus has "
+                             f"{', '.join(CORPUS_SPANS)}")  # fmt: skip
         n_tr = check_int("n_train", n_train if n_train is not None else 4000, minimum=10)
         n_te = check_int("n_test", n_test if n_test is not None else 500, minimum=10)
         records = support_dialogues(n_tr + n_te, seed=corpus_seed, max_bytes=min(120, max_len - 2))
@@ -469,7 +473,7 @@ def run_text_compare(cfg: TextCompareConfig) -> dict[str, Any]:
         lambda msg: None)  # fmt: skip
     t_data = time.perf_counter()
     data = load_text_data(**load)
-    say(f"{data.source}; {data.train.truncated} training texts cut at {data.train.max_len} tokens "
+    say(f"{data.source}; {data.train.truncated} redacted training texts cut at {data.train.max_len} tokens "
         f"({time.perf_counter() - t_data:.1f} s)")
     cells = [(m, None if not get_method(m).private else e, s) for m in cfg.methods
              for e in ([None] if not get_method(m).private else cfg.epsilons) for s in cfg.seeds]  # fmt: skip
