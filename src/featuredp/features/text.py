@@ -132,11 +132,13 @@ _LOCAL = r"[\w.%+\-]+(?:\[[\w-]+\])?"  # 123+name[bot]@users.noreply.github.com
 _EMAIL = re.compile(rf"{_LOCAL}@[\w-]+(?:\.[\w-]+)*\.[^\W\d_]{{2,}}")
 _BR_AT = r"\s*[\[({<]\s*at\s*[\])}>]\s*"
 _BR_DOT = r"\s*[\[({<]\s*dot\s*[\])}>]\s*"
+# an obfuscated local part may spell its dots too: "ann dot lee at example dot com"
+_OB_LOCAL = rf"{_LOCAL}(?:(?:{_BR_DOT}|\s+dot\s+){_LOCAL})*"
 # "ann [at] example [dot] com", "ann(at)example(dot)com"
-_EMAIL_BRACKETS = re.compile(rf"{_LOCAL}{_BR_AT}[\w-]+(?:(?:{_BR_DOT}|\s+dot\s+|\.)[\w-]+)*(?:{_BR_DOT}|\s+dot\s+|\.)"
+_EMAIL_BRACKETS = re.compile(rf"{_OB_LOCAL}{_BR_AT}[\w-]+(?:(?:{_BR_DOT}|\s+dot\s+|\.)[\w-]+)*(?:{_BR_DOT}|\s+dot\s+|\.)"
                              r"[^\W\d_]{2,}", re.IGNORECASE)  # fmt: skip
 # "ann at example dot com": a spelled "dot" is required, so "meet at example.com" stays text
-_EMAIL_WORDS = re.compile(rf"{_LOCAL}\s+at\s+[\w-]+(?:(?:{_BR_DOT}|\s+dot\s+|\.)[\w-]+)*(?:{_BR_DOT}|\s+dot\s+)"
+_EMAIL_WORDS = re.compile(rf"{_OB_LOCAL}\s+at\s+[\w-]+(?:(?:{_BR_DOT}|\s+dot\s+|\.)[\w-]+)*(?:{_BR_DOT}|\s+dot\s+)"
                           r"[^\W\d_]{2,}", re.IGNORECASE)  # fmt: skip
 _CARD = re.compile(r"(?<!\d)\d(?:[ -]?\d){12,18}(?!\d)")
 _PHONE = re.compile(
@@ -149,9 +151,9 @@ _IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-
 _MONTHS = ("January|February|March|April|May|June|July|August|September|October|November|December|"
            "Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept|Sep|Oct|Nov|Dec")  # fmt: skip
 _DATE = re.compile(
-    r"\b(?:\d{4}-\d{1,2}-\d{1,2}|\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}"
-    rf"|(?:{_MONTHS})\.?\s+\d{{1,2}}(?:st|nd|rd|th)?,?\s+\d{{4}}"
-    rf"|\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?(?:{_MONTHS})\.?,?\s+\d{{4}})\b",
+    r"\b(?:\d{4}[/.-]\d{1,2}[/.-]\d{1,2}|\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}"
+    rf"|(?:{_MONTHS})\.?\s+\d{{1,2}}(?:st|nd|rd|th)?(?:,?\s+\d{{4}})?|(?:{_MONTHS})\.?,?\s+\d{{4}}"
+    rf"|\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?(?:{_MONTHS})\.?(?:,?\s+\d{{4}})?)\b",
     re.IGNORECASE,
 )
 # five or more digits, alone or in groups split by single spaces or dashes (94103, 12 345, 12-34-56); not part
@@ -199,9 +201,10 @@ DETECTORS: dict[str, Detector] = {
 
 @functools.lru_cache(maxsize=8)
 def _names_pattern(names: tuple[str, ...]) -> re.Pattern[str] | None:
-    # each name's parts joined by any run of whitespace, case-insensitive; longest first ("Ann Lee" before "Ann")
+    # each name's parts joined by any run of whitespace (or a hyphen), case-insensitive; longest first ("Ann Lee" before "Ann")
     parts = {tuple(_normalise_piece(n).split()) for n in names}
-    alternatives = [r"\s+".join(map(re.escape, p)) for p in sorted((p for p in parts if p), key=lambda p: -len(" ".join(p)))]
+    by_length = sorted((p for p in parts if p), key=lambda p: -len(" ".join(p)))
+    alternatives = [r"(?:\s+|\s*-\s*)".join(map(re.escape, p)) for p in by_length]  # "Ann  Lee", "ann-lee"
     if not alternatives:
         return None
     return re.compile(rf"(?<!\w)(?:{'|'.join(alternatives)})(?!\w)", re.IGNORECASE)
