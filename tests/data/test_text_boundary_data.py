@@ -51,7 +51,8 @@ def test_load_text_data_reports_the_same_truncation_for_neighbouring_files(tmp_p
 
 def test_a_span_type_typo_is_refused_naming_the_types_of_the_file(tmp_path):
     path = _file(tmp_path, 3)
-    with pytest.raises(ValueError, match=r"unknown span type emial: not annotated in chats3.jsonl \(its types: email\)"):
+    with pytest.raises(ValueError, match=r"unknown span type emial: not annotated in chats3.jsonl \(its types: "
+                                         r"email\)"):
         load_text_data(path=path, spans=["name", "emial"], canary_repeats=())
     with pytest.raises(ValueError, match=r"^--spans: unknown span type emial"):
         load_text_jsonl(path, spans=["emial"])

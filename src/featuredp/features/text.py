@@ -34,9 +34,9 @@ from pathlib import Path
 from featuredp.plan import Disclosure
 
 __all__ = [
+    "CANARY_SPAN_TYPE",
     "DETECTORS",
     "Span",
-    "CANARY_SPAN_TYPE",
     "TextSpans",
     "check_span_types",
     "detect_spans",
@@ -135,11 +135,12 @@ _BR_DOT = r"\s*[\[({<]\s*dot\s*[\])}>]\s*"
 # an obfuscated local part may spell its dots too: "ann dot lee at example dot com"
 _OB_LOCAL = rf"{_LOCAL}(?:(?:{_BR_DOT}|\s+dot\s+){_LOCAL})*"
 # "ann [at] example [dot] com", "ann(at)example(dot)com"
-_EMAIL_BRACKETS = re.compile(rf"{_OB_LOCAL}{_BR_AT}[\w-]+(?:(?:{_BR_DOT}|\s+dot\s+|\.)[\w-]+)*(?:{_BR_DOT}|\s+dot\s+|\.)"
-                             r"[^\W\d_]{2,}", re.IGNORECASE)  # fmt: skip
+_ANY_DOT = rf"(?:{_BR_DOT}|\s+dot\s+|\.)"
+_EMAIL_BRACKETS = re.compile(rf"{_OB_LOCAL}{_BR_AT}[\w-]+(?:{_ANY_DOT}[\w-]+)*{_ANY_DOT}[^\W\d_]{{2,}}",
+                             re.IGNORECASE)  # fmt: skip
 # "ann at example dot com": a spelled "dot" is required, so "meet at example.com" stays text
-_EMAIL_WORDS = re.compile(rf"{_OB_LOCAL}\s+at\s+[\w-]+(?:(?:{_BR_DOT}|\s+dot\s+|\.)[\w-]+)*(?:{_BR_DOT}|\s+dot\s+)"
-                          r"[^\W\d_]{2,}", re.IGNORECASE)  # fmt: skip
+_EMAIL_WORDS = re.compile(rf"{_OB_LOCAL}\s+at\s+[\w-]+(?:{_ANY_DOT}[\w-]+)*(?:{_BR_DOT}|\s+dot\s+)[^\W\d_]{{2,}}",
+                          re.IGNORECASE)  # fmt: skip
 _CARD = re.compile(r"(?<!\d)\d(?:[ -]?\d){12,18}(?!\d)")
 _PHONE = re.compile(
     r"(?<![\w+])(?P<intl>\+\d{1,3}[ .-]?|00\d{1,3}[ .-])?(?P<area>\(\d{1,5}\)[ .-]?)?"
@@ -201,7 +202,8 @@ DETECTORS: dict[str, Detector] = {
 
 @functools.lru_cache(maxsize=8)
 def _names_pattern(names: tuple[str, ...]) -> re.Pattern[str] | None:
-    # each name's parts joined by any run of whitespace (or a hyphen), case-insensitive; longest first ("Ann Lee" before "Ann")
+    # each name's parts joined by any run of whitespace (or a hyphen), case-insensitive; longest first ("Ann Lee"
+    # before "Ann")
     parts = {tuple(_normalise_piece(n).split()) for n in names}
     by_length = sorted((p for p in parts if p), key=lambda p: -len(" ".join(p)))
     alternatives = [r"(?:\s+|\s*-\s*)".join(map(re.escape, p)) for p in by_length]  # "Ann  Lee", "ann-lee"
