@@ -128,19 +128,23 @@ def normalise(text: str) -> tuple[str, list[int], list[int]]:
 # The detectors read the normalised text. None of them matches NUL (the blank of an annotated span), and none
 # checks a value (no Luhn, no IBAN checksum, no calendar): which characters are hidden never depends on a digit's
 # value, only on the shape of the text.
-_LOCAL = r"[\w.%+\-]+(?:\[[\w-]+\])?"  # 123+name[bot]@users.noreply.github.com
-_EMAIL = re.compile(rf"{_LOCAL}@[\w-]+(?:\.[\w-]+)*\.[^\W\d_]{{2,}}")
+# Every repetition below is bounded, so that no regex can take time quadratic in a long run of word characters
+# (each start tries a bounded match); _emails extends a match left over the rest of an over-long local part.
+_LOCAL_CHAR = re.compile(r"[\w.%+\-]")
+_LOCAL = r"[\w.%+\-]{1,64}(?:\[[\w-]{1,32}\])?"  # 123+name[bot]@users.noreply.github.com
+_LABEL = r"[\w-]{1,63}"
+_EMAIL = re.compile(rf"{_LOCAL}@{_LABEL}(?:\.{_LABEL}){{0,8}}\.[^\W\d_]{{2,63}}")
 _BR_AT = r"\s*[\[({<]\s*at\s*[\])}>]\s*"
 _BR_DOT = r"\s*[\[({<]\s*dot\s*[\])}>]\s*"
 # an obfuscated local part may spell its dots too: "ann dot lee at example dot com"
-_OB_LOCAL = rf"{_LOCAL}(?:(?:{_BR_DOT}|\s+dot\s+){_LOCAL})*"
+_OB_LOCAL = rf"{_LOCAL}(?:(?:{_BR_DOT}|\s+dot\s+){_LOCAL}){{0,3}}"
 # "ann [at] example [dot] com", "ann(at)example(dot)com"
 _ANY_DOT = rf"(?:{_BR_DOT}|\s+dot\s+|\.)"
-_EMAIL_BRACKETS = re.compile(rf"{_OB_LOCAL}{_BR_AT}[\w-]+(?:{_ANY_DOT}[\w-]+)*{_ANY_DOT}[^\W\d_]{{2,}}",
+_EMAIL_BRACKETS = re.compile(rf"{_OB_LOCAL}{_BR_AT}{_LABEL}(?:{_ANY_DOT}{_LABEL}){{0,8}}{_ANY_DOT}[^\W\d_]{{2,63}}",
                              re.IGNORECASE)  # fmt: skip
 # "ann at example dot com": a spelled "dot" is required, so "meet at example.com" stays text
-_EMAIL_WORDS = re.compile(rf"{_OB_LOCAL}\s+at\s+[\w-]+(?:{_ANY_DOT}[\w-]+)*(?:{_BR_DOT}|\s+dot\s+)[^\W\d_]{{2,}}",
-                          re.IGNORECASE)  # fmt: skip
+_EMAIL_WORDS = re.compile(rf"{_OB_LOCAL}\s+at\s+{_LABEL}(?:{_ANY_DOT}{_LABEL}){{0,8}}(?:{_BR_DOT}|\s+dot\s+)"
+                          r"[^\W\d_]{2,63}", re.IGNORECASE)  # fmt: skip
 _CARD = re.compile(r"(?<!\d)\d(?:[ -]?\d){12,18}(?!\d)")
 _PHONE = re.compile(
     r"(?<![\w+])(?P<intl>\+\d{1,3}[ .-]?|00\d{1,3}[ .-])?(?P<area>\(\d{1,5}\)[ .-]?)?"
@@ -183,8 +187,18 @@ def _phones(text: str) -> Iterable[Span]:
             yield Span(m.start(), m.end(), "phone")
 
 
+_HAS_AT = (re.compile("@"), re.compile(r"[\[({<]\s*at\s*[\])}>]", re.IGNORECASE), re.compile(r"\sat\s", re.IGNORECASE))
+
+
 def _emails(text: str) -> Iterable[Span]:
-    yield from _regex(_EMAIL, _EMAIL_BRACKETS, _EMAIL_WORDS, kind="email")(text)
+    for pattern, has_at in zip((_EMAIL, _EMAIL_BRACKETS, _EMAIL_WORDS), _HAS_AT):
+        if not has_at.search(text):  # no "at" of this form: the pattern cannot match (and would scan every word)
+            continue
+        for m in pattern.finditer(text):
+            start = m.start()
+            while start > 0 and _LOCAL_CHAR.match(text, start - 1):  # the rest of a local part over 64 characters
+                start -= 1
+            yield Span(start, m.end(), "email")
 
 
 #: the built-in detectors, in priority order: spans they find that overlap are joined into one span of the
