@@ -102,8 +102,12 @@ def test_ground_truth_spans_are_what_the_detectors_find():
     # (no first name hides inside another word, a street, a city or an email)
     first, _ = generator_names()
     names = sorted({*first, *(v for r in recs for v in r.values("name"))})
+    # (case-insensitive, so it also finds the lower-case first names inside the emails: they are hidden with them)
     for r in recs[:300]:
-        assert detect_spans(r.text, ("name",), names=names) == [s for s in r.spans if s.type == "name"], r.text
+        truth = [s for s in r.spans if s.type == "name"]
+        emails = [s for s in r.spans if s.type == "email"]
+        found = detect_spans(r.text, ("name",), names=names)
+        assert [s for s in found if not any(e.start <= s.start and s.end <= e.end for e in emails)] == truth, r.text
 
 
 def test_cards_are_luhn_valid_and_phones_have_several_formats():
@@ -302,7 +306,7 @@ def test_load_text_jsonl_refuses_an_empty_file_and_bad_types(tmp_path):
     with pytest.raises(DataValidationError, match="holds no records"):
         load_text_jsonl(empty, spans=("email",))
     with pytest.raises(ValueError, match="no built-in detector"):
-        load_text_jsonl(empty, spans=("iban",), detect=("iban",))
+        load_text_jsonl(empty, spans=("passport",), detect=("passport",))
 
 
 def test_split_is_reproducible_disjoint_and_checked():

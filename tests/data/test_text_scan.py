@@ -23,7 +23,7 @@ def _records(n: int = 30, *, secret_of_first: str | None = None) -> list[dict[st
     out = []
     for i in range(n):
         name = SHARED if i < 12 else f"Vexmorin{i:02d} Talq"
-        email = f"kq{i:02d}.vault@mailhost.example" if i < 20 else f"kq{i:02d} at mailhost dot example"
+        email = f"kq{i:02d}.vault@mailhost.example" if i < 20 else f"kq{i:02d} at mailhost.example"
         if i == 0 and secret_of_first is not None:
             email = secret_of_first
         text = f"Ticket {i}: {name} wrote from {email} about the invoice."

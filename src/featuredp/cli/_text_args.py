@@ -12,7 +12,7 @@ from typing import Any
 
 #: the built-in span detectors (``--detect``): :data:`featuredp.features.text.DETECTORS`, repeated here so that
 #: building the parser stays light
-DETECTOR_NAMES = ("email", "phone", "card", "number", "date", "name")
+DETECTOR_NAMES = ("email", "iban", "card", "ssn", "date", "phone", "number", "name")
 
 
 def _list(text: str) -> list[str]:
@@ -39,8 +39,8 @@ def add_text_arguments(parser: argparse.ArgumentParser) -> None:
         "without --data",
     )
     g.add_argument("--spans", type=_list, default=None, metavar="T1,T2",
-                   help="the private span types (with --data: required; default for the generated corpus: all of "
-                   "name,email,phone,card,address,date,number)")
+                   help="the private span types (with --data: required, each annotated in the file or a built-in "
+                   "detector; default for the generated corpus: all of name,email,phone,card,address,date,number)")
     g.add_argument("--detect", type=_list, default=[], metavar="D1,D2",
                    help=f"built-in detectors to run as well ({','.join(DETECTOR_NAMES)}); each must be in --spans. "
                    "A span no annotation marks and no detector finds is public")

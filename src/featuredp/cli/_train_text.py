@@ -66,8 +66,8 @@ def train_text(args: argparse.Namespace) -> int:
     lines.append(f"guarantee         {summary['guarantee']}")
     lines += boundary_lines(summary)
     if summary["truncated"]:
-        lines.append(f"note              {summary['truncated']} training texts were longer than --max-len and were "
-                     "cut")
+        lines.append(f"note              {summary['truncated']} redacted training texts were longer than --max-len "
+                     "and were cut")
     if summary["out"]:
         lines.append(f"saved             {summary['out']} (audit: featuredp audit {summary['out']} --attack "
                      "exposure|extraction|span)")

@@ -5,8 +5,10 @@ the text with each span replaced by its type's placeholder — train freely. Thi
 before any tokenisation:
 
 * :class:`Span` — a character range ``[start, end)`` of a text and its type (``"email"``, ``"name"``, ...);
-* :func:`detect_spans` — built-in detectors: emails, phone numbers, card numbers (Luhn-checked), other long
-  numbers, dates, and names from a list the user gives;
+* :func:`detect_spans` — built-in detectors (:data:`DETECTORS`): emails (also obfuscated, IDN and full-width),
+  IBANs, card numbers (any 13-19 digits: no Luhn check), US SSNs, dates, phone numbers (international too), other
+  numbers of 5+ digits, and names from a list the user gives; they read :func:`normalise` ``(text)`` (NFKC,
+  look-alike digits, Unicode dashes) and hide the whole original extent of what they match;
 * :func:`load_annotated_jsonl` — a user's annotations: one JSON object per line, ``{"text": ..., "spans":
   [{"start": s, "end": e, "type": t}, ...]}``, character offsets, checked up front;
 * :class:`TextSpans` — Ψ itself: ``psi(text, spans)`` is the redacted text, deterministic and per example, and
@@ -21,8 +23,10 @@ No torch import.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +34,16 @@ from pathlib import Path
 from featuredp.plan import Disclosure
 
 __all__ = [
+    "CANARY_SPAN_TYPE",
     "DETECTORS",
     "Span",
     "TextSpans",
+    "check_span_types",
     "detect_spans",
+    "join_spans",
     "load_annotated_jsonl",
     "merge_spans",
+    "normalise",
     "placeholder",
 ]
 
@@ -62,70 +70,172 @@ def placeholder(span_type: str) -> str:
     return f"[{span_type.upper()}]"
 
 
+# ----------------------------------------------------------------------------- normalisation
+
+# Unicode dashes and hyphens (U+2011 is the non-breaking hyphen) read as "-" by the detectors
+_DASHES = frozenset("\u2010\u2011\u2012\u2013\u2014\u2015\u2212\u2e3a\u2e3b\ufe58\ufe63\uff0d")
+
+
+def _normalise_piece(piece: str) -> str:
+    out: list[str] = []
+    for ch in unicodedata.normalize("NFKC", piece):
+        if ch.isascii():
+            out.append(ch)
+        elif unicodedata.category(ch) == "Nd":  # Arabic-Indic, Devanagari, ... digits: the digit they are
+            out.append(str(unicodedata.decimal(ch)))
+        elif ch in _DASHES:
+            out.append("-")
+        elif ch in "\uff20\ufe6b":
+            out.append("@")
+        elif unicodedata.category(ch) == "Zs":
+            out.append(" ")
+        elif unicodedata.category(ch) != "Cf":  # zero-width and other format characters are dropped
+            out.append(ch)
+    return "".join(out)
+
+
+def normalise(text: str) -> tuple[str, list[int], list[int]]:
+    """``text`` as the detectors read it, and for each of its characters the original ``[start, end)`` it comes from.
+
+    NFKC (full-width letters and digits, ``＠``, mathematical digits, ligatures), every decimal digit as its ASCII
+    digit, Unicode dashes as ``-``, odd spaces as a space, format characters (zero-width space, soft hyphen)
+    dropped. A base character and the combining marks after it are normalised together and map to their whole
+    original extent, so a span found on the normalised text hides every original character it came from.
+
+    >>> normalise("\uff15\u2011x")
+    ('5-x', [0, 1, 2], [1, 2, 3])
+    """
+    if text.isascii():
+        return text, list(range(len(text))), list(range(1, len(text) + 1))
+    chars: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    i, n = 0, len(text)
+    while i < n:
+        j = i + 1
+        while j < n and unicodedata.combining(text[j]):
+            j += 1
+        piece = _normalise_piece(text[i:j])
+        chars.append(piece)
+        starts.extend([i] * len(piece))
+        ends.extend([j] * len(piece))
+        i = j
+    return "".join(chars), starts, ends
+
+
 # ----------------------------------------------------------------------------- detectors
 
-_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
-_CARD = re.compile(r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])")
+# The detectors read the normalised text. None of them matches NUL (the blank of an annotated span), and none
+# checks a value (no Luhn, no IBAN checksum, no calendar): which characters are hidden never depends on a digit's
+# value, only on the shape of the text.
+# Every repetition below is bounded, so that no regex can take time quadratic in a long run of word characters
+# (each start tries a bounded match); _emails extends a match left over the rest of an over-long local part.
+_LOCAL_CHAR = re.compile(r"[\w.%+\-]")
+_LOCAL = r"[\w.%+\-]{1,64}(?:\[[\w-]{1,32}\])?"  # 123+name[bot]@users.noreply.github.com
+_LABEL = r"[\w-]{1,63}"
+_EMAIL = re.compile(rf"{_LOCAL}@{_LABEL}(?:\.{_LABEL}){{0,8}}\.[^\W\d_]{{2,63}}")
+_BR_AT = r"\s*[\[({<]\s*at\s*[\])}>]\s*"
+_BR_DOT = r"\s*[\[({<]\s*dot\s*[\])}>]\s*"
+# an obfuscated local part may spell its dots too: "ann dot lee at example dot com"
+_OB_LOCAL = rf"{_LOCAL}(?:(?:{_BR_DOT}|\s+dot\s+){_LOCAL}){{0,3}}"
+# "ann [at] example [dot] com", "ann(at)example(dot)com"
+_ANY_DOT = rf"(?:{_BR_DOT}|\s+dot\s+|\.)"
+_EMAIL_BRACKETS = re.compile(rf"{_OB_LOCAL}{_BR_AT}{_LABEL}(?:{_ANY_DOT}{_LABEL}){{0,8}}{_ANY_DOT}[^\W\d_]{{2,63}}",
+                             re.IGNORECASE)  # fmt: skip
+# "ann at example dot com": a spelled "dot" is required, so "meet at example.com" stays text
+_EMAIL_WORDS = re.compile(rf"{_OB_LOCAL}\s+at\s+{_LABEL}(?:{_ANY_DOT}{_LABEL}){{0,8}}(?:{_BR_DOT}|\s+dot\s+)"
+                          r"[^\W\d_]{2,63}", re.IGNORECASE)  # fmt: skip
+_CARD = re.compile(r"(?<!\d)\d(?:[ -]?\d){12,18}(?!\d)")
 _PHONE = re.compile(
-    r"(?<![\w+])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{2,4}\)[\s.-]?|\d{2,4}[\s.-])\d{3,4}[\s.-]?\d{3,4}(?![\w])"
+    r"(?<![\w+])(?P<intl>\+\d{1,3}[ .-]?|00\d{1,3}[ .-])?(?P<area>\(\d{1,5}\)[ .-]?)?"
+    r"\d{1,6}(?:[ .-]\d{1,6}){0,6}(?![\w]|[.-]\d)"
 )
+_SSN = re.compile(r"(?<![\w-])\d{3}[ -]\d{2}[ -]\d{4}(?![\w]|-\d)")
+_IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?(?![A-Za-z0-9])",
+                   re.IGNORECASE)  # fmt: skip
 _MONTHS = ("January|February|March|April|May|June|July|August|September|October|November|December|"
-           "Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec")  # fmt: skip
+           "Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept|Sep|Oct|Nov|Dec")  # fmt: skip
 _DATE = re.compile(
-    r"\b(?:\d{4}-\d{1,2}-\d{1,2}|\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}"
-    rf"|(?:{_MONTHS})\.? \d{{1,2}}(?:st|nd|rd|th)?,? \d{{4}}|\d{{1,2}}(?:st|nd|rd|th)? (?:{_MONTHS})\.?,? \d{{4}})\b"
+    r"\b(?:\d{4}[/.-]\d{1,2}[/.-]\d{1,2}|\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}"
+    rf"|(?:{_MONTHS})\.?\s+\d{{1,2}}(?:st|nd|rd|th)?(?:,?\s+\d{{4}})?|(?:{_MONTHS})\.?,?\s+\d{{4}}"
+    rf"|\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?(?:{_MONTHS})\.?(?:,?\s+\d{{4}})?)\b",
+    re.IGNORECASE,
 )
-# not part of a word or a decimal (19.99, v1.2.3); a full stop that ends a sentence may follow
-_NUMBER = re.compile(r"(?<![\w.])\d{6,}(?!\w|\.\d)")
-
-
-def _luhn(digits: str) -> bool:
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = int(ch)
-        if i % 2 == 1:
-            d = d * 2 - 9 if d > 4 else d * 2
-        total += d
-    return total % 10 == 0
-
-
-def _cards(text: str) -> Iterable[Span]:
-    for m in _CARD.finditer(text):
-        digits = re.sub(r"\D", "", m.group())
-        if 13 <= len(digits) <= 19 and _luhn(digits):
-            yield Span(m.start(), m.end(), "card")
+# five or more digits, alone or in groups split by single spaces or dashes (94103, 12 345, 12-34-56); not part
+# of a word or a decimal (v1.2.3, 19.99)
+_NUMBER = re.compile(r"(?<![\w.])\d(?:[ -]?\d){4,}(?!\w|\.\d)")
 
 
 Detector = Callable[[str], Iterable[Span]]
 
 
-def _regex(pattern: re.Pattern[str], kind: str) -> Detector:
+def _regex(*patterns: re.Pattern[str], kind: str) -> Detector:
     def find(text: str) -> Iterable[Span]:
-        return (Span(m.start(), m.end(), kind) for m in pattern.finditer(text))
+        return (Span(m.start(), m.end(), kind) for p in patterns for m in p.finditer(text))
 
     return find
 
 
-#: the built-in detectors, in priority order (an overlap keeps the earlier type's span)
+def _phones(text: str) -> Iterable[Span]:
+    for m in _PHONE.finditer(text):
+        groups = re.findall(r"\d+", m.group())
+        digits = sum(map(len, groups))
+        # without a country code or an area code in brackets: at least two groups, the last of 3+ digits, the
+        # first of 2+ (555-123-4567, 07700 900123; not 2024-03-05 or 1 000 000)
+        marked = bool(m.group("intl") or m.group("area"))
+        if 7 <= digits <= 15 and (marked or (len(groups) >= 2 and len(groups[-1]) >= 3 and len(groups[0]) >= 2)):
+            yield Span(m.start(), m.end(), "phone")
+
+
+_HAS_AT = (re.compile("@"), re.compile(r"[\[({<]\s*at\s*[\])}>]", re.IGNORECASE), re.compile(r"\sat\s", re.IGNORECASE))
+
+
+def _emails(text: str) -> Iterable[Span]:
+    for pattern, has_at in zip((_EMAIL, _EMAIL_BRACKETS, _EMAIL_WORDS), _HAS_AT):
+        if not has_at.search(text):  # no "at" of this form: the pattern cannot match (and would scan every word)
+            continue
+        for m in pattern.finditer(text):
+            start = m.start()
+            while start > 0 and _LOCAL_CHAR.match(text, start - 1):  # the rest of a local part over 64 characters
+                start -= 1
+            yield Span(start, m.end(), "email")
+
+
+#: the built-in detectors, in priority order: spans they find that overlap are joined into one span of the
+#: earliest type. ``card`` is every run of 13-19 digits (Luhn-valid or not: Ψ never depends on a checksum)
 DETECTORS: dict[str, Detector] = {
-    "card": _cards,
-    "email": _regex(_EMAIL, "email"),
-    "phone": _regex(_PHONE, "phone"),
-    "date": _regex(_DATE, "date"),
-    "number": _regex(_NUMBER, "number"),
+    "email": _emails,
+    "iban": _regex(_IBAN, kind="iban"),
+    "card": _regex(_CARD, kind="card"),
+    "ssn": _regex(_SSN, kind="ssn"),
+    "date": _regex(_DATE, kind="date"),
+    "phone": _phones,
+    "number": _regex(_NUMBER, kind="number"),
 }
 
 
+@functools.lru_cache(maxsize=8)
+def _names_pattern(names: tuple[str, ...]) -> re.Pattern[str] | None:
+    # each name's parts joined by any run of whitespace (or a hyphen), case-insensitive; longest first ("Ann Lee"
+    # before "Ann")
+    parts = {tuple(_normalise_piece(n).split()) for n in names}
+    by_length = sorted((p for p in parts if p), key=lambda p: -len(" ".join(p)))
+    alternatives = [r"(?:\s+|\s*-\s*)".join(map(re.escape, p)) for p in by_length]  # "Ann  Lee", "ann-lee"
+    if not alternatives:
+        return None
+    return re.compile(rf"(?<!\w)(?:{'|'.join(alternatives)})(?!\w)", re.IGNORECASE)
+
+
 def _names(text: str, names: Sequence[str]) -> Iterable[Span]:
-    # longest names first, so "Ann Lee" wins over "Ann"
-    for name in sorted({n.strip() for n in names if n.strip()}, key=len, reverse=True):
-        for m in re.finditer(rf"(?<!\w){re.escape(name)}(?!\w)", text):
-            yield Span(m.start(), m.end(), "name")
+    pattern = _names_pattern(tuple(names))
+    if pattern is not None:
+        yield from (Span(m.start(), m.end(), "name") for m in pattern.finditer(text))
 
 
 def merge_spans(spans: Iterable[Span], priority: Sequence[str] = ()) -> list[Span]:
     """Non-overlapping spans, sorted: of overlapping spans the earlier one in ``priority`` (then the longer, then
-    the first) is kept whole, and any other span that overlaps a kept one is dropped."""
+    the first) is kept whole, and any other span that overlaps a kept one is dropped (its characters outside the
+    kept one stay public: use :func:`join_spans` to hide them)."""
     rank = {t: i for i, t in enumerate(priority)}
     ordered = sorted(spans, key=lambda s: (rank.get(s.type, len(rank)), -(s.end - s.start), s.start))
     kept: list[Span] = []
@@ -135,9 +245,34 @@ def merge_spans(spans: Iterable[Span], priority: Sequence[str] = ()) -> list[Spa
     return sorted(kept)
 
 
+def join_spans(spans: Iterable[Span], priority: Sequence[str] = ()) -> list[Span]:
+    """Overlapping spans joined into one that covers them all, sorted; its type is the earliest in ``priority`` of
+    the joined spans' types (then the type of the first, in sort order). No character of any span is left out.
+
+    >>> join_spans([Span(0, 5, "number"), Span(3, 9, "card")], priority=("card", "number"))
+    [Span(start=0, end=9, type='card')]
+    """
+    rank = {t: i for i, t in enumerate(priority)}
+    groups: list[list[Span]] = []
+    for s in sorted(spans):
+        if groups and s.start < max(g.end for g in groups[-1]):
+            groups[-1].append(s)
+        else:
+            groups.append([s])
+    out = []
+    for g in groups:
+        label = min(g, key=lambda s: (rank.get(s.type, len(rank)), s))
+        out.append(Span(g[0].start, max(s.end for s in g), label.type))
+    return out
+
+
 def detect_spans(text: str, types: Sequence[str] = ("email", "phone", "card", "number", "date"),
                  names: Sequence[str] = ()) -> list[Span]:  # fmt: skip
     """The spans of ``types`` the built-in detectors find in ``text`` (``"name"``: the strings in ``names``).
+
+    The detectors read :func:`normalise` ``(text)``; each span is mapped back to the whole original extent of the
+    characters it matched. Overlapping detections are joined (:func:`join_spans`, in the order of
+    :data:`DETECTORS`, then ``name``).
 
     >>> [(s.type, "x: ann@ex.org, 555-123-4567"[s.start:s.end]) for s in detect_spans("x: ann@ex.org, 555-123-4567")]
     [('email', 'ann@ex.org'), ('phone', '555-123-4567')]
@@ -148,13 +283,12 @@ def detect_spans(text: str, types: Sequence[str] = ("email", "phone", "card", "n
                          f"{', '.join([*DETECTORS, 'name'])} (other types come from your annotations)")
     if "name" in types and not names:
         raise ValueError("--spans name needs the list of names to find (a file with one name per line)")
+    norm, starts, ends = normalise(text)
     found: list[Span] = []
     for kind in types:
-        if kind == "name":
-            found.extend(_names(text, names))
-        else:
-            found.extend(DETECTORS[kind](text))
-    return merge_spans(found, priority=[*DETECTORS, "name"])
+        for s in _names(norm, names) if kind == "name" else DETECTORS[kind](norm):
+            found.append(Span(starts[s.start], ends[s.end - 1], s.type))
+    return join_spans(found, priority=[*DETECTORS, "name"])
 
 
 # ----------------------------------------------------------------------------- annotations
@@ -163,9 +297,10 @@ def detect_spans(text: str, types: Sequence[str] = ("email", "phone", "card", "n
 def load_annotated_jsonl(path: str | Path) -> list[tuple[str, list[Span]]]:
     """``(text, spans)`` per line of a JSONL file of ``{"text": ..., "spans": [{"start", "end", "type"}]}``.
 
-    Every line is checked before any is returned: valid JSON, a string ``text``, offsets inside it; spans that
-    overlap are merged into one span of the first one's type (an overlap would leave a piece of one of them in
-    the public text otherwise). A bad line is a one-line error naming the file, the line and the problem.
+    Every line is checked before any is returned: valid JSON, a string ``text``, offsets inside it. The spans are
+    returned as annotated, overlaps included: which of them are private is for :class:`TextSpans` to say, and
+    joining a public annotation with a private one here could hand the private characters the public type. A bad
+    line is a one-line error naming the file, the line and the problem.
     """
     p = Path(path)
     out: list[tuple[str, list[Span]]] = []
@@ -191,20 +326,24 @@ def load_annotated_jsonl(path: str | Path) -> list[tuple[str, list[Span]]]:
                     raise ValueError(f"{where}: span {j} [{span.start}, {span.end}) ends after the text "
                                      f"({len(text)} characters)")
                 spans.append(span)
-            out.append((text, _union(spans)))
+            out.append((text, spans))
     return out
 
 
-def _union(spans: Sequence[Span]) -> list[Span]:
-    """Overlapping spans joined into one (the type of the first that starts)."""
-    merged: list[Span] = []
-    for s in sorted(spans):
-        if merged and s.start < merged[-1].end:
-            last = merged.pop()
-            merged.append(Span(last.start, max(last.end, s.end), last.type))
-        else:
-            merged.append(s)
-    return merged
+#: the type of the exposure audit's canaries (:mod:`featuredp.data.text`): always a known span type
+CANARY_SPAN_TYPE = "secret"
+
+
+def check_span_types(types: Sequence[str], present: Iterable[str], source: str) -> None:
+    """Refuse a private type that nothing can find: one neither annotated in ``source`` (its types: ``present``) nor
+    a built-in detector (nor the canaries' ``secret``), so that a typo (``--spans name,emial``) never trains with
+    the span it meant left public. A one-line ValueError naming the unknown types and the types of ``source``."""
+    present = sorted(set(present))
+    unknown = [t for t in dict.fromkeys(types) if t not in {*present, *DETECTORS, "name", CANARY_SPAN_TYPE}]
+    if unknown:
+        raise ValueError(f"--spans: unknown span type{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: not "
+                         f"annotated in {source} (its types: {', '.join(present) or 'none'}) and no built-in detector "
+                         f"({', '.join([*DETECTORS, 'name'])})")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- Ψ
@@ -216,8 +355,9 @@ class TextSpans:
 
     ``types``: the span types that are private (annotated spans of other types are left public, and said so by
     :meth:`describe`); ``detect``: the built-in detectors to run on every text in addition to its annotations
-    (``names``: the list for ``"name"``). Overlaps between annotations and detections are joined, so no piece of a
-    private span stays in the public text.
+    (``names``: the list for ``"name"``). Annotations of public types are dropped first; then the private
+    annotations and the detections are joined where they overlap, so no piece of a private span stays in the public
+    text.
 
     >>> psi = TextSpans(types=("email",), detect=("email",))
     >>> psi("write to ann@ex.org today")
@@ -240,7 +380,11 @@ class TextSpans:
         detect_spans("", self.detect, self.names)  # unknown detectors, a name detector without names: up front
 
     def spans(self, text: str, annotated: Sequence[Span] = ()) -> list[Span]:
-        """The private spans of ``text``: its annotations of a private type and what the detectors find, joined."""
+        """The private spans of ``text``: its annotations of a private type and what the detectors find, joined.
+
+        Annotations of other types are dropped *before* anything is joined, so a public annotation overlapping a
+        private one (a ``url`` around an ``email``) can neither take a private character out of the hidden set
+        nor give its type to the joined span: every character of every private annotation is hidden."""
         found = [s for s in annotated if s.type in self.types]
         if self.detect:
             # Detectors read the text with the annotated spans blanked out: otherwise a detection overlapping an
@@ -250,7 +394,7 @@ class TextSpans:
             for s in found:
                 masked[s.start:s.end] = "\0" * (s.end - s.start)
             found.extend(detect_spans("".join(masked), self.detect, self.names))
-        return _union(found)
+        return join_spans(found)
 
     def __call__(self, text: str, annotated: Sequence[Span] = ()) -> str:
         """The public view of one text (deterministic; reads nothing but this text and its annotations)."""
