@@ -12,6 +12,7 @@ Contract used by the engine and the ERM baselines (see DEVELOPING.md)::
     calibrate_noise_multiplier(target_epsilon, delta, sampling_rate, steps, *, relation, accountant) -> float
     calibrate_steps(target_epsilon, delta, sampling_rate, noise_multiplier, *, relation, accountant) -> int
     sampler_tail_delta(epsilon, steps, dimension, tail_mass_per_pair) -> float   # δ of the noise sampler's cut tail
+    calibrate_record_noise(target, delta, *, private, pretrain, public) -> σ_pub  # the backstop (record level)
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from featuredp.accounting.events import (
     gaussian_event,
 )
 from featuredp.accounting.ledger import BudgetLedger, Reservation
+from featuredp.accounting.record import calibrate_record_noise, record_epsilon, record_event
 from featuredp.accounting.sampler import (
     bounded_sampler_delta,
     check_sampler_tail,
@@ -79,6 +81,7 @@ __all__ = [
     "basic_composition",
     "bounded_sampler_delta",
     "calibrate_noise_multiplier",
+    "calibrate_record_noise",
     "calibrate_steps",
     "check_sampler_tail",
     "compose_events",
@@ -97,6 +100,8 @@ __all__ = [
     "parallel_composition",
     "plot_tradeoff",
     "privacy_profile",
+    "record_epsilon",
+    "record_event",
     "sampler_max_radius",
     "sampler_tail_delta",
     "sampler_tail_mass",
