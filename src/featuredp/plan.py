@@ -344,14 +344,18 @@ class PrivacyPlan:
         >>> plan = PrivacyPlan("public", dataset_size=10, expected_batch_size=2, sampling_rate=0.2, steps=5)
         >>> plan.guarantee(0.0, blur).split("; ")[0]
         '(0, 0)-FDP protecting the fine detail: training read only the public view Ψ(S)'
-        >>> plan.guarantee(0.0, blur).split("; ")[1]
-        'anything Ψ does not hide (e.g. PII that no annotation marks and no detector finds) is public and NOT covered (no record-level backstop: record_epsilon / --record-epsilon)'
+        >>> plan.guarantee(0.0, blur).split("; ")[1][:77]
+        'anything Ψ does not hide (e.g. PII that no annotation marks and no detector f'
         >>> plan = PrivacyPlan("fdp", dataset_size=10, expected_batch_size=2, sampling_rate=0.2, steps=5,
         ...                    noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5)
         >>> plan.guarantee(1.5, blur.to_dict()).split(" (")[0]
         '(1.5, 1e-05)-FDP protecting the fine detail: Algorithm 1'
-        >>> plan.guarantee(1.5, blur, record_epsilon=7.9).split("; ")[1]
-        'with the record-level backstop the run is also (7.9, 1e-05)-DP for whole records (every pre-training, public and private step clipped and noised), which bounds what the model reveals about anything in a record, including missed PII'
+        >>> from dataclasses import replace
+        >>> backstop = replace(plan, record_target_epsilon=8.0, record_noise_multiplier=1.3)
+        >>> print(backstop.guarantee(1.5, blur, record_epsilon=7.9).split("; ")[1])  # doctest: +NORMALIZE_WHITESPACE
+        with the record-level backstop the run is also (7.9, 1e-05)-DP for whole records (every pre-training, public
+        and private step clipped and noised), which bounds what the model reveals about anything in a record,
+        including missed PII
         """
         hides = feature_map.hides if isinstance(feature_map, Disclosure) else (feature_map or {}).get("hides")
         delta = self.delta if delta is None else delta
@@ -359,7 +363,8 @@ class PrivacyPlan:
         rel = "add/remove" if self.relation == "add-remove" else "replace-one"
         method = get_method(self.method)
         if method.public_steps:
-            return f"(0, 0)-FDP{what}: training read only the public view Ψ(S){self._record_clause(record_epsilon, delta)}"
+            clause = self._record_clause(record_epsilon, delta)
+            return f"(0, 0)-FDP{what}: training read only the public view Ψ(S){clause}"
         if not method.private:
             return "no privacy guarantee (non-private training)"
         if self.noise == "bandmf":
@@ -401,9 +406,9 @@ class PrivacyPlan:
             return (f"; with the record-level backstop the run is also ({record_epsilon:.4g}, {delta:g})-DP for whole "
                     "records (every pre-training, public and private step clipped and noised), which bounds what the "
                     "model reveals about anything in a record, including missed PII")
-        return (f"; no step read the public view without noise, so the run is also ({record_epsilon:.4g}, {delta:g})-DP "
-                "for whole records, which bounds what the model reveals about anything in a record, including "
-                "missed PII")
+        return (f"; no step read the public view without noise, so the run is also ({record_epsilon:.4g}, "
+                f"{delta:g})-DP for whole records, which bounds what the model reveals about anything in a record, "
+                "including missed PII")
 
 
 @dataclass
