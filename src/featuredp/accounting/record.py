@@ -20,6 +20,7 @@ True
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from featuredp._validate import check_open_unit, check_positive
 from featuredp.accounting.accountant import compute_epsilon
@@ -103,7 +104,7 @@ def calibrate_record_noise(
     delta = check_open_unit("delta", delta)
     if pretrain[1] <= 0 and public[1] <= 0:
         return None
-    acct = {"relation": relation, "accountant": accountant}
+    acct: dict[str, Any] = {"relation": relation, "accountant": accountant}
     if private is not None and private[2] > 0:
         alone = compute_epsilon(dpsgd_event(*private), delta, **acct)
         if alone >= target:

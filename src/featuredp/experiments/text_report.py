@@ -43,12 +43,14 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
         f"δ = {meta['delta']:g}.",
         f"* Command: `{meta['command']}`",
         "",
-        "| method | ε | ε spent | perplexity ↓ | exposure 10× (bits) | exposure 100× | extraction train / held-out "
-        "| span inference (prior, bound) | control: 100× canary extracted / inferred |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | ε | ε spent | record ε | perplexity ↓ | exposure 10× (bits) | exposure 100× | extraction train / "
+        "held-out | span inference (prior, bound) | control: 100× canary extracted / inferred |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         label = METHODS[r["method"]].label if r["method"] in METHODS else r["method"]
+        if r.get("backstop") is not None:
+            label += f" + backstop E={r['backstop']:g}"
         si = r.get("span_inference")
         si_txt = "—" if not si else (f"{_pct(si['accuracy'])} ({_pct(si['prior'])}, "
                                      f"{'—' if si['bound'] is None else _pct(si['bound'])})"
@@ -56,7 +58,8 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
         e = r["extraction"]
         std = f" ± {r['perplexity_std']:.2f}" if r["seeds"] > 1 else ""
         lines.append(
-            f"| {label} | {_f(r['epsilon'], 'g')} | {_f(r['epsilon_spent'], '.3f')} | {r['perplexity']:.2f}{std} "
+            f"| {label} | {_f(r['epsilon'], 'g')} | {_f(r['epsilon_spent'], '.3f')} "
+            f"| {_f(r.get('record_epsilon'), '.3f')} | {r['perplexity']:.2f}{std} "
             f"| {_f(r['canary_exposure'], '.1f')} | {_f(r['exposure_by_repeats'].get('100'), '.1f')} "
             f"| {_pct(e['rate'])} / {_pct(e['heldout_rate'])} | {si_txt} "
             f"| {_pct((e.get('canaries') or {}).get('100'))} / {_pct(((si or {}).get('canaries') or {}).get('100'))} |"
@@ -74,7 +77,10 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
         "prior is 1/k and the bound is Theorem 4's at the run's (ε, δ); the bound is exceeded only if the "
         "accuracy's 95% lower limit is above it. Control: the same two attacks on the canaries planted 100 times "
         "(extraction after their prefix; inference among k digit strings) show the attacks' power where a model "
-        "memorises.",
+        "memorises. Record ε: the run's ε for whole records — with a record-level backstop (`--record-epsilon E`) "
+        "every pre-training, public and private step is clipped and noised, so it bounds what the model reveals about "
+        "anything in a record, including PII that Ψ misses; — where the public view was read without noise (what Ψ "
+        "misses is then public).",
         "",
         f"Wall time of this invocation: {meta.get('wall_s', 0):.0f} s ({meta.get('cells_run', 0)} cells trained, "
         f"{meta.get('cells_reused', 0)} reused); training time summed over the cells: "
@@ -85,6 +91,7 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
 
 def text_privacy_plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> dict[str, Any]:
     """Two panels: held-out perplexity vs ε and canary exposure (10×) vs ε; references as horizontal lines."""
+    rows = [r for r in rows if r.get("backstop") is None]  # the backstop arms are in summary.md's table
     fig, axes = plt.subplots(1, 2, figsize=(10.5, 4.2))
     drawn: dict[str, Any] = {"perplexity": {}, "canary_exposure": {}}
     panels = ((axes[0], "perplexity", "held-out perplexity (lower is better)"),
