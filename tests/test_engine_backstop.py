@@ -220,7 +220,7 @@ def test_record_epsilon_in_the_result_null_without_backstop_eps_for_dpsgd_at_mos
 
 
 def test_refusals_are_one_line_naming_record_epsilon(monkeypatch) -> None:
-    with pytest.raises(ValueError, match="record_epsilon .* not method='nonprivate'"):
+    with pytest.raises(ValueError, match=r"record_epsilon .* not method=.nonprivate."):
         _trainer("nonprivate", record_epsilon=4.0)
     for noise in ("bandmf", "blt"):
         with pytest.raises(ValueError, match=f"record_epsilon .* not supported with noise='{noise}'"):
@@ -229,9 +229,9 @@ def test_refusals_are_one_line_naming_record_epsilon(monkeypatch) -> None:
         with pytest.raises(ValueError, match="record_epsilon"):
             _trainer(record_epsilon=bad)
     data = make_tabular(120, seed=4)
-    with pytest.raises(UnreachableTargetError, match="--record-epsilon 0.1 cannot be met"):
+    with pytest.raises(UnreachableTargetError, match=r"--record-epsilon 0\.1 cannot be met"):
         _trainer("dpsgd", record_epsilon=0.1).fit(data)
-    with pytest.raises(UnreachableTargetError, match="--record-epsilon 0.1 cannot be met: the private steps alone"):
+    with pytest.raises(UnreachableTargetError, match=r"--record-epsilon 0\.1 cannot be met: the private steps alone"):
         _trainer(record_epsilon=0.1).fit(data)
     with pytest.raises(ValueError, match="needs noise on the private steps"):
         _trainer(record_epsilon=4.0, noise_multiplier=0.0).fit(data)

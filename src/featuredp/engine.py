@@ -34,7 +34,10 @@ Rules this module keeps (docs/engine.md, "privacy rules the engine keeps"):
   batches (or ℓ for nonprivate).
 
 Public batches and public pre-training read Ψ(S) only and add no privacy event
-(Thm 5 / Remark 2); the accountant sees exactly (σ, p, T_private).
+(Thm 5 / Remark 2); the accountant sees exactly (σ, p, T_private). With the record-level
+backstop (``record_epsilon=E``) they become record-level DP steps too — Poisson batches from
+a secret stream of their own, clipped at C, noise σ_pub·C, divided by the expected size —
+and the plan's ``record_epsilon`` composes every step (docs/engine.md, "The record-level backstop").
 
 The building blocks it composes: :mod:`featuredp.config` (settings),
 :mod:`featuredp.plan` (the plan and the guarantee), :mod:`featuredp.run_state`

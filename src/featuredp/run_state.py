@@ -181,8 +181,10 @@ class RunState:
         way.
         """
         backstop = plan.record_noise_multiplier is not None
+        # Without a backstop, exactly today's call (no extra stream; the same streams as before it existed).
+        extra = {"record": True} if backstop else {}
         streams = make_streams(privacy.seed, public_seed=privacy.public_seed,
-                               rank=rank if world_size > 1 else None, record=backstop)  # fmt: skip
+                               rank=rank if world_size > 1 else None, **extra)  # fmt: skip
         n = plan.dataset_size
         start, stop = shard_bounds(n, rank, world_size) if shard_size is None else (0, shard_size)
         local = n if shard_size is None else shard_size
