@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
@@ -67,6 +68,7 @@ def main() -> None:
                          "sigma_pub": done.result.plan.record_noise_multiplier,
                          "perplexity": perplexity(model, data.test.batch()),
                          "missed_exposure": rep["mean_exposure"], "train_wall_s": round(done.wall_s, 1)})  # fmt: skip
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # each arm as it finishes
     total = round(time.perf_counter() - started, 1)
     if args.json:
         print(json.dumps({"rows": rows, "wall_s": total, "settings": vars(args)}, indent=2))

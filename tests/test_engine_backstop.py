@@ -248,3 +248,10 @@ def test_a_backstop_run_resumes_from_its_checkpoint(tmp_path) -> None:
     again = _trainer(record_epsilon=8.0, steps=6)
     r = again.fit(data, checkpoint=ck, resume=True)
     assert r.steps == 6 and r.record_epsilon is not None and r.record_epsilon <= 8.0
+
+
+def test_the_replay_self_test_refuses_a_backstop_trainer_rather_than_misjudge_it() -> None:
+    from featuredp.testing import replay_step
+
+    with pytest.raises(ValueError, match="does not cover the record-level backstop"):
+        replay_step(_trainer(record_epsilon=8.0), make_tabular(60, seed=1), record=3, batch=[5, 6, 7])
