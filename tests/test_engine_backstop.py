@@ -255,3 +255,12 @@ def test_the_replay_self_test_refuses_a_backstop_trainer_rather_than_misjudge_it
 
     with pytest.raises(ValueError, match="does not cover the record-level backstop"):
         replay_step(_trainer(record_epsilon=8.0), make_tabular(60, seed=1), record=3, batch=[5, 6, 7])
+
+
+def test_encoding_statistics_from_the_data_are_named_outside_the_record_level_guarantee() -> None:
+    from featuredp.errors import PrivacyLeakWarning
+
+    data = make_tabular(120, seed=4)
+    data.statistics_from_data = {"age": "bounds"}  # type: ignore[attr-defined]
+    with pytest.warns(PrivacyLeakWarning, match="record-level backstop .* protects whole records"):
+        _trainer(record_epsilon=8.0, steps=1).fit(data)

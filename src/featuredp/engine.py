@@ -600,6 +600,8 @@ class Trainer:
         record = get_method(plan.method)
         if record.private and not record.needs_feature_map:  # record-level DP (dpsgd)
             warn_record_level_statistics(data, "dpsgd", stacklevel=4)
+        elif plan.record_noise_multiplier is not None:  # the backstop's record-level guarantee excludes them too
+            warn_record_level_statistics(data, "the record-level backstop (record_epsilon)", stacklevel=4)
         rank, world = (0, 1) if self.dist is None else (self.dist.rank, self.dist.world_size)
         state = RunState.start(
             plan, {"data": data_print, "psi": self._psi_fingerprint(split)},

@@ -97,3 +97,9 @@ def test_compare_tabular_applies_e_to_every_cell(monkeypatch: pytest.MonkeyPatch
     assert "record_epsilon" not in runner.params_for("nonprivate", None)
     _refused(capsys, ["compare", "--epsilon", "3", "--record-epsilon", "8", "--noise", "bandmf", "--out",
                       str(tmp_path / "b")], "--record-epsilon")  # fmt: skip
+
+
+def test_train_public_with_a_backstop_keeps_the_clipping_norm(capsys: pytest.CaptureFixture[str]) -> None:
+    summary = _json(capsys, [*_TAB, "--method", "public", "--record-epsilon", "4", "--max-grad-norm", "0.3"])
+    assert summary["max_grad_norm"] == 0.3 and 0.99 * 4 <= summary["record_epsilon"] <= 4
+    assert summary["epsilon"] == 0.0  # (0, 0)-FDP still

@@ -205,6 +205,10 @@ def train_one(
         kwargs.update(noise=noise, bands=bands)
     if record_epsilon is not None:  # not through the preset either: nonprivate is refused, never dropped
         kwargs["record_epsilon"] = record_epsilon
+        # the public method's steps are clipped now: the clipping settings it otherwise ignores apply (C, strategy)
+        for key in ("max_grad_norm", "strategy", "physical_batch_size"):
+            if params.get(key) is not None:
+                kwargs.setdefault(key, params[key])
         kwargs.setdefault("delta", delta)  # the public method's steps become record-level DP steps
     if device is not None:
         kwargs["device"] = device
