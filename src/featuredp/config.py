@@ -56,6 +56,9 @@ class PrivacyConfig:
     :mod:`featuredp.bandmf`; ``bands=None`` lets the plan choose) or ``"blt"`` (buffered-linear-Toeplitz correlated
     noise over epochs of ⌊n/m⌋ steps, accounted without amplification: :mod:`featuredp.blt`). ``bands`` is only for
     ``"bandmf"``.
+    ``record_epsilon`` (E, default None: no backstop): make the whole run also (E, δ)-DP for whole records —
+    every step that reads the public view Ψ(S) is Poisson-sampled from a secret stream, clipped and noised
+    (docs/engine.md, "The record-level backstop"); what Ψ misses is otherwise public and not covered.
     """
 
     noise_multiplier: float | None = None
@@ -71,6 +74,7 @@ class PrivacyConfig:
     secure_rng: bool = False
     noise: str = "independent"
     bands: int | None = None
+    record_epsilon: float | None = None
 
     def __post_init__(self) -> None:
         _set(self, "noise_multiplier", _opt(check_nonnegative, "noise_multiplier", self.noise_multiplier))
@@ -91,6 +95,10 @@ class PrivacyConfig:
             _set(self, "bands", check_int("bands", self.bands, minimum=1))
             if self.noise != "bandmf":
                 raise ValueError(f"bands is for noise='bandmf', got bands={self.bands!r} with noise={self.noise!r}")
+        _set(self, "record_epsilon", _opt(check_positive, "record_epsilon", self.record_epsilon))
+        if self.record_epsilon is not None and self.noise != "independent":
+            raise ValueError(f"record_epsilon (the record-level backstop) is not supported with noise={self.noise!r} "
+                             "yet; use noise='independent'")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,10 @@ Rules this module keeps (docs/engine.md, "privacy rules the engine keeps"):
   batches (or ℓ for nonprivate).
 
 Public batches and public pre-training read Ψ(S) only and add no privacy event
-(Thm 5 / Remark 2); the accountant sees exactly (σ, p, T_private).
+(Thm 5 / Remark 2); the accountant sees exactly (σ, p, T_private). With the record-level
+backstop (``record_epsilon=E``) they become record-level DP steps too — Poisson batches from
+a secret stream of their own, clipped at C, noise σ_pub·C, divided by the expected size —
+and the plan's ``record_epsilon`` composes every step (docs/engine.md, "The record-level backstop").
 
 The building blocks it composes: :mod:`featuredp.config` (settings),
 :mod:`featuredp.plan` (the plan and the guarantee), :mod:`featuredp.run_state`
@@ -50,6 +53,7 @@ import math
 import sys
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +68,7 @@ from featuredp._validate import check_choice, check_delta, check_int
 from featuredp.accounting import (
     BudgetLedger,
     calibrate_noise_multiplier,
+    calibrate_record_noise,
     calibrate_steps,
     check_sampler_tail,
     sampler_max_radius,
@@ -84,7 +89,7 @@ from featuredp.distributed import (
     exact_float32,
     rank_checkpoint_path,
 )
-from featuredp.errors import DataValidationError
+from featuredp.errors import DataValidationError, UnreachableTargetError
 from featuredp.features import Batch, PublicFeatureMap
 from featuredp.losses import LabelDPSplit, LossSplit, default_split
 from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS, Method, get_method
@@ -202,6 +207,9 @@ class Trainer:
         if self.privacy.noise != "independent" and not record.private:
             raise ValueError(f"noise={self.privacy.noise!r} is for the private methods {list(PRIVATE_METHODS)}, got "
                              f"method={self.method!r}")  # fmt: skip
+        if self.privacy.record_epsilon is not None and not (record.private or record.public_steps):
+            raise ValueError(f"record_epsilon (the record-level backstop) is for methods that read a record with "
+                             f"noise or Ψ, not method={self.method!r} (no privacy at all)")  # fmt: skip
         if self.privacy.seed is not None and record.private:
             warn_private_seed("seed", self.privacy.seed)  # public_seed= fixes only the public randomness
         self.device = _model_device(model) if self.performance.device is None else resolve_device(
@@ -210,6 +218,9 @@ class Trainer:
         check_precision(self.performance.precision, self.device)
         # torchrun (or the user's own process group): a data-parallel run of the same mechanism.
         self.dist: DistContext | None = context(self.device, mode=self.performance.distributed)
+        if self.dist is not None and self.privacy.record_epsilon is not None:
+            raise ValueError("record_epsilon (the record-level backstop) is not supported in data-parallel runs "
+                             "(torchrun) yet; run on one process")  # fmt: skip
         if self.dist is not None:
             broadcast_parameters(self.model)
         self.feature_map = loss_split.feature_map if loss_split is not None else feature_map
@@ -267,6 +278,7 @@ class Trainer:
             "public_seed": p.public_seed,
             "secure_rng": p.secure_rng,
             "noise": p.noise,
+            "record_epsilon": p.record_epsilon,
             # BandMF's bands as run (the plan's: chosen there when not given), None for independent noise.
             "bands": self.plan.bands if self.plan is not None else p.bands,
             "device": str(self.device),
@@ -367,6 +379,16 @@ class Trainer:
                                  "with noise_multiplier=0 (a non-private reference run)")
         weight = p_cfg.public_weight if record.public_batch else 1.0
         uses_public = record.public_steps or (record.public_batch and weight > 0) or pretrain > 0
+        backstop = p_cfg.record_epsilon is not None
+        if backstop and not record.private:  # the public method's steps become DP steps: they need C and δ
+            if delta is None:
+                raise ValueError("record_epsilon (the record-level backstop) needs delta=")
+            delta = check_delta(delta, n)
+            if math.isinf(p_cfg.max_grad_norm):
+                raise ValueError("record_epsilon (the record-level backstop) needs a finite max_grad_norm")
+        if backstop and record.private and not sigma:
+            raise ValueError("record_epsilon (the record-level backstop) needs noise on the private steps, got "
+                             f"noise_multiplier={sigma!r}")  # fmt: skip
         plan = PrivacyPlan(
             method=self.method,
             dataset_size=n,
@@ -377,10 +399,10 @@ class Trainer:
             public_batch_size=m_pub if uses_public else None,
             pretrain_batch_size=m_pre if pretrain else None,
             noise_multiplier=sigma if record.private else None,
-            max_grad_norm=p_cfg.max_grad_norm if record.private else None,
+            max_grad_norm=p_cfg.max_grad_norm if record.private or backstop else None,
             alpha=p_cfg.alpha if record.public_batch else 1.0,
             public_weight=weight,
-            delta=delta if record.private else None,
+            delta=delta if record.private or backstop else None,
             target_epsilon=p_cfg.target_epsilon if record.private else None,
             budget_steps=budget,
             relation=p_cfg.relation,
@@ -388,7 +410,10 @@ class Trainer:
             noise=p_cfg.noise if record.private else "independent",
             bands=bands,
             noise_coeffs=coeffs,
+            record_target_epsilon=p_cfg.record_epsilon,
         )
+        if backstop:
+            plan = self._backstop_plan(plan)
         if record.private and sigma:
             # What the noise sampler cannot produce is added to the reported δ (ARCHITECTURE rule 12); refuse up
             # front a run whose ε is so large that this tail would be more than a sliver of δ.
@@ -398,6 +423,26 @@ class Trainer:
             check_sampler_tail(eps, delta, most, _noised_coordinates(self.model), noise_multiplier=sigma,
                                tail_mass_per_pair=(SecureNoise if p_cfg.secure_rng else TorchNoise).tail_mass_per_pair)
         return plan
+
+    def _backstop_plan(self, plan: PrivacyPlan) -> PrivacyPlan:
+        """``plan`` with σ_pub calibrated so that the whole run is (E, δ)-DP for whole records (E =
+        ``record_epsilon``): the private steps' and the noised public steps' Poisson Gaussians composed, never
+        above E (:func:`featuredp.accounting.calibrate_record_noise`). ``dpsgd`` is already record-level DP: E is
+        only checked against its ε. The FDP ε is unchanged: public steps read Ψ(S) only."""
+        target = plan.record_target_epsilon
+        assert target is not None and plan.delta is not None
+        terms = plan.record_terms()
+        if not get_method(plan.method).needs_feature_map or (terms["pretrain"][1] <= 0 and terms["public"][1] <= 0):
+            eps = plan.record_epsilon()
+            if eps is not None and eps > target:
+                raise UnreachableTargetError(
+                    f"--record-epsilon {target:g} cannot be met: the private steps alone are ({eps:.4g}, "
+                    f"{plan.delta:g})-DP at record level; give a larger --record-epsilon"
+                )
+            return plan
+        sigma = calibrate_record_noise(target, plan.delta, **terms, relation=plan.relation,
+                                       accountant=plan.accountant)  # fmt: skip
+        return replace(plan, record_noise_multiplier=sigma)
 
     # -- training ----------------------------------------------------------------------------------------
     def fit(
@@ -555,6 +600,8 @@ class Trainer:
         record = get_method(plan.method)
         if record.private and not record.needs_feature_map:  # record-level DP (dpsgd)
             warn_record_level_statistics(data, "dpsgd", stacklevel=4)
+        elif plan.record_noise_multiplier is not None:  # the backstop's record-level guarantee excludes them too
+            warn_record_level_statistics(data, "the record-level backstop (record_epsilon)", stacklevel=4)
         rank, world = (0, 1) if self.dist is None else (self.dist.rank, self.dist.world_size)
         state = RunState.start(
             plan, {"data": data_print, "psi": self._psi_fingerprint(split)},
@@ -656,7 +703,7 @@ class Trainer:
             "accounting": "public batches and public pre-training read Ψ(S) only and add no privacy event",
             "randomness": self._randomness_report(),
         }
-        delta = plan.delta
+        delta = plan.delta if plan.is_private else None  # a backstop gives the public method a δ: record level only
         if plan.is_private and delta is not None:
             # The guarantee covers what the noise sampler cannot produce: its cut tail's mass η over every
             # noise pair this run drew turns (ε, δ) into (ε, δ + (1 + e^ε)·η) (featuredp.accounting.sampler).
@@ -682,6 +729,7 @@ class Trainer:
         composed = _MODEL_RUNS.composed_epsilon(self.model, state)
         if composed is not None:
             report["model_epsilon_all_runs"] = composed
+        record_eps = self._record_report(state, report)
         self.result = TrainResult(
             method=self.method,
             plan=plan,
@@ -691,11 +739,44 @@ class Trainer:
             pretrain_steps=min(state.step, plan.pretrain_steps),
             stopped_early=not finished,
             stop_reason=state.stop_reason if state.stop_reason else (None if finished else "max_steps"),
-            guarantee=plan.guarantee(eps, disclosure, delta=delta).replace("{T}", str(state.private_steps)),
+            guarantee=plan.guarantee(eps, disclosure, delta=delta, record_epsilon=record_eps).replace(
+                "{T}", str(state.private_steps)),
             privacy_report=report,
             history=list(state.history),
+            record_epsilon=record_eps,
         )
         return self.result
+
+    def _record_report(self, state: RunState, report: dict[str, Any]) -> float | None:
+        """ε for whole records of the steps actually run (:meth:`PrivacyPlan.record_epsilon`), and with a backstop
+        its block in ``report`` (the record-level δ adds the noise sampler's cut tail over every noised step)."""
+        plan = state.plan
+        main = state.private_steps if plan.is_private else max(0, state.step - plan.pretrain_steps)
+        pre, pub = min(state.step, plan.pretrain_steps), plan.public_steps_of(main)
+        record_eps = plan.record_epsilon(state.private_steps, pre, pub)
+        report["record_epsilon"] = inf_to_str(record_eps)
+        if plan.record_noise_multiplier is None:
+            return record_eps
+        report["accounting"] = (
+            "FDP: public batches and public pre-training read Ψ(S) only and add no FDP event; record level (the "
+            "backstop): every pre-training, public and private step is a Poisson-subsampled Gaussian, composed")
+        assert plan.delta is not None and record_eps is not None
+        noised = (state.private_steps if plan.noise_multiplier else 0) + pre + pub
+        dim, mass = _noised_coordinates(self.model), state.noise.tail_mass_per_pair
+        report["record_level"] = {
+            "record_epsilon": inf_to_str(record_eps),
+            "target": plan.record_target_epsilon,
+            "delta": inf_to_str(plan.delta + sampler_tail_delta(record_eps, noised, dim, mass)),
+            "public_noise_multiplier": plan.record_noise_multiplier,
+            "max_grad_norm": plan.max_grad_norm,
+            "private_steps": state.private_steps if plan.is_private else 0,
+            "pretrain_steps": pre,
+            "pretrain_sampling_rate": plan.pretrain_sampling_rate,
+            "public_steps": pub,
+            "public_sampling_rate": plan.public_sampling_rate,
+            "sampling": "Poisson, from a secret stream independent of the private batch's",
+        }
+        return record_eps
 
     def _randomness_report(self) -> dict[str, Any]:
         """Where the private randomness came from (never the seed itself)."""
@@ -764,10 +845,13 @@ class Trainer:
         if pre or record.public_steps:
             if split is None:
                 raise ValueError(f"method {plan.method!r} needs a public feature map")
-            b = gather(data, state.public_shuffler.sample())
-            losses = self._amp(split.public_loss)(self.model, b, split.draws(b, state.public_draws))
-            total = plan.pretrain_batch if pre else self._public_total(plan)
-            grads, shown["public_loss"] = self._mean_gradient(losses, total, params)
+            if plan.record_noise_multiplier is not None:  # the backstop: a record-level DP step
+                grads = self._record_gradient(state, split, data, pre=pre)
+            else:
+                b = gather(data, state.public_shuffler.sample())
+                losses = self._amp(split.public_loss)(self.model, b, split.draws(b, state.public_draws))
+                total = plan.pretrain_batch if pre else self._public_total(plan)
+                grads, shown["public_loss"] = self._mean_gradient(losses, total, params)
             opt = state.pretrain_optimizer if pre else state.optimizer
         elif not record.private:
             b = gather(data, state.shuffler.sample())
@@ -788,9 +872,12 @@ class Trainer:
                     raise ValueError(f"method {plan.method!r} needs a public feature map")
                 # Independent public batch: its own sampler stream and its own draws generator. It reads Ψ(S)
                 # only, so w scales a public quantity and no privacy event depends on it.
-                bp = gather(data, state.public_sampler.sample())
-                lp = self._amp(split.public_loss)(self.model, bp, split.draws(bp, state.public_draws))
-                gp, shown["public_loss"] = self._mean_gradient(lp, self._public_total(plan), params)
+                if plan.record_noise_multiplier is not None:  # the backstop: a record-level DP public batch
+                    gp = self._record_gradient(state, split, data, pre=False)
+                else:
+                    bp = gather(data, state.public_sampler.sample())
+                    lp = self._amp(split.public_loss)(self.model, bp, split.draws(bp, state.public_draws))
+                    gp, shown["public_loss"] = self._mean_gradient(lp, self._public_total(plan), params)
                 w = plan.public_weight
                 grads = {k: (gp[k] if w == 1 else w * gp[k]) + plan.alpha * grads[k] for k in params}
             opt = state.optimizer
@@ -834,6 +921,23 @@ class Trainer:
             noisy = all_reduce_sum(state.noise.add(sums, std) if self.dist.is_main else sums)
         # Divide by the EXPECTED batch size m = p·n (global); the realised batch size is private.
         return {k: v.div_(plan.expected_batch_size) for k, v in noisy.items()}
+
+    def _record_gradient(self, state: RunState, split: LossSplit, data: Batch, *, pre: bool) -> dict[str, torch.Tensor]:
+        """The backstop's public step: (Σ_{i∈B'} clip_C ∇ℓ_pub(θ; x_i) + N(0, σ_pub²C²)) / (q'·n) on a Poisson batch
+        B' at rate q' (m'/n, or m_pre/n in pre-training) drawn from the secret ``record_sampling`` stream.
+
+        It shows no public loss: the batch's members are secret now, and its mean loss is not noised."""
+        plan = state.plan
+        sampler = state.record_pretrain_sampler if pre else state.record_sampler
+        if sampler is None or plan.record_noise_multiplier is None or plan.max_grad_norm is None:
+            raise ValueError("the record-level backstop needs its sampler, σ_pub and C in the plan")
+        b = gather(data, sampler.sample())
+        d = split.draws(b, state.public_draws)
+        sums, norms = self.strategy.clipped_sum(self.model, self._amp(split.public_loss), b, d, plan.max_grad_norm)
+        self._tell_nonfinite(int((~torch.isfinite(norms)).sum()))
+        noisy = state.noise.add(sums, plan.record_noise_multiplier * plan.max_grad_norm)
+        # Divide by the EXPECTED batch size q'·n; the realised size is secret like the private batch's.
+        return {k: v.div_(sampler.expected_batch_size) for k, v in noisy.items()}
 
     def _tell_nonfinite(self, records: int | None) -> None:
         """Tell the analyst (stderr only) about records whose gradient was not finite and contributed zero.

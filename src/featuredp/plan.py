@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from featuredp.accounting import DpEvent, compute_epsilon, dpsgd_event, epsilon_for
+from featuredp.accounting import record_epsilon as _record_epsilon
+from featuredp.accounting import record_event as _record_event
 from featuredp.accounting.bandmf import bandmf_terms
 from featuredp.accounting.blt import blt_min_separation, blt_terms
 from featuredp.methods import get_method
@@ -108,6 +110,11 @@ class PrivacyPlan:
     of C, sampled cyclically over ⌊n/m⌋ partitions and accounted as one Gaussian
     (:func:`featuredp.blt.blt_event`); ``noise_multiplier`` is then σ, the std of z
     in units of C.
+    ``record_target_epsilon`` (E) and ``record_noise_multiplier`` (σ_pub) are the record-level backstop
+    (``record_epsilon=E``): every step that reads the public view (pre-training, the ``public`` method's steps,
+    Algorithm 1's public batches) Poisson-samples its batch at its rate from a secret stream, clips at C and adds
+    N(0, (σ_pub·C)²), σ_pub calibrated so that :meth:`record_epsilon` of the whole run is at most E (None: no
+    backstop, the public steps read Ψ(S) without noise).
     Fields added later default to their old meaning, so older plan dicts still load.
 
     >>> plan = PrivacyPlan("fdp", dataset_size=1000, expected_batch_size=100, sampling_rate=0.1, steps=10,
@@ -138,6 +145,8 @@ class PrivacyPlan:
     noise: str = "independent"
     bands: int | None = None
     noise_coeffs: tuple[float, ...] | None = None
+    record_target_epsilon: float | None = None
+    record_noise_multiplier: float | None = None
 
     def __post_init__(self) -> None:
         if self.noise_coeffs is not None:  # a JSON list from run.json or a checkpoint: compare as a tuple
@@ -225,6 +234,85 @@ class PrivacyPlan:
             return bandmf_terms(self.noise_multiplier, m, n, t, self.bands, self.noise_coeffs)
         return float(self.noise_multiplier), float(self.sampling_rate), int(steps)
 
+    # -- record level (the backstop) ---------------------------------------------------------------------------
+    @property
+    def public_sampling_rate(self) -> float:
+        """q_pub = m'/n: the Poisson rate of the backstop's public batches (the ``public`` method's steps and
+        Algorithm 1's public batch; m' = ``public_batch_size``, else m)."""
+        return min(1.0, (self.public_batch_size or max(1, round(self.expected_batch_size))) / self.dataset_size)
+
+    @property
+    def pretrain_sampling_rate(self) -> float:
+        """q_pre = m_pre/n: the Poisson rate of the backstop's pre-training batches."""
+        return min(1.0, self.pretrain_batch / self.dataset_size)
+
+    def public_steps_of(self, main_steps: int) -> int:
+        """How many public batches ``main_steps`` main-phase steps read: all of them for the ``public`` method,
+        one per private step for Algorithm 1 with w > 0, none otherwise."""
+        method = get_method(self.method)
+        if method.public_steps or (method.public_batch and self.public_weight > 0):
+            return int(main_steps)
+        return 0
+
+    def record_terms(
+        self, private_steps: int | None = None, pretrain_steps: int | None = None, public_steps: int | None = None
+    ) -> dict[str, Any]:
+        """The record-level terms of a run: ``private`` (σ, q, T) or None, ``pretrain`` (q_pre, T_pre), ``public``
+        (q_pub, T_pub). Defaults: the planned run (private steps up to the budget stop)."""
+        planned = self.steps if self.budget_steps is None else min(self.steps, self.budget_steps)
+        t_priv = planned if private_steps is None else int(private_steps)
+        t_pre = self.pretrain_steps if pretrain_steps is None else int(pretrain_steps)
+        t_pub = self.public_steps_of(planned if get_method(self.method).private else self.steps) if (
+            public_steps is None) else int(public_steps)  # fmt: skip
+        private = None
+        if self.is_private and t_priv > 0:
+            private = (float(self.noise_multiplier or 0.0), float(self.sampling_rate), t_priv)
+        return {"private": private, "pretrain": (self.pretrain_sampling_rate, t_pre),
+                "public": (self.public_sampling_rate, t_pub)}  # fmt: skip
+
+    def record_event(
+        self, private_steps: int | None = None, pretrain_steps: int | None = None, public_steps: int | None = None
+    ) -> DpEvent | None:
+        """The record-level event (:func:`featuredp.accounting.record_event`) of a run with a backstop; None
+        without one (or where the public view was read without noise)."""
+        return _record_event(**self.record_terms(private_steps, pretrain_steps, public_steps),
+                             noise_multiplier=self.record_noise_multiplier)  # fmt: skip
+
+    def record_epsilon(
+        self, private_steps: int | None = None, pretrain_steps: int | None = None, public_steps: int | None = None
+    ) -> float | None:
+        """ε(δ) for whole records of the run (defaults: the planned steps) — one source for the number.
+
+        ``dpsgd``: its ε (already record-level). ``nonprivate``: None. A method that read the public view without
+        noise (no backstop, and pre-training, public steps or Algorithm 1's public batch): None, since what Ψ
+        misses is then not covered. A private method that never read the public view: its ε (the clipped ∇ℓ
+        moves by at most C when a whole record is removed). With a backstop: the composition of every private
+        and public step (:func:`featuredp.accounting.record_epsilon`).
+
+        >>> plan = PrivacyPlan("fdp", 1000, 50, 0.05, 100, noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5,
+        ...                    public_batch_size=200)
+        >>> plan.record_epsilon() is None
+        True
+        >>> from dataclasses import replace
+        >>> backstop = replace(plan, record_target_epsilon=8.0, record_noise_multiplier=2.0)
+        >>> plan.epsilon() < backstop.record_epsilon()
+        True
+        """
+        method = get_method(self.method)
+        if not method.private and not method.public_steps:
+            return None  # nonprivate
+        if method.private and not method.needs_feature_map:
+            return self.epsilon(private_steps)  # dpsgd
+        terms = self.record_terms(private_steps, pretrain_steps, public_steps)
+        if terms["pretrain"][1] <= 0 and terms["public"][1] <= 0:
+            return self.epsilon(private_steps) if method.private else 0.0
+        if self.record_noise_multiplier is None or self.delta is None:
+            return None
+        if terms["private"] is not None and not terms["private"][0]:
+            return math.inf  # σ = 0 on the private steps
+        return _record_epsilon(self.delta, **terms, noise_multiplier=self.record_noise_multiplier,
+                               relation=self.relation, accountant=self.accountant)  # fmt: skip
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (∞ written as the string "inf")."""
         return {k: inf_to_str(v) for k, v in asdict(self).items()}
@@ -235,23 +323,39 @@ class PrivacyPlan:
         return cls(**{k: str_to_inf(v) for k, v in data.items()})
 
     def guarantee(
-        self, epsilon: float, feature_map: Disclosure | dict[str, Any] | None = None, *, delta: float | None = None
+        self,
+        epsilon: float,
+        feature_map: Disclosure | dict[str, Any] | None = None,
+        *,
+        delta: float | None = None,
+        record_epsilon: float | None = None,
     ) -> str:
         """One sentence stating the guarantee of a run that spent ``epsilon`` (``{T}`` = its private steps).
 
         ``feature_map`` is what Ψ discloses (:class:`Disclosure`, or its dict form from a run.json);
         its ``hides`` names what the guarantee protects. ``delta``: the δ to state (default: the plan's); the
         engine states the plan's δ plus what its noise sampler's cut tail adds
-        (:func:`featuredp.accounting.sampler_tail_delta`).
+        (:func:`featuredp.accounting.sampler_tail_delta`). ``record_epsilon``: the run's ε for whole records
+        (:meth:`record_epsilon`; None where the public view was read without noise). The sentence says what the
+        FDP ε covers (what Ψ hides), that anything Ψ misses is public and not covered, unless the run is also DP
+        for whole records (a backstop, ``record_epsilon=E``), and then that record-level guarantee.
 
         >>> blur = Disclosure("GaussianBlur", reveals="the blurred image", hides="the fine detail")
         >>> plan = PrivacyPlan("public", dataset_size=10, expected_batch_size=2, sampling_rate=0.2, steps=5)
-        >>> plan.guarantee(0.0, blur)
+        >>> plan.guarantee(0.0, blur).split("; ")[0]
         '(0, 0)-FDP protecting the fine detail: training read only the public view Ψ(S)'
+        >>> plan.guarantee(0.0, blur).split("; ")[1][:77]
+        'anything Ψ does not hide (e.g. PII that no annotation marks and no detector f'
         >>> plan = PrivacyPlan("fdp", dataset_size=10, expected_batch_size=2, sampling_rate=0.2, steps=5,
         ...                    noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5)
         >>> plan.guarantee(1.5, blur.to_dict()).split(" (")[0]
         '(1.5, 1e-05)-FDP protecting the fine detail: Algorithm 1'
+        >>> from dataclasses import replace
+        >>> backstop = replace(plan, record_target_epsilon=8.0, record_noise_multiplier=1.3)
+        >>> print(backstop.guarantee(1.5, blur, record_epsilon=7.9).split("; ")[1])  # doctest: +NORMALIZE_WHITESPACE
+        with the record-level backstop the run is also (7.9, 1e-05)-DP for whole records (every pre-training, public
+        and private step clipped and noised), which bounds what the model reveals about anything in a record,
+        including missed PII
         """
         hides = feature_map.hides if isinstance(feature_map, Disclosure) else (feature_map or {}).get("hides")
         delta = self.delta if delta is None else delta
@@ -259,7 +363,8 @@ class PrivacyPlan:
         rel = "add/remove" if self.relation == "add-remove" else "replace-one"
         method = get_method(self.method)
         if method.public_steps:
-            return f"(0, 0)-FDP{what}: training read only the public view Ψ(S)"
+            clause = self._record_clause(record_epsilon, delta)
+            return f"(0, 0)-FDP{what}: training read only the public view Ψ(S){clause}"
         if not method.private:
             return "no privacy guarantee (non-private training)"
         if self.noise == "bandmf":
@@ -287,8 +392,23 @@ class PrivacyPlan:
         if not method.needs_feature_map:
             return f"({epsilon:.4g}, {delta:g})-DP for whole records, hence the same FDP for any Ψ ({acc})"
         pre = " after public pre-training on Ψ(S) (no cost)" if self.pretrain_steps else ""
+        if self.record_noise_multiplier is not None:
+            pre = " after pre-training on Ψ(S)" if self.pretrain_steps else ""
         kind = "Algorithm 1 (Thm 5)" if method.public_batch else "DP-SGD fine-tuning"
-        return f"({epsilon:.4g}, {delta:g})-FDP{what}: {kind}{pre} ({acc})"
+        return f"({epsilon:.4g}, {delta:g})-FDP{what}: {kind}{pre} ({acc}){self._record_clause(record_epsilon, delta)}"
+
+    def _record_clause(self, record_epsilon: float | None, delta: float | None) -> str:
+        """What the guarantee says about what Ψ misses: public and not covered, or the record-level guarantee."""
+        if record_epsilon is None or delta is None:
+            return ("; anything Ψ does not hide (e.g. PII that no annotation marks and no detector finds) is public "
+                    "and NOT covered (no record-level backstop: record_epsilon / --record-epsilon)")
+        if self.record_noise_multiplier is not None:
+            return (f"; with the record-level backstop the run is also ({record_epsilon:.4g}, {delta:g})-DP for whole "
+                    "records (every pre-training, public and private step clipped and noised), which bounds what the "
+                    "model reveals about anything in a record, including missed PII")
+        return (f"; no step read the public view without noise, so the run is also ({record_epsilon:.4g}, "
+                f"{delta:g})-DP for whole records, which bounds what the model reveals about anything in a record, "
+                "including missed PII")
 
 
 @dataclass
@@ -310,6 +430,9 @@ class TrainResult:
     guarantee: str
     privacy_report: dict[str, Any]
     history: list[dict[str, float]] = field(default_factory=list)
+    #: ε(δ) for whole records of the steps run (:meth:`PrivacyPlan.record_epsilon`): the backstop's, dpsgd's ε,
+    #: or None where the public view was read without noise (and for nonprivate)
+    record_epsilon: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary (∞ as "inf")."""
@@ -321,6 +444,7 @@ class TrainResult:
             "pretrain_steps": self.pretrain_steps,
             "stopped_early": self.stopped_early,
             "stop_reason": self.stop_reason,
+            "record_epsilon": inf_to_str(None if self.record_epsilon is None else float(self.record_epsilon)),
             "guarantee": self.guarantee,
             "plan": self.plan.to_dict(),
             "privacy_report": _jsonable(self.privacy_report),

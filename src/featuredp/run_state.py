@@ -143,6 +143,9 @@ class RunState:
     optimizer: torch.optim.Optimizer
     pretrain_optimizer: torch.optim.Optimizer
     averager: Averager
+    # The record-level backstop's Poisson samplers of the public steps and of pre-training (None: no backstop).
+    record_sampler: PoissonSampler | None = None
+    record_pretrain_sampler: PoissonSampler | None = None
     step: int = 0
     private_steps: int = 0
     stop_reason: str | None = None
@@ -177,8 +180,11 @@ class RunState:
         (:func:`featuredp.correlated.sampler_and_noise`); the public batch keeps its own independent sampler either
         way.
         """
+        backstop = plan.record_noise_multiplier is not None
+        # Without a backstop, exactly today's call (no extra stream; the same streams as before it existed).
+        extra = {"record": True} if backstop else {}
         streams = make_streams(privacy.seed, public_seed=privacy.public_seed,
-                               rank=rank if world_size > 1 else None)  # fmt: skip
+                               rank=rank if world_size > 1 else None, **extra)  # fmt: skip
         n = plan.dataset_size
         start, stop = shard_bounds(n, rank, world_size) if shard_size is None else (0, shard_size)
         local = n if shard_size is None else shard_size
@@ -202,6 +208,18 @@ class RunState:
         m_pub = share(plan.public_batch_size or max(1, round(plan.expected_batch_size)), rank, world_size)
         # The shuffler serves public pre-training (batches of m_pre) or the public method's steps (m_pre = m').
         m_pre = share(plan.pretrain_batch, rank, world_size)
+        record_sampler = record_pretrain_sampler = None
+        if backstop:
+            # Secret coins of their own (Streams.record_sampling), never the private batch's: FDP needs the public
+            # batch independent of the private one, record-level DP needs it secret. One generator serves both
+            # samplers: pre-training's steps all come before the main phase's.
+            assert streams.record_sampling is not None
+            record_gen: Any = streams.record_sampling
+            if privacy.secure_rng:
+                record_gen = ChaCha20Generator(streams.record_sampling.bytes(32) if streams.seeded else None)
+            record_sampler = PoissonSampler(stop - start, plan.public_sampling_rate, record_gen, offset=start)
+            record_pretrain_sampler = PoissonSampler(stop - start, plan.pretrain_sampling_rate, record_gen,
+                                                     offset=start)  # fmt: skip
         return cls(
             plan=plan,
             fingerprint=fingerprint,
@@ -218,6 +236,8 @@ class RunState:
             optimizer=_make_optimizer(schedule, params, schedule.lr),
             pretrain_optimizer=_make_optimizer(schedule, params, schedule.pretrain_lr or schedule.lr),
             averager=Averager(schedule.averaging, schedule.average_fraction, schedule.ema_decay, plan.steps),
+            record_sampler=record_sampler,
+            record_pretrain_sampler=record_pretrain_sampler,
         )
 
     def state_dict(self, model: nn.Module) -> dict[str, Any]:
@@ -244,6 +264,7 @@ class RunState:
                       "public": _generator_state(self.public_draws)},
             "noise": self.noise.state_dict(),
             "averager": self.averager.state_dict(),
+            **({"record_sampler": self.record_sampler.state_dict()} if self.record_sampler is not None else {}),
         }  # fmt: skip
 
     def load_state_dict(self, ck: dict[str, Any], model: nn.Module) -> None:
@@ -277,6 +298,8 @@ class RunState:
                 "with the same Ψ or start a new run"
             )
         self.private_sampler.load_state_dict(ck["private_sampler"])
+        if self.record_sampler is not None:  # a ChaCha20 generator shared by both backstop samplers
+            self.record_sampler.load_state_dict(ck["record_sampler"])
         self.step = int(ck["step"])
         self.private_steps = int(ck["private_steps"])
         self.stop_reason = ck.get("stop_reason")

@@ -54,6 +54,9 @@ class Streams:
     public_draws: np.random.Generator
     init: np.random.Generator
     seeded: bool = False
+    #: the record-level backstop's Poisson coins for the public steps (None: no backstop). Secret, and a stream
+    #: of its own: independent of the private batch's coins (FDP) and never publicly seeded (record-level DP).
+    record_sampling: np.random.Generator | None = None
 
     @property
     def draws(self) -> np.random.Generator:
@@ -62,15 +65,28 @@ class Streams:
 
     def state_dict(self) -> dict[str, Any]:
         """Every stream's bit-generator state (secret for the private streams: checkpoint only)."""
-        return {name: _stringify(getattr(self, name).bit_generator.state) for name in STREAM_NAMES}
+        out = {name: _stringify(getattr(self, name).bit_generator.state) for name in STREAM_NAMES}
+        if self.record_sampling is not None:
+            out["record_sampling"] = _stringify(self.record_sampling.bit_generator.state)
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         for name in STREAM_NAMES:
             getattr(self, name).bit_generator.state = _unstringify(state[name])
+        if self.record_sampling is not None:
+            if "record_sampling" not in state:
+                raise ValueError("the checkpoint's run had no record-level backstop; resume with the same settings")
+            self.record_sampling.bit_generator.state = _unstringify(state["record_sampling"])
 
 
-def make_streams(seed: int | None = None, *, public_seed: int | None = None, rank: int | None = None) -> Streams:
+#: the spawn-key index of the backstop's stream under the private root (the other children are 0 .. 3)
+_RECORD_KEY = 0xB5
+
+
+def make_streams(
+    seed: int | None = None, *, public_seed: int | None = None, rank: int | None = None, record: bool = False
+) -> Streams:
     """One independent generator per role.
 
     ``seed=None`` (the default): the private streams come from 128 bits of OS entropy
@@ -81,6 +97,9 @@ def make_streams(seed: int | None = None, *, public_seed: int | None = None, ran
     draws), which is safe to publish; without it they follow ``seed`` (or OS entropy).
     ``rank`` (data-parallel runs): every rank gets its own independent streams, also when
     seeded (the seeds are spawned per rank, never shared).
+    ``record=True`` adds ``record_sampling``, the backstop's secret coins for the public steps: a child of the
+    private root that no other stream uses (OS entropy unless ``seed``; never ``public_seed``), so the other
+    streams are exactly those of ``record=False``.
     """
     if seed is not None:
         seed = check_int("seed", seed, minimum=0)
@@ -98,7 +117,11 @@ def make_streams(seed: int | None = None, *, public_seed: int | None = None, ran
     public = public_root.spawn(len(PUBLIC_STREAMS))
     gens = {name: np.random.Generator(np.random.PCG64(c)) for name, c in zip(PRIVATE_STREAMS, private)}
     gens.update({name: np.random.Generator(np.random.PCG64(c)) for name, c in zip(PUBLIC_STREAMS, public)})
-    return Streams(**gens, seeded=seed is not None)
+    extra = None
+    if record:
+        extra = np.random.Generator(np.random.PCG64(np.random.SeedSequence(private_root.entropy,
+                                                                           spawn_key=(*key, _RECORD_KEY))))
+    return Streams(**gens, seeded=seed is not None, record_sampling=extra)
 
 
 def random_seed_from(generator: np.random.Generator) -> int:

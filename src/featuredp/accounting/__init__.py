@@ -13,6 +13,7 @@ Contract used by the engine and the ERM baselines (see DEVELOPING.md)::
     calibrate_steps(target_epsilon, delta, sampling_rate, noise_multiplier, *, relation, accountant) -> int
     sampler_tail_delta(epsilon, steps, dimension, tail_mass_per_pair) -> float   # δ of the noise sampler's cut tail
     group_epsilon(noise_multiplier, sampling_rate, steps, delta, group_size) -> float  # ε of a group of k records
+    calibrate_record_noise(target, delta, *, private, pretrain, public) -> σ_pub  # the backstop (record level)
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from featuredp.accounting.events import (
 )
 from featuredp.accounting.group import GroupBound, group_bound, group_epsilon
 from featuredp.accounting.ledger import BudgetLedger, Reservation
+from featuredp.accounting.record import calibrate_record_noise, record_epsilon, record_event
 from featuredp.accounting.sampler import (
     bounded_sampler_delta,
     check_sampler_tail,
@@ -82,6 +84,7 @@ __all__ = [
     "basic_composition",
     "bounded_sampler_delta",
     "calibrate_noise_multiplier",
+    "calibrate_record_noise",
     "calibrate_steps",
     "check_sampler_tail",
     "compose_events",
@@ -102,6 +105,8 @@ __all__ = [
     "parallel_composition",
     "plot_tradeoff",
     "privacy_profile",
+    "record_epsilon",
+    "record_event",
     "sampler_max_radius",
     "sampler_tail_delta",
     "sampler_tail_mass",

@@ -190,6 +190,7 @@ TRAIN_FLAGS = {
     "public_weight": "--public-weight",
     "noise": "--noise",
     "bands": "--bands",
+    "record_epsilon": "--record-epsilon",
 }
 del TRAIN_FLAGS["steps"]  # train has no --steps: a step count in a message is the computed one
 
@@ -222,6 +223,8 @@ def check_training_values(args: argparse.Namespace) -> None:
             check_positive("--" + name, given(name))
     if given("public_weight") is not None:
         check_nonnegative("--public-weight", args.public_weight)
+    if given("record_epsilon") is not None:
+        check_positive("--record-epsilon", args.record_epsilon)
     if given("momentum") is not None and not 0 <= args.momentum < 1:
         raise ValueError(f"--momentum must be in [0, 1), got {args.momentum!r}")
     for width in getattr(args, "hidden", None) or []:

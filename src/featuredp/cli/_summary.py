@@ -6,6 +6,17 @@ from collections.abc import Mapping
 from typing import Any
 
 
+def record_line(summary: Mapping[str, Any]) -> str:
+    """The ``record ε`` line: the run's ε for whole records, or why there is none (what Ψ misses is public)."""
+    rec = summary.get("record_epsilon")
+    if rec is not None:
+        kind = "backstop: every step clipped and noised" if summary.get("record_backstop") else "no public step"
+        return f"record ε          {rec:.4g} for whole records ({kind})"
+    if summary.get("method") == "nonprivate":
+        return "record ε          none (non-private)"
+    return "record ε          none: what Ψ misses is public (set --record-epsilon E for a record-level backstop)"
+
+
 def privacy_lines(summary: Mapping[str, Any]) -> list[str]:
     """The ε line and, for a private run, the noise line: BandMF's bands and partitions, BLT's buffers and epochs
     (from the summary's ``correlated_noise``, the privacy report's block), or DP-SGD's σ and rate."""

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from featuredp.cli._device import check_device
-from featuredp.cli._summary import privacy_lines
+from featuredp.cli._summary import privacy_lines, record_line
 from featuredp.cli._text_args import text_data_options
 
 #: train flags of the tabular task that --task text refuses (one line each, before any work)
@@ -46,6 +46,8 @@ def train_text(args: argparse.Namespace) -> int:
         settings["secure_rng"] = True
     if args.noise != "independent":
         settings.update(noise=args.noise, bands=args.bands)
+    if args.record_epsilon is not None:
+        settings["record_epsilon"] = args.record_epsilon
     for name in ("accountant", "relation"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
@@ -62,6 +64,7 @@ def train_text(args: argparse.Namespace) -> int:
         "redacted text)" + ("" if summary["heldout_covered"] else " — not covered by ε"),
         f"held-out          {summary['heldout_note']}",
         *privacy_lines(summary),
+        record_line(summary),
     ]
     lines.append(f"guarantee         {summary['guarantee']}")
     lines += boundary_lines(summary)

@@ -95,6 +95,10 @@ def register(subparsers: Any) -> None:
                    help="--noise with bandmf: BandMF's bands b in every BandMF cell (at most the private steps and "
                    "n/m; BLT has no bands). Default: per cell, the b of 1, 2, 4, ..., 64 with the least noise at its "
                    "ε")
+    p.add_argument("--record-epsilon", type=float, default=None, metavar="E",
+                   help="record-level backstop E (featuredp train --record-epsilon). Tabular: applied to every cell "
+                   "but nonprivate; --task text: adds a backstop arm of public, fdp_dpsgd and fdp next to the plain "
+                   "ones (rows 'fdp + backstop E=8')")
     p.add_argument("--report-only", action="store_true",
                    help="write results.csv, summary.md and the plot from the finished cells; train nothing")
     p.add_argument("--private", type=_names, default=None, help="private raw columns (default: the dataset's)")
@@ -132,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
 _FLAGS = {"methods": "--methods", "epsilons": "--epsilons", "seeds": "--seeds", "dataset": "--dataset",
           "delta": "--delta", "private": "--private", "out": "--out", "threads": "--threads",
           "feature_map": "--feature-map", "blur_sigma": "--blur-sigma", "pixelate_factor": "--pixelate-factor",
-          "n_train": "--train-size", "protocol": "--protocol", "noises": "--noise", "bands": "--bands"}  # fmt: skip
+          "n_train": "--train-size", "protocol": "--protocol", "noises": "--noise", "bands": "--bands",
+          "record_epsilon": "--record-epsilon"}  # fmt: skip
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -141,6 +146,15 @@ def _run(args: argparse.Namespace) -> int:
     if args.protocol != "default" and args.task != "tabular":
         raise ValueError(f"--protocol {args.protocol} is for --task tabular, got --task {args.task}")
     noises = _check_noise(args)
+    if args.record_epsilon is not None:
+        from featuredp._validate import check_positive
+
+        check_positive("--record-epsilon", args.record_epsilon)
+        if args.task not in ("tabular", "text"):
+            raise ValueError(f"--record-epsilon is for --task tabular and text, got --task {args.task}")
+        if args.tune or args.protocol != "default" or noises != ["independent"]:
+            raise ValueError("--record-epsilon does not combine with --tune, --protocol paper or --noise bandmf/blt "
+                             "yet")  # fmt: skip
     if args.task == "diffusion":
         from featuredp.experiments.diffusion import run_compare
 
@@ -198,6 +212,7 @@ def _run(args: argparse.Namespace) -> int:
         protocol=args.protocol,
         noises=noises,
         bands=args.bands,
+        record_epsilon=args.record_epsilon,
         command=_command_line("featuredp compare"),
     )
     return _report(args, cfg, run_grid(cfg))
@@ -310,7 +325,7 @@ def _run_text(args: argparse.Namespace, epsilons: list[float] | None, seeds: lis
         epsilons=epsilons if epsilons is not None else [1.0, 3.0, 8.0], seeds=seeds, quick=args.quick,
         data=text_data_options(args), delta=getattr(args, "delta", None), device=args.device,
         progress=not (args.json or args.quiet), overwrite=args.overwrite, report_only=args.report_only,
-        command=_command_line("featuredp compare --task text"),
+        command=_command_line("featuredp compare --task text"), record_epsilon=args.record_epsilon,
     )  # fmt: skip
     return _report(args, cfg, run_text_compare(cfg), files=("results.json", "summary.md", "text_privacy.png"))
 

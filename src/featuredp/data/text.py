@@ -211,6 +211,7 @@ def insert_canaries(
     rng: np.random.Generator,
     template: str = "my pin is {secret}",
     digits: int = 4,
+    span_type: str | None = "secret",
 ) -> tuple[list[TextRecord], list[Canary]]:
     """``records`` with canaries inserted, and the canaries.
 
@@ -218,7 +219,9 @@ def insert_canaries(
     inserted ``r`` times; the secrets are distinct draws from all ``digits``-digit strings (the 10^digits
     candidates an exposure audit ranks), and each copy marks its secret as a span of type ``"secret"``, so a
     Ψ whose private types include ``"secret"`` hides it (one that does not leaves it public, like any span of a
-    type it does not declare). The copies go to random positions; the original records keep their order.
+    type it does not declare). ``span_type=None`` marks nothing: a "missed" canary, like PII that no annotation
+    marks and no detector finds, public in Ψ whatever its types (what ``--record-epsilon`` bounds). The copies go to
+    random positions; the original records keep their order.
 
     ``rng`` draws the secrets and the positions. The audit's canaries come from a *public* seed: they are not
     users' data, and the audit needs to know them; pass a secret generator only for canaries nobody may know.
@@ -243,8 +246,8 @@ def insert_canaries(
     drawn = rng.choice(10**digits, size=n_canaries, replace=False)
     canaries = [Canary(f"{int(s):0{digits}d}", prefix, f"{prefix}{int(s):0{digits}d}{rest}", r)
                 for s, r in zip(drawn, [r for r in counts for _ in range(per_repeat)])]  # fmt: skip
-    copies = [TextRecord(c.text, [Span(len(prefix), len(prefix) + digits, "secret")])
-              for c in canaries for _ in range(c.repeats)]  # fmt: skip
+    marked = [] if span_type is None else [Span(len(prefix), len(prefix) + digits, span_type)]
+    copies = [TextRecord(c.text, list(marked)) for c in canaries for _ in range(c.repeats)]
     total = len(records) + len(copies)
     is_copy = np.zeros(total, bool)
     is_copy[rng.choice(total, size=len(copies), replace=False)] = True

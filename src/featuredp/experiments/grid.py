@@ -200,6 +200,8 @@ class GridRunner:
         (:meth:`with_protocol`)."""
         params = {**self.base_params(method), **self.noise_params(method, noise)}
         params.update(self.tuned.get(_tune_key(method, epsilon, noise), {}))
+        if self.cfg.record_epsilon is not None and method != "nonprivate":  # in the cell's hash, with its params
+            params["record_epsilon"] = self.cfg.record_epsilon
         return self.with_protocol(method, epsilon, params)
 
     def noise_params(self, method: str, noise: str) -> dict[str, Any]:
@@ -288,6 +290,8 @@ class GridRunner:
             # None for the references, which add no noise
             "noise": summary.get("noise", cell.noise) if cell.method in PRIVATE_METHODS else None,
             "bands": summary.get("bands") if cell.method in PRIVATE_METHODS else None,
+            # ε for whole records (the backstop's, dpsgd's ε; None where the public view was read without noise)
+            "record_epsilon": summary.get("record_epsilon"),
         }
         record = {"config_hash": settings_hash(self.cell_config(cell)), "row": row,
                   "guarantee": summary.get("guarantee")}
@@ -332,6 +336,7 @@ class GridRunner:
             # Likewise absent for independent noise only (grids from before noises).
             **({"noises": list(self.cfg.noises), "bands": self.cfg.bands}
                if self.cfg.noises != ["independent"] else {}),
+            **({"record_epsilon": self.cfg.record_epsilon} if self.cfg.record_epsilon is not None else {}),
         }  # fmt: skip
 
     def check_out(self) -> bool:
@@ -531,6 +536,8 @@ class GridRunner:
     def write_results(self, rows: Sequence[dict[str, Any]]) -> None:
         """results.csv, written atomically."""
         columns = CSV_COLUMNS + (NOISE_COLUMNS if self.cfg.noises != ["independent"] else [])
+        if self.cfg.record_epsilon is not None:
+            columns = [*columns, "record_epsilon"]
         df = pd.DataFrame(list(rows), columns=columns)
         with atomic_path(self.cfg.out / "results.csv") as tmp:
             df.to_csv(tmp, index=False)

@@ -56,6 +56,8 @@ class GridConfig:
     protocol: str = "default"
     noises: list[str] = field(default_factory=lambda: ["independent"])
     bands: int | None = None
+    #: the record-level backstop E of every cell that takes one (all but nonprivate); None: none
+    record_epsilon: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.dataset, str) or not self.dataset:
@@ -87,6 +89,10 @@ class GridConfig:
                                      "fixes (σ = 1, sampling rate 1/16, steps from ε); drop it or use "
                                      "protocol='default'")  # fmt: skip
         self._check_noises()
+        if self.record_epsilon is not None:
+            self.record_epsilon = check_positive("record_epsilon", self.record_epsilon)
+            if any(n != "independent" for n in self.noises):
+                raise ValueError("record_epsilon is not supported with correlated noises yet")
         for part in (self.out, *self.out.parents):
             if part.exists() and not part.is_dir():
                 raise ValueError(f"out must be a folder, got {str(self.out)!r}, which is an existing file"

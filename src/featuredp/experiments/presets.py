@@ -249,6 +249,8 @@ def trainer_arguments(method: str | Method, params: dict[str, Any], *, epsilon: 
         if epsilon is None and out.get("noise_multiplier") is None:
             raise ValueError(f"method {record.name!r} needs an epsilon (a target) or a noise_multiplier")
         out.update(target_epsilon=epsilon, delta=delta)
+    elif out.get("record_epsilon") is not None:
+        out["delta"] = delta  # the record-level backstop makes the public method's steps DP steps: they need δ
     if device is not None:
         out["device"] = device
     return out

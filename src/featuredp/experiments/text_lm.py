@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from featuredp._io import atomic_write_json, atomic_write_text
-from featuredp._validate import check_choice, check_int, check_open_unit
+from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
 from featuredp.attacks.text import digit_candidates, exposure_report, extraction, span_inference
 from featuredp.data.text import (
     ByteTokenizer,
@@ -479,10 +479,13 @@ def train_text_model(*, data: TextData, method: str, epsilon: float | None, delt
 
 def train_text_cell(*, data: TextData, method: str, epsilon: float | None, delta: float, seed: int,
                     model: Mapping[str, Any], params: Mapping[str, Any], audit: Mapping[str, Any],
-                    device: str | None = None) -> tuple[dict[str, Any], torch.nn.Module]:  # fmt: skip
-    """Train ``method`` on the text task at ``epsilon``, audit it; returns (the cell's row, the model)."""
+                    device: str | None = None, record_epsilon: float | None = None,
+                    ) -> tuple[dict[str, Any], torch.nn.Module]:  # fmt: skip
+    """Train ``method`` on the text task at ``epsilon`` (with the record-level backstop ``record_epsilon``, if
+    given), audit it; returns (the cell's row, the model)."""
+    extra: dict[str, Any] = {} if record_epsilon is None else {"record_epsilon": record_epsilon}
     done = train_text_model(data=data, method=method, epsilon=epsilon, delta=delta, seed=seed, model=model,
-                            params=params, device=device)  # fmt: skip
+                            params=params, device=device, **extra)  # fmt: skip
     spent = done.epsilon
     # Theorem 4's bound at the run's ε (0 for the public-only model; none without DP)
     audits = audit_text_model(done.model, data, epsilon=spent, delta=None if spent is None else delta, audit=audit,
@@ -494,6 +497,8 @@ def train_text_cell(*, data: TextData, method: str, epsilon: float | None, delta
         "noise_multiplier": plan.noise_multiplier, "max_grad_norm": plan.max_grad_norm,
         "batch_size": plan.expected_batch_size, "steps": result.steps, "pretrain_steps": result.pretrain_steps,
         "train_wall_s": round(done.wall_s, 1), "guarantee": result.guarantee, **audits,
+        "backstop": record_epsilon, "record_epsilon": result.record_epsilon,
+        "record_noise_multiplier": plan.record_noise_multiplier,
     }  # fmt: skip
     return row, done.model
 
@@ -515,6 +520,8 @@ class TextCompareConfig:
     overwrite: bool = False
     report_only: bool = False
     command: str = "featuredp compare --task text"
+    #: the record-level backstop E: each of public, fdp_dpsgd, fdp also runs with it (its own arm); None: none
+    record_epsilon: float | None = None
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -527,6 +534,12 @@ class TextCompareConfig:
                 raise ValueError(f"epsilons: each target must be a positive finite number, got {e!r}")
         if self.delta is not None:
             check_open_unit("delta", self.delta)
+        if self.record_epsilon is not None:
+            self.record_epsilon = check_positive("record_epsilon", self.record_epsilon)
+
+
+#: the methods that take a backstop arm in the text comparison (dpsgd already is record-level DP)
+BACKSTOP_METHODS = ("public", "fdp_dpsgd", "fdp")
 
 
 def text_preset(quick: bool) -> dict[str, Any]:
@@ -560,12 +573,15 @@ def data_options(preset: Mapping[str, Any], given: Mapping[str, Any]) -> dict[st
 AUDIT_VERSION = 2
 
 
-def cell_key(grid: Mapping[str, Any], method: str, epsilon: float | None, seed: int) -> str:
+def cell_key(grid: Mapping[str, Any], method: str, epsilon: float | None, seed: int,
+             record_epsilon: float | None = None) -> str:  # fmt: skip
     """The hash of everything that determines one cell's result: the data, model, audits, δ and this method's
-    settings, never the rest of the grid (a ``--methods`` subset or more ε reuse the cells they share)."""
+    settings (its backstop E included, when it has one), never the rest of the grid (a ``--methods`` subset or more
+    ε reuse the cells they share)."""
     own = {k: grid[k] for k in ("task", "load", "model", "audit", "delta")}
+    backstop = {} if record_epsilon is None else {"record_epsilon": record_epsilon}
     return settings_hash({**own, "audit_version": AUDIT_VERSION, "method": method, "params": grid["methods"][method],
-                          "cell": [method, epsilon, seed]})
+                          "cell": [method, epsilon, seed], **backstop})  # fmt: skip
 
 
 def run_text_compare(cfg: TextCompareConfig) -> dict[str, Any]:
@@ -575,7 +591,8 @@ def run_text_compare(cfg: TextCompareConfig) -> dict[str, Any]:
     load = data_options(preset, cfg.data)
     grid = {"task": TASK, "load": load, "model": preset["model"], "audit": preset["audit"], "delta": delta,
             "methods": {m: preset["methods"][m] for m in cfg.methods}, "epsilons": cfg.epsilons,
-            "seeds": cfg.seeds}  # fmt: skip
+            "seeds": cfg.seeds,
+            **({} if cfg.record_epsilon is None else {"record_epsilon": cfg.record_epsilon})}  # fmt: skip
     cfg.out.mkdir(parents=True, exist_ok=True)
     grid_file = cfg.out / "grid.json"
     if grid_file.exists() and not cfg.overwrite:
@@ -589,26 +606,30 @@ def run_text_compare(cfg: TextCompareConfig) -> dict[str, Any]:
     data = load_text_data(**load)
     # no load time here: the detectors' time depends on the full texts, span contents included
     say(f"{data.source}; {data.train.truncated} redacted training texts cut at {data.train.max_len} tokens")
-    cells = [(m, None if not get_method(m).private else e, s) for m in cfg.methods
+    arms: list[tuple[str, float | None]] = [(m, None) for m in cfg.methods]
+    if cfg.record_epsilon is not None:
+        arms += [(m, cfg.record_epsilon) for m in cfg.methods if m in BACKSTOP_METHODS]
+    cells = [(m, None if not get_method(m).private else e, s, b) for m, b in arms
              for e in ([None] if not get_method(m).private else cfg.epsilons) for s in cfg.seeds]  # fmt: skip
     (cfg.out / "cells").mkdir(exist_ok=True)
     rows: list[dict[str, Any]] = []
     reused = 0
     started = time.perf_counter()
-    for i, (method, eps, seed) in enumerate(cells, 1):
-        key = cell_key(grid, method, eps, seed)
-        path = cfg.out / "cells" / f"{method}__eps{eps if eps is not None else 'none'}__seed{seed}__{key}.json"
+    for i, (method, eps, seed, backstop) in enumerate(cells, 1):
+        key = cell_key(grid, method, eps, seed, backstop)
+        arm = method if backstop is None else f"{method}__backstop{backstop:g}"
+        path = cfg.out / "cells" / f"{arm}__eps{eps if eps is not None else 'none'}__seed{seed}__{key}.json"
         if path.exists():
             rows.append(json.loads(path.read_text()))
             reused += 1
             continue
         if cfg.report_only:
             continue
-        say(f"cell {i} of {len(cells)}: {method}, ε = {eps if eps is not None else '—'}, seed {seed} "
-            f"({time.perf_counter() - started:.0f} s so far)")
+        say(f"cell {i} of {len(cells)}: {text_arm_label(method, backstop)}, ε = {eps if eps is not None else '—'}, "
+            f"seed {seed} ({time.perf_counter() - started:.0f} s so far)")
         row, _ = train_text_cell(data=data, method=method, epsilon=eps, delta=delta, seed=seed,
                                  model=preset["model"], params=preset["methods"][method], audit=preset["audit"],
-                                 device=cfg.device)  # fmt: skip
+                                 device=cfg.device, record_epsilon=backstop)  # fmt: skip
         atomic_write_json(path, row)
         rows.append(row)
     if not rows:
@@ -663,17 +684,19 @@ def mark_exposure_power(rows: Sequence[dict[str, Any]]) -> None:
 
 def summarize_text(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per method × target ε: means over seeds of perplexity, exposure, extraction, span inference."""
-    groups: dict[tuple[str, float | None], list[Mapping[str, Any]]] = {}
+    groups: dict[tuple[str, float | None, float | None], list[Mapping[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["method"], r["target_epsilon"]), []).append(r)
+        groups.setdefault((r["method"], r["target_epsilon"], r.get("backstop")), []).append(r)
     out = []
-    for (method, eps), rs in groups.items():
+    for (method, eps, backstop), rs in groups.items():
         ppl = [float(r["perplexity"]) for r in rs]
         ext = [r["extraction"] for r in rs]
         spi = [r["span_inference"] for r in rs if r.get("span_inference")]
         out.append({
-            "method": method, "epsilon": eps, "seeds": len(rs),
+            "method": method, "epsilon": eps, "seeds": len(rs), "backstop": backstop,
+            "label": text_arm_label(method, backstop),
             "epsilon_spent": _mean([r["epsilon"] for r in rs]),
+            "record_epsilon": _mean([r.get("record_epsilon") for r in rs]),
             "perplexity": float(np.mean(ppl)), "perplexity_std": float(np.std(ppl, ddof=1)) if len(ppl) > 1 else 0.0,
             "canary_exposure": _mean([r["canary_exposure"] for r in rs]),
             "exposure_by_repeats": {k: _mean([r["exposure"]["by_repeats"][k]["mean_exposure"] for r in rs
@@ -693,5 +716,14 @@ def summarize_text(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         })  # fmt: skip
     mark_exposure_power(out)
     order = {m: i for i, m in enumerate(TEXT_METHODS)}
-    out.sort(key=lambda r: (order.get(str(r["method"]), 99), cast(float, r["epsilon"] or 0.0)))
+    out.sort(key=lambda r: (order.get(str(r["method"]), 99), r["backstop"] or 0.0, cast(float, r["epsilon"] or 0.0)))
     return out
+
+
+def text_arm_label(method: str, backstop: float | None) -> str:
+    """A row's name: the method's, with `` + backstop E=8`` for a backstop arm.
+
+    >>> text_arm_label("fdp", 8.0), text_arm_label("public", None)
+    ('fdp + backstop E=8', 'public')
+    """
+    return method if backstop is None else f"{method} + backstop E={backstop:g}"

@@ -45,12 +45,14 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
         f"* Held-out texts: {(meta.get('heldout') or {}).get('note', 'see the data line')}.",
         f"* Command: `{meta['command']}`",
         "",
-        f"| method | ε | ε spent | perplexity ↓{uncovered} | exposure 10× (bits) | exposure 100× "
+        f"| method | ε | ε spent | record ε | perplexity ↓{uncovered} | exposure 10× (bits) | exposure 100× "
         "| extraction train / held-out | span inference (prior, bound) | control: 100× canary extracted / inferred |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         label = METHODS[r["method"]].label if r["method"] in METHODS else r["method"]
+        if r.get("backstop") is not None:
+            label += f" + backstop E={r['backstop']:g}"
         si = r.get("span_inference")
         si_txt = "—" if not si else (f"{_pct(si['accuracy'])} ({_pct(si['prior'])}, "
                                      f"{'—' if si['bound'] is None else _pct(si['bound'])})"
@@ -58,7 +60,8 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
         e = r["extraction"]
         std = f" ± {r['perplexity_std']:.2f}" if r["seeds"] > 1 else ""
         lines.append(
-            f"| {label} | {_f(r['epsilon'], 'g')} | {_f(r['epsilon_spent'], '.3f')} | {r['perplexity']:.2f}{std} "
+            f"| {label} | {_f(r['epsilon'], 'g')} | {_f(r['epsilon_spent'], '.3f')} "
+            f"| {_f(r.get('record_epsilon'), '.3f')} | {r['perplexity']:.2f}{std} "
             f"| {_f(r['canary_exposure'], '.1f')}{' (no power)' if r.get('exposure_no_power') else ''} "
             f"| {_f(r['exposure_by_repeats'].get('100'), '.1f')} "
             f"| {_pct(e['rate'])} / {_pct(e['heldout_rate'])} | {si_txt} "
@@ -81,7 +84,10 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
         "by less than 3 bits at every repeat count (10×, 100×), so the canaries were not memorised enough for a low "
         "exposure to show privacy. Extraction and span-inference targets are drawn at random (OS entropy), the same "
         "number from training and held-out texts; span inference's prior is the best guess without the model (the "
-        "likeliest candidate when values recur, 1/k when they are all distinct).",
+        "likeliest candidate when values recur, 1/k when they are all distinct). Record ε: the run's ε for whole "
+        "records — with a record-level backstop (`--record-epsilon E`) every pre-training, public and private step is "
+        "clipped and noised, so it bounds what the model reveals about anything in a record, including PII that Ψ "
+        "misses; — where the public view was read without noise (what Ψ misses is then public).",
         "",
         f"Wall time of this invocation: {meta.get('wall_s', 0):.0f} s ({meta.get('cells_run', 0)} cells trained, "
         f"{meta.get('cells_reused', 0)} reused); training time summed over the cells: "
@@ -92,6 +98,7 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
 
 def text_privacy_plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> dict[str, Any]:
     """Two panels: held-out perplexity vs ε and canary exposure (10×) vs ε; references as horizontal lines."""
+    rows = [r for r in rows if r.get("backstop") is None]  # the backstop arms are in summary.md's table
     fig, axes = plt.subplots(1, 2, figsize=(10.5, 4.2))
     drawn: dict[str, Any] = {"perplexity": {}, "canary_exposure": {}}
     panels = ((axes[0], "perplexity", "held-out perplexity (lower is better)"),

@@ -39,6 +39,7 @@ from featuredp.experiments.text_lm import (
     text_preset,
     train_text_model,
 )
+from featuredp.experiments.train_one import record_summary
 from featuredp.lm import perplexity
 from featuredp.methods import get_method
 from featuredp.plan import TrainResult
@@ -82,6 +83,7 @@ def train_text_run(*, out: str | Path | None, method: str, epsilon: float | None
         "noise_multiplier": result.plan.noise_multiplier, "noise": result.plan.noise, "bands": result.plan.bands,
         "correlated_noise": result.privacy_report.get("correlated_noise"), "max_grad_norm": result.plan.max_grad_norm,
         "sampling_rate": result.plan.sampling_rate, "steps": result.steps, "pretrain_steps": result.pretrain_steps,
+        **record_summary(result),
         "guarantee": result.guarantee, "data": data.source, "private": data.psi.describe().hides,
         "train_texts": len(data.train), "test_texts": len(data.test), "truncated": data.train.truncated,
         "canaries": len(data.canaries), **metrics, "heldout_source": held["source"],

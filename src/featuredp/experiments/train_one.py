@@ -107,6 +107,7 @@ def train_one(
     baselines: bool = False,
     noise: str = "independent",
     bands: int | None = None,
+    record_epsilon: float | None = None,
     **params: Any,
 ) -> TrainedModel:
     """Train ``method`` on ``dataset`` (or ``data``) with ``private`` columns and evaluate it.
@@ -202,6 +203,13 @@ def train_one(
         # Not through the preset's parameters: a non-private method given correlated noise is refused, never
         # dropped.
         kwargs.update(noise=noise, bands=bands)
+    if record_epsilon is not None:  # not through the preset either: nonprivate is refused, never dropped
+        kwargs["record_epsilon"] = record_epsilon
+        # the public method's steps are clipped now: the clipping settings it otherwise ignores apply (C, strategy)
+        for key in ("max_grad_norm", "strategy", "physical_batch_size"):
+            if params.get(key) is not None:
+                kwargs.setdefault(key, params[key])
+        kwargs.setdefault("delta", delta)  # the public method's steps become record-level DP steps
     if device is not None:
         kwargs["device"] = device
     if precision != "fp32":
@@ -242,6 +250,7 @@ def train_one(
         # sensitivity its ε is accounted at); None for independent noise
         "correlated_noise": result.privacy_report.get("correlated_noise"),
         "max_grad_norm": plan.max_grad_norm,
+        **record_summary(result),
         "sampling_rate": plan.sampling_rate,
         "batch_size": plan.expected_batch_size,
         "public_batch_size": plan.public_batch_size,
@@ -331,6 +340,16 @@ def references(result: TrainResult, train: Any, test: Any, fmap: Columns | None,
     kind = "loss" if "loss" in last else "public_loss" if "public_loss" in last else None
     return {"baselines": {"majority": majority, "public_only": public_only},
             "train_loss": None if kind is None else {"kind": kind, "value": float(last[kind])}}
+
+
+def record_summary(result: TrainResult) -> dict[str, Any]:
+    """The summary's record-level keys: ``record_epsilon`` (ε for whole records; null where the public view was
+    read without noise, and for nonprivate), ``record_backstop`` (whether a backstop noised the public steps) and
+    ``record_noise_multiplier`` (σ_pub)."""
+    rec = result.record_epsilon
+    return {"record_epsilon": None if rec is None or math.isinf(rec) else float(rec),
+            "record_backstop": result.plan.record_noise_multiplier is not None,
+            "record_noise_multiplier": result.plan.record_noise_multiplier}
 
 
 def train_tabular(**kwargs: Any) -> dict[str, Any]:

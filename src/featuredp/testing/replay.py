@@ -148,6 +148,10 @@ def replay_step(trainer: Any, data: Any, *, record: int, batch: Sequence[int]) -
         raise ValueError(f"replay_step needs a private method, got method={trainer.method!r}")
     if getattr(trainer, "_state", None) is not None:
         raise ValueError("replay_step needs a Trainer whose run has not started (build a fresh one)")
+    if getattr(trainer.privacy, "record_epsilon", None) is not None:
+        # Its step has two noisy sums (private and public); the observers below see one. Refused, never misjudged.
+        raise ValueError("replay_step does not cover the record-level backstop (record_epsilon) yet; replay the "
+                         "same trainer settings without record_epsilon (its private step is the same)")
     batch_all = as_batch(data)
     n = int(next(iter(batch_all.values())).shape[0])
     base = sorted({int(i) for i in batch})
