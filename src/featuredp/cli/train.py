@@ -286,7 +286,7 @@ def _one_run_noise(acc: float | None, public: float | None, test_rows: int | Non
     error of their difference on ``test_rows`` rows, at least one point. None without the numbers.
 
     >>> round(_one_run_noise(0.80, 0.81, 1000), 4), _one_run_noise(0.8, None, 1000)
-    (0.0355, None)
+    (0.0354, None)
     """
     if acc is None or public is None or not test_rows:
         return None
