@@ -56,6 +56,12 @@ def test_the_chunk_check_catches_the_marker_row_whenever_it_is_in_the_chunk():
     strategy = GhostGradients()
     strategy._chunk_check_rate = 1.0
     assert count_refusals(strategy, 32, 5) == 5  # the chunk is the whole batch of 32
+    try:
+        strategy.clipped_sum(MarkerMixer(), xent, marker_batch(32, 1), {}, 1.0)
+    except BatchMixingError as exc:
+        assert "MarkerMixer" in str(exc) and "\n" not in str(exc)  # one line naming the model
+    else:
+        pytest.fail("not refused")
 
 
 @pytest.mark.statistical

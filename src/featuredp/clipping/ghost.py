@@ -717,7 +717,8 @@ class GhostGradients:
             "dimension, e.g. x - x.mean(0))"
         )
         return (
-            "GhostGradients: the model mixes examples across the batch — computed from the whole batch, "
+            f"GhostGradients: the model ({type(model).__name__}) mixes examples across the batch — computed from "
+            "the whole batch, "
             f"{where} from each example's gradient computed on its own ({culprit}), so per-example clipping "
             "would not bound one record's influence and the reported ε would be false; make every layer "
             "per-example (batch_first=True for attention, GroupNorm/LayerNorm instead of batch statistics, no "
