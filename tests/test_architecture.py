@@ -152,3 +152,57 @@ def test_the_deprecated_import_paths_are_gone(module):
     assert module not in MODULES
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module(module)
+
+
+# -- one source per privacy quantity (issue 35, item 6) --------------------------------------------------------
+
+# The accountant's raw entry points. A run's ε, its ledger charge, its audits' terms, its σ and its step budget
+# must all come from PrivacyPlan (epsilon / event / dpsgd_terms / calibrated_noise_multiplier / affordable_steps),
+# so that a change to the accounted terms moves every one of them together. Calls elsewhere are allowed only
+# where no PrivacyPlan exists, each for the reason given.
+RAW_ACCOUNTING = {"epsilon_for", "dpsgd_event", "calibrate_noise_multiplier", "calibrate_steps"}
+RAW_ACCOUNTING_ALLOWED = {
+    "plan.py": "the one source: PrivacyPlan's terms",
+    "accounting/": "the accountant itself",
+    "correlated.py": "BandMF/BLT calibration on their own amplified terms (accounting.bandmf_terms / blt_terms)",
+    "cli/account.py": "`featuredp account`: σ, p, T typed by the user, no run",
+    "cli/calibrate.py": "`featuredp calibrate`: σ or T from the user's numbers, no run",
+    "experiments/protocols.py": "the paper's published constants (σ, p), not a run's plan",
+    "erm/_noise.py": "DP-ERM's output/objective perturbation (its own mechanism, no PrivacyPlan)",
+    "erm/noisy_sgd.py": "DP-ERM's noisy SGD (its own (σ, p, T), no PrivacyPlan)",
+}
+
+
+def _raw_accounting_calls(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name in RAW_ACCOUNTING:
+                out.append(f"{name} (line {node.lineno})")
+    return out
+
+
+def test_privacy_quantities_have_one_source():
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if any(rel == a or (a.endswith("/") and rel.startswith(a)) for a in RAW_ACCOUNTING_ALLOWED):
+            continue
+        bad.extend(f"{rel}: {call}" for call in _raw_accounting_calls(path))
+    assert not bad, (
+        "call the accountant through PrivacyPlan (epsilon, event, dpsgd_terms, calibrated_noise_multiplier, "
+        f"affordable_steps), or add the file to RAW_ACCOUNTING_ALLOWED with its reason: {bad}"
+    )
+
+
+def test_the_one_source_rule_sees_a_stray_call(tmp_path):
+    stray = tmp_path / "stray.py"
+    stray.write_text("from featuredp.accounting import epsilon_for\neps = epsilon_for(1.0, 0.01, 10, 1e-5)\n")
+    assert _raw_accounting_calls(stray) == ["epsilon_for (line 2)"]
+    # and the engine as it was before: calibrating σ on the raw sampling rate
+    old = tmp_path / "engine.py"
+    old.write_text("sigma = accounting.calibrate_noise_multiplier(eps, delta, p, steps)\n")
+    assert _raw_accounting_calls(old) == ["calibrate_noise_multiplier (line 1)"]

@@ -67,9 +67,7 @@ from featuredp._io import atomic_save_torch, load_torch_safely
 from featuredp._validate import check_choice, check_delta, check_int
 from featuredp.accounting import (
     BudgetLedger,
-    calibrate_noise_multiplier,
     calibrate_record_noise,
-    calibrate_steps,
     check_sampler_tail,
     sampler_max_radius,
     sampler_tail_delta,
@@ -358,10 +356,14 @@ class Trainer:
         if record.private:
             assert delta is not None  # checked in __init__
             acct: dict[str, Any] = {"relation": p_cfg.relation, "accountant": p_cfg.accountant}
+            # σ and the step budget are calibrated on the plan's own accounted terms (PrivacyPlan.dpsgd_terms), the
+            # ones its ε, the ledger and the audits read.
+            accounted = PrivacyPlan(self.method, n, m, p, steps, noise_multiplier=1.0 if sigma is None else sigma,
+                                    delta=delta, **acct)  # fmt: skip
             if sigma is None:
                 assert p_cfg.target_epsilon is not None  # checked in __init__
                 if coeffs is None:
-                    sigma = calibrate_noise_multiplier(p_cfg.target_epsilon, delta, p, steps, **acct)
+                    sigma = accounted.calibrated_noise_multiplier(p_cfg.target_epsilon)
                 else:  # never overshoots: σ / sens(C) is at least the calibrated multiplier of its event
                     sigma = correlated.calibrate(p_cfg.noise, p_cfg.target_epsilon, delta, m, n, steps, bands, coeffs,
                                                  **acct)  # fmt: skip
@@ -370,7 +372,7 @@ class Trainer:
                 if sigma == 0:
                     raise ValueError("noise_multiplier=0 cannot meet any target_epsilon; drop target_epsilon")
                 if coeffs is None:
-                    budget = calibrate_steps(p_cfg.target_epsilon, delta, p, sigma, **acct)
+                    budget = accounted.affordable_steps(p_cfg.target_epsilon)
                 else:
                     budget = correlated.budget_steps(p_cfg.noise, p_cfg.target_epsilon, delta, sigma, m, n, steps,
                                                      bands, coeffs, **acct)  # fmt: skip

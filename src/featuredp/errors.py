@@ -35,5 +35,10 @@ class PrivacyLeakWarning(UserWarning):
     """Something was computed from private data outside the accounted mechanism."""
 
 
+class SmallSampleWarning(UserWarning):
+    """An evaluation set so small that one row moves a reported rate by a sizeable step (e.g. a test split
+    under 200 rows: one row is more than half a point of accuracy)."""
+
+
 class PrivacyRiskWarning(UserWarning):
     """A setting is legal but weak, e.g. delta >= 1/n allows releasing a whole record."""

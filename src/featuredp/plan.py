@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from featuredp.accounting import DpEvent, compute_epsilon, dpsgd_event, epsilon_for
+from featuredp.accounting import DpEvent, calibrate_noise_multiplier, calibrate_steps, compute_epsilon, dpsgd_event
 from featuredp.accounting import record_epsilon as _record_epsilon
 from featuredp.accounting import record_event as _record_event
 from featuredp.accounting.bandmf import bandmf_terms
@@ -185,12 +185,37 @@ class PrivacyPlan:
             return math.inf
         if self.delta is None:
             raise ValueError(f"the plan of private method {self.method!r} needs delta to state ε(δ)")
+        # One source: the printed ε, the ledger's charge (reserve/settle), the audits' terms and calibration all
+        # read dpsgd_terms, through event() (tests/test_architecture.py forbids other paths).
+        return compute_epsilon(self.event(t), self.delta, relation=self.relation, accountant=self.accountant)
+
+    def calibrated_noise_multiplier(self, target_epsilon: float) -> float:
+        """The smallest σ whose :meth:`epsilon` after the planned ``steps`` is at most ``target_epsilon``
+        (independent noise), calibrated on the same (q, T) that :meth:`dpsgd_terms` accounts.
+
+        >>> plan = PrivacyPlan("dpsgd", 1000, 10, 0.01, 100, noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5)
+        >>> sigma = plan.calibrated_noise_multiplier(2.0)
+        >>> round(replace(plan, noise_multiplier=sigma).epsilon(), 2) <= 2.0
+        True
+        """
         if self.noise != "independent":
-            return compute_epsilon(self.event(t), self.delta, relation=self.relation, accountant=self.accountant)
-        return epsilon_for(
-            self.noise_multiplier, self.sampling_rate, t, self.delta,
-            relation=self.relation, accountant=self.accountant,
-        )  # fmt: skip
+            raise ValueError(f"calibrated_noise_multiplier is for independent noise, got noise={self.noise!r}")
+        if self.delta is None:
+            raise ValueError(f"the plan of private method {self.method!r} needs delta to calibrate σ")
+        unit, q, t = replace(self, noise_multiplier=1.0).dpsgd_terms(self.steps)
+        return calibrate_noise_multiplier(target_epsilon, self.delta, q, t, relation=self.relation,
+                                          accountant=self.accountant) / unit  # fmt: skip
+
+    def affordable_steps(self, target_epsilon: float) -> int:
+        """The most private steps whose :meth:`epsilon` is at most ``target_epsilon`` (independent noise), on the
+        same (σ, q) that :meth:`dpsgd_terms` accounts."""
+        if self.noise != "independent":
+            raise ValueError(f"affordable_steps is for independent noise, got noise={self.noise!r}")
+        if self.delta is None:
+            raise ValueError(f"the plan of private method {self.method!r} needs delta to budget steps")
+        sigma, q, _ = self.dpsgd_terms(self.steps)
+        return calibrate_steps(target_epsilon, self.delta, q, sigma, relation=self.relation,
+                               accountant=self.accountant)  # fmt: skip
 
     def event(self, steps: int, *, segment: bool = False) -> DpEvent:
         """The dp_accounting event of ``steps`` private steps of this plan (σ > 0; a private method).

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from featuredp import correlated
-from featuredp.accounting import BudgetLedger, Reservation, compose_events, compute_epsilon, dpsgd_event
+from featuredp.accounting import BudgetLedger, Reservation, compose_events, compute_epsilon
 from featuredp.config import PrivacyConfig, ScheduleConfig
 from featuredp.distributed import shard_bounds
 from featuredp.errors import BudgetExceededError, PrivacyRiskWarning
@@ -454,17 +454,12 @@ class ModelRuns:
 
 
 def _phase(plan: PrivacyPlan, steps: int) -> dict[str, Any]:
-    """One run's private phase on a model (with its plan when its noise is correlated, whose event needs it)."""
-    phase: dict[str, Any] = {"noise_multiplier": plan.noise_multiplier, "sampling_rate": plan.sampling_rate,
-                             "steps": steps}  # fmt: skip
-    if getattr(plan, "noise", "independent") != "independent":
-        phase["plan"] = plan
-    return phase
+    """One run's private phase on a model (with its plan: its event is the plan's, the one source of its terms)."""
+    return {"noise_multiplier": plan.noise_multiplier, "sampling_rate": plan.sampling_rate, "steps": steps,
+            "plan": plan}  # fmt: skip
 
 
 def _phase_event(phase: dict[str, Any]) -> Any:
     """A phase's event: DP-SGD's, or a correlated-noise segment's (a resumed run records each part; they never add
     to less)."""
-    if "plan" in phase:
-        return phase["plan"].event(phase["steps"], segment=True)
-    return dpsgd_event(phase["noise_multiplier"], phase["sampling_rate"], phase["steps"])
+    return phase["plan"].event(phase["steps"], segment=True)

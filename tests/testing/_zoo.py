@@ -130,6 +130,30 @@ class ScaleByBatch(nn.Module):
         return self.head(torch.tanh(self.lin(z)))
 
 
+MARKER = 3.0
+
+
+class MarkerMixer(nn.Module):
+    """Mixes only when a marker row (first column exactly ``MARKER``) is in the batch, and only into that row.
+
+    The marker row's hidden features get the batch mean of one hidden feature (its value: no gradient reaches
+    the other rows through it). Every other row is computed on its own, so a check that recomputes a few rows
+    alone sees it only when it looks at the marker row: the chunk check's power test
+    (tests/clipping/test_ghost_chunk_check.py). Not in ADVERSARIAL: it is caught with a probability per step,
+    not on every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D_IN, 16)
+        self.head = nn.Linear(16, N_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.lin(x))
+        marked = (x[:, :1] == MARKER).to(h.dtype)  # zero without a marker row: then nothing is mixed
+        # Values only (no gradient reaches the other rows); no data-dependent branch, so torch.func can vmap it.
+        return self.head(h + marked * h[:, :1].detach().mean(0, keepdim=True))
+
+
 ORDINARY: dict[str, Callable[[], nn.Module]] = {
     "mlp": mlp,
     "groupnorm": GroupNormNet,

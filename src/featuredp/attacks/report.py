@@ -159,7 +159,8 @@ def write_attribute_report(result: dict, out_dir: str | os.PathLike[str], *, tit
                 f"**{result['bound']:.4f}** ({mem['bound_method']})",
                 f"- Theorem 4 verdict: **{result.get('bound_verdict', '?')}**"
                 + (f" ({result['reason']})" if result.get("reason") else "")
-                + " (\"exceeds\" needs the best attack's lower 95% limit above the bound)",
+                + " (\"exceeds\" needs the best attack's lower limit above the bound, \"within\" its upper limit "
+                "below a bound under 0.95; otherwise inconclusive)",
                 f"- Hidden from the adversary: {result['hidden_columns']}; label public: {result['label_public']}",
                 f"- Advantage = attack accuracy − imputation accuracy on the same {result['n_targets']} targets.",
             ]

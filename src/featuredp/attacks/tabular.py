@@ -18,7 +18,6 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from featuredp._validate import check_choice, check_int, check_open_unit
-from featuredp.accounting import epsilon_for
 from featuredp.accounting.tradeoff import attribute_inference_bound
 from featuredp.attacks import torch_adapter as ta
 from featuredp.attacks.attribute import (
@@ -29,7 +28,7 @@ from featuredp.attacks.attribute import (
     score_attack,
     theorem4_bound,
 )
-from featuredp.attacks.bounds import multi_run_epsilon_lower_bound, one_run_audit
+from featuredp.attacks.bounds import clopper_pearson, multi_run_epsilon_lower_bound, one_run_audit
 from featuredp.attacks.canaries import (
     feature_canaries,
     feature_canary_scores,
@@ -51,6 +50,8 @@ MAX_JOINT_CANDIDATES = 256
 MIN_TARGETS = 100
 MIN_IMPUTER_ROWS = 200
 MAX_BASELINE_WIDTH = 0.2
+# A Theorem 4 bound at or above this says nothing an attack could fail: "within" it is not evidence of privacy.
+MAX_INFORMATIVE_BOUND = 0.95
 #: rows (targets first) the baseline's imputers are cross-fitted on; more only costs time
 IMPUTER_ROWS = 10_000
 
@@ -137,10 +138,12 @@ def attribute_audit(
     by 5-fold cross-fitted accuracy on the targets and up to ``imputer_rows`` other rows of
     both splits (the adversary may know every record but the target's private values); the
     bound is computed from the upper end of the Clopper–Pearson interval of its held-out
-    accuracy on the member targets, and "exceeds" needs the best attack's lower Wilson limit
-    above the bound. ``bound_verdict`` is "within", "exceeds", "inconclusive" (``reason``
-    says why: fewer than :data:`MIN_TARGETS` targets, fewer than :data:`MIN_IMPUTER_ROWS`
-    rows per fold, a baseline interval wider than :data:`MAX_BASELINE_WIDTH`) or "not
+    accuracy on the member targets; the verdict (:func:`theorem4_verdict`) reads the best attack's
+    Clopper–Pearson interval at ``confidence``: "exceeds" needs its lower end above the bound,
+    "within" its upper end below a bound under :data:`MAX_INFORMATIVE_BOUND`. ``bound_verdict``
+    is "within", "exceeds", "inconclusive" (``reason`` says why: fewer than :data:`MIN_TARGETS`
+    targets, fewer than :data:`MIN_IMPUTER_ROWS` rows per fold, a baseline interval wider than
+    :data:`MAX_BASELINE_WIDTH`, a bound ≥ 0.95, an interval that contains the bound) or "not
     applicable" (the attribute is not private, or ε = ∞).
     """
     n_targets = check_int("n_targets", n_targets, minimum=10)
@@ -233,8 +236,9 @@ def attribute_audit(
         rows = [score_attack("imputation", group, truth, base_guess, base_guess, confidence)]
         rows += [score_attack(name, group, truth, g, base_guess, confidence) for name, g in guesses.items()]
         best = max(rows[1:], key=lambda s: s.accuracy)
-        reasons = _inconclusive_reasons(n_t, base.n_fit, ball)
-        within = bool(best.accuracy_ci[0] <= bound)
+        success_ci = clopper_pearson(round(best.accuracy * n_t), n_t, confidence)
+        verdict_here, why = theorem4_verdict(bound, success_ci, _inconclusive_reasons(n_t, base.n_fit, ball),
+                                             confidence)  # fmt: skip
         groups[group] = {
             "ball": dataclasses.asdict(ball),
             "bound": bound,
@@ -243,11 +247,12 @@ def attribute_audit(
             "best_attack": best.attack,
             "best_accuracy": best.accuracy,
             "best_accuracy_ci": list(best.accuracy_ci),
+            "best_accuracy_cp": list(success_ci),
             "best_advantage": best.advantage,
-            # an audit too small to bound anything claims neither "within" nor "exceeds"
-            "within_bound": None if reasons else within,
-            "bound_verdict": "inconclusive" if reasons else ("within" if within else "exceeds"),
-            "reason": "; ".join(reasons),
+            # an audit that cannot tell claims neither "within" nor "exceeds"
+            "within_bound": None if verdict_here == "inconclusive" else verdict_here == "within",
+            "bound_verdict": verdict_here,
+            "reason": why,
             "beats_imputation": bool(best.advantage_ci[0] > 0),
         }
     mem = groups["members"]
@@ -288,6 +293,36 @@ def attribute_audit(
         "verdict": verdict,
         "n_targets": n_t,
     }
+
+
+def theorem4_verdict(
+    bound: float, success_ci: tuple[float, float], reasons: list[str], confidence: float = 0.95
+) -> tuple[str, str]:
+    """("within" | "exceeds" | "inconclusive", why) for an attack whose success has the Clopper–Pearson interval
+    ``success_ci`` (at ``confidence``) against Theorem 4's ``bound``.
+
+    "exceeds" needs the interval's lower end above the bound; "within" needs its upper end below the bound and a
+    bound below :data:`MAX_INFORMATIVE_BOUND`; anything else, or an audit with ``reasons`` against it (too few
+    targets or imputer rows, a wide baseline), is "inconclusive": it cannot tell.
+
+    >>> theorem4_verdict(0.99, (0.50, 0.60), [])[0]  # 199 targets: every attack is "within" 0.99
+    'inconclusive'
+    >>> theorem4_verdict(0.70, (0.62, 0.74), [])[0], theorem4_verdict(0.70, (0.55, 0.66), [])[0]
+    ('inconclusive', 'within')
+    """
+    lo, hi = success_ci
+    level = f"{confidence:.0%}"
+    if reasons:
+        return "inconclusive", "; ".join(reasons)
+    if lo > bound:
+        return "exceeds", ""
+    if bound >= MAX_INFORMATIVE_BOUND:
+        return "inconclusive", (f"the bound {bound:.3f} is at or above {MAX_INFORMATIVE_BOUND}: no attack could "
+                                "exceed it, so being within it says nothing")  # fmt: skip
+    if hi >= bound:
+        return "inconclusive", (f"the attack's {level} Clopper–Pearson interval [{lo:.3f}, {hi:.3f}] contains the "
+                                f"bound {bound:.3f}: too few targets to tell")  # fmt: skip
+    return "within", ""
 
 
 def _inconclusive_reasons(n_targets: int, n_fit: int, ball: Any) -> list[str]:
@@ -341,15 +376,15 @@ def _attribute_verdict(mem: dict, non: dict, applies: bool, epsilon: float) -> s
     else:
         parts.append("No attack beats the imputation baseline on training records (CI includes 0).")
     if applies and not math.isinf(epsilon):
-        lcl = mem["best_accuracy_ci"][0]
+        lcl = mem["best_accuracy_cp"][0]
         if mem["bound_verdict"] == "inconclusive":
-            parts.append(f"Theorem 4: INCONCLUSIVE, the audit is too small to bound anything ({mem['reason']}); "
-                         f"no bound is claimed.")  # fmt: skip
+            parts.append(f"Theorem 4: INCONCLUSIVE, the audit cannot tell ({mem['reason']}); no bound is claimed.")
         elif mem["within_bound"]:
-            parts.append(f"Attack success (lower 95% limit {lcl:.3f}) is within Theorem 4's bound {mem['bound']:.3f}.")
+            ucl = mem["best_accuracy_cp"][1]
+            parts.append(f"Attack success (upper limit {ucl:.3f}) is within Theorem 4's bound {mem['bound']:.3f}.")
         else:
             parts.append(
-                f"VIOLATION: attack success (lower 95% limit {lcl:.3f}) exceeds Theorem 4's bound "
+                f"VIOLATION: attack success (lower limit {lcl:.3f}) exceeds Theorem 4's bound "
                 f"{mem['bound']:.3f} — the claim or the Ball estimate is wrong."
             )
     return " ".join(parts)
@@ -606,9 +641,8 @@ def _claims(method: str, result: TrainResult) -> dict[str, float]:
     if steps == 0:
         return {"add_remove": 0.0, "replace_one": 0.0, "record_level": 0.0 if _record_level(record) else math.inf}
     assert plan.delta is not None  # the engine refuses a private method without δ
-    terms = plan.dpsgd_terms(steps)
-    ar = epsilon_for(*terms, plan.delta)
-    ro = epsilon_for(*terms, plan.delta, relation="replace-one")
+    ar = dataclasses.replace(plan, relation="add-remove", accountant="pld").epsilon(steps)
+    ro = dataclasses.replace(plan, relation="replace-one", accountant="pld").epsilon(steps)
     # DP-SGD is record-level DP; the FDP methods read Ψ(S) (labels, public columns) freely
     return {"add_remove": ar, "replace_one": ro, "record_level": ar if _record_level(record) else math.inf}
 
@@ -637,7 +671,7 @@ def _gradient_canary_audit(run: Any, canaries: int, runs: int, delta: float, bet
     sigma, rate, rounds = plan.dpsgd_terms(steps)  # the mechanism the run is accounted as (BandMF: amplified DP-SGD)
     scores, bits = simulate_dpsgd_gradient_canaries(canaries * runs, sigma, rate, rounds, rng)
     one = one_run_audit(scores, bits, delta, beta=beta)
-    claim = epsilon_for(sigma, rate, rounds, delta)
+    claim = dataclasses.replace(plan, delta=delta, relation="add-remove", accountant="pld").epsilon(steps)
     out = {
         "attack": "canary",
         "kind": "gradient",

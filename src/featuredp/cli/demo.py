@@ -181,7 +181,9 @@ def _audit(trained: Any, data: tuple[Any, Any], attribute: str, private: list[st
         "advantage": float(res["advantage"]),
         "bound": float(res["bound"]),  # Theorem 4: the most any attack may reach at this (ε, δ) run
         "ball": float(res["ball"]),
-        "within_bound": bool(members["within_bound"]),
+        # None when the audit cannot tell (bound >= 0.95, or the success interval contains it)
+        "within_bound": members["within_bound"],
+        "bound_verdict": res["bound_verdict"],
         "targets": int(res["n_targets"]),
         "verdict": res["verdict"],
     }
@@ -210,7 +212,7 @@ def _report(rows: list[dict[str, Any]], audit: dict[str, Any] | None, data: tupl
     lines.append(f"FDP protects only what is private ({', '.join(private)}), DP-SGD whole records: the tighter the "
                  "budget, the more that difference is worth.")
     if audit is not None:
-        verdict = "within" if audit["within_bound"] else "ABOVE"
+        verdict = {True: "within", False: "ABOVE"}.get(audit["within_bound"], "cannot tell whether it is within")
         lines += ["", f"Audit of the FDP model at epsilon {audit['epsilon']:.2g}: inferring {audit['attribute']} of "
                   f"{audit['targets']:,} training records, the best attack ({audit['best_attack']}) is right "
                   f"{100 * audit['success']:.1f}% of the time, the imputation baseline (public columns and label "

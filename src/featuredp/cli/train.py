@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -268,20 +269,38 @@ def _reference_lines(summary: dict[str, Any]) -> list[str]:
     parts = []
     if refs.get("majority") is not None:
         parts.append(f"majority class {refs['majority']:.4f}")
+    noise = _one_run_noise(summary.get("accuracy"), refs.get("public_only"), refs.get("test_rows"))
     if refs.get("public_only") is not None:
-        parts.append(f"public only {refs['public_only']:.4f} (Ψ alone: free)")
+        spread = f", ±{noise:.4f} test noise" if noise is not None else ""
+        parts.append(f"public only {refs['public_only']:.4f} (one run{spread}; Ψ alone: free)")
     lines = [f"references        {', '.join(parts)}"] if parts else []
     loss = summary.get("train_loss")
     if loss:
         what = "public loss ℓ_pub on public batches" if loss["kind"] == "public_loss" else "loss on training batches"
         lines.append(f"training loss     {loss['value']:.4g} ({what}, last log point)")
     acc, public = summary.get("accuracy"), refs.get("public_only")
-    if acc is not None and public is not None and acc < public:
+    if acc is not None and public is not None and acc < public and noise is not None and public - acc <= noise:
+        lines.append(f"note              the private model ({acc:.4f}) and the public-only reference ({public:.4f}) "
+                     f"differ by less than one run's noise (±{noise:.4f}): no difference is shown")
+    elif acc is not None and public is not None and acc < public:
         lines.append(f"note              the private model ({acc:.4f}) is below the public-only reference "
                      f"({public:.4f}): train longer (--epochs) or with a larger --lr, pre-train on the public "
                      "view (--pretrain-epochs), or raise --epsilon; --tune public (free under FDP) or --tune "
                      "private tries settings")
     return lines
+
+
+def _one_run_noise(acc: float | None, public: float | None, test_rows: int | None) -> float | None:
+    """How far two single runs' test accuracies may differ by the test set's sampling alone: twice the standard
+    error of their difference on ``test_rows`` rows, at least one point. None without the numbers.
+
+    >>> round(_one_run_noise(0.80, 0.81, 1000), 4), _one_run_noise(0.8, None, 1000)
+    (0.0354, None)
+    """
+    if acc is None or public is None or not test_rows:
+        return None
+    se = math.sqrt((acc * (1 - acc) + public * (1 - public)) / test_rows)
+    return max(0.01, 2 * se)
 
 
 def _check_flags(args: argparse.Namespace) -> None:

@@ -40,7 +40,12 @@ gradients of the first four examples are recomputed on their own (a forward and
 backward of each example alone) and compared with the ghost ones; a mismatch
 raises :class:`featuredp.clipping.BatchMixingError`. Every call runs under
 :class:`featuredp.clipping.ForwardStateGuard`, because the private forward
-runs on the real model and must not write into its parameters or buffers.
+runs on the real model and must not write into its parameters or buffers, and
+every private forward under :class:`featuredp.clipping.safety.AutogradHookGuard`,
+which refuses backward hooks and saved-tensor hooks (they could edit the
+gradients read after the clip factors are known). The clipped sum is formed
+from the same recorded activations and output gradients as the norms (one
+backward pass; there is no second, unchecked one).
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ from featuredp.clipping.base import (
     trainable_parameters,
 )
 from featuredp.clipping.rules import Contribution, Dense, NormCache, NotPerExampleError, Rule, combine, rule_for
-from featuredp.clipping.safety import ForwardStateGuard, check_no_batch_mixing
+from featuredp.clipping.safety import AutogradHookGuard, ForwardStateGuard, check_no_batch_mixing
 from featuredp.errors import BatchMixingError
 from featuredp.features.base import Batch
 
@@ -200,6 +205,20 @@ _SEPARABILITY_CLIP_TOL = 1e-6
 # float64, alone): two float32 evaluations differ by at most about twice it.
 _SEPARABILITY_NOISE_FACTOR = 8.0
 _SEPARABILITY_EXAMPLES = 2
+# The chunk check: on a secret share of the steps (OS entropy, never a seed), a secret random chunk of the checked
+# physical chunk (up to this many rows) is recomputed per example with torch.func, and its clipped sum compared
+# with ghost's. One row that mixes only itself with the batch (a marker row) is in the chunk with probability
+# chunk/B, so a run of T steps catches it with probability at least 1 − (1 − rate·chunk/B)^T (docs/engine.md).
+_CHUNK_CHECK_RATE = 0.125
+_CHUNK_CHECK_EXAMPLES = 32
+# Tolerance of the chunk's clipped sums: relative to Σ_i ‖c_i g_i‖ (rounding scales with the terms, not the sum),
+# plus a floor of 1e-6·C per row. A mismatch is confirmed example by example (batch-of-one autograd, with the
+# every-step check's tolerances and rounding retry) before the step is refused.
+_CHUNK_RTOL = 1e-3
+
+
+def _owner(model: nn.Module) -> str:
+    return f"GhostGradients ({type(model).__name__})"
 
 
 def _example_gradient(
@@ -209,7 +228,9 @@ def _example_gradient(
     ``params`` in order; zeros where no gradient reaches a parameter."""
     one, one_d = slice_batch(batch, slice(i, i + 1)), slice_batch(draws, slice(i, i + 1))
     tensors = list(params.values())
-    gs = torch.autograd.grad(loss_fn(model, one, one_d).sum(), tensors, allow_unused=True)
+    with AutogradHookGuard(_owner(model)):
+        losses = loss_fn(model, one, one_d)
+    gs = torch.autograd.grad(losses.sum(), tensors, allow_unused=True)
     return [torch.zeros_like(t) if g is None else g.detach() for g, t in zip(gs, tensors)]
 
 
@@ -226,9 +247,10 @@ class GhostGradients:
         Examples processed at once (memory bound); ``None`` processes the whole batch (the memory
         of a non-private step). It does not change the result beyond float summation order.
     reweight:
-        How the clipped sum is formed once the clip factors are known: ``"matmul"`` (one weighted
-        matmul per layer from the recorded activations; default, faster) or ``"backward"`` (a second
-        backward pass of Σ_i c_i loss_i).
+        How the clipped sum is formed once the clip factors are known: ``"matmul"``, one weighted matmul
+        per layer from the recorded activations and output gradients, the same ones the norms came from
+        (the only choice: ``"backward"``, a second backward pass of Σ_i c_i loss_i, was removed because
+        nothing checked that pass, and it was slower).
     fallback_batch_size:
         Chunk size of the torch.func fallback (its memory grows with the fallback parameters).
 
@@ -247,18 +269,20 @@ class GhostGradients:
     _check_separability: bool = True
     #: Run every call under :class:`ForwardStateGuard` (switched off only to measure its cost; never otherwise).
     _guard_forward: bool = True
+    #: Share of the steps whose chunk check runs (tests set 0 to show what it catches; never lower it otherwise).
+    _chunk_check_rate: float = _CHUNK_CHECK_RATE
 
     def __init__(
         self,
         physical_batch_size: int | None = None,
         *,
-        reweight: Literal["matmul", "backward"] = "matmul",
+        reweight: Literal["matmul"] = "matmul",
         fallback_batch_size: int = 256,
     ) -> None:
         self.physical_batch_size = (
             None if physical_batch_size is None else check_int("physical_batch_size", physical_batch_size, minimum=1)
         )
-        self.reweight = check_choice("reweight", reweight, ("matmul", "backward"))
+        self.reweight = check_choice("reweight", reweight, ("matmul",))
         self.fallback_batch_size = check_int("fallback_batch_size", fallback_batch_size, minimum=1)
         self._plans: weakref.WeakKeyDictionary[nn.Module, GhostPlan] = weakref.WeakKeyDictionary()
         self.fallback_layers: list[str] = []
@@ -430,10 +454,15 @@ class GhostGradients:
         part_d = slice_batch(draws, slice(start, start + sizes[index]))
         exact = loss_fn.loss_fn if isinstance(loss_fn, AutocastLoss) else loss_fn
 
+        # Decided before the forward, from OS entropy: the model cannot tell which steps are checked.
+        chunk_check = bool(self._secret.random() < self._chunk_check_rate)
+
         def inspect(
             combined: dict[str, Contribution], parts: dict[str, list[Contribution]], norms: torch.Tensor
         ) -> None:
             self._compare_with_alone(plan, model, exact, part_b, part_d, params, combined, parts, norms, C)
+            if chunk_check:
+                self._compare_chunk(plan, model, exact, part_b, part_d, params, combined, parts, norms, C)
 
         if not _has_randomness(model) and exact is loss_fn:
             return index, inspect  # checked on the step's own chunk: no extra forward
@@ -457,12 +486,14 @@ class GhostGradients:
         parts: dict[str, list[Contribution]],
         norms: torch.Tensor,
         C: float = math.inf,
+        picked: np.ndarray | None = None,
     ) -> None:
-        """Raise BatchMixingError if the ghost gradients or norms of a few secretly chosen examples differ from
-        theirs computed alone."""
+        """Raise BatchMixingError if the ghost gradients or norms of a few secretly chosen examples (or those
+        ``picked``) differ from theirs computed alone."""
         # Rows with a non-finite gradient contribute zero and would make every comparison false: choose among
         # the others (if none is left there is nothing this step could leak through mixing that is summed).
-        picked = self._pick(norms)
+        if picked is None:
+            picked = self._pick(norms)
         if picked is None:
             return
         k = len(picked)
@@ -519,6 +550,64 @@ class GhostGradients:
                    if bool((torch.linalg.vector_norm(d, dim=1) > _SEPARABILITY_RTOL * torch.linalg.vector_norm(r, dim=1)
                             + _SEPARABILITY_TERM_TOL * bound.to(d.dtype)).any())]  # fmt: skip
             raise BatchMixingError(self._mixing_message(plan, model, bad))
+
+    def _compare_chunk(
+        self,
+        plan: GhostPlan,
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        params: dict[str, torch.Tensor],
+        combined: dict[str, Contribution],
+        parts: dict[str, list[Contribution]],
+        norms: torch.Tensor,
+        C: float,
+    ) -> None:
+        """Raise BatchMixingError if ghost's clipped sum over a secret random chunk of rows differs from the same
+        rows' clipped sum from torch.func per-example gradients (each example alone)."""
+        finite = torch.isfinite(norms).nonzero().flatten().cpu().numpy()
+        if len(finite) == 0:
+            return
+        picked = np.sort(self._secret.choice(finite, size=min(_CHUNK_CHECK_EXAMPLES, len(finite)), replace=False))
+        rows = torch.as_tensor(picked, dtype=torch.int64, device=norms.device)
+        sub_b = {k: v[rows.to(v.device)] for k, v in batch.items()}
+        sub_d = {k: v[rows.to(v.device)] for k, v in draws.items()}
+        names = list(params)
+        try:
+            ref = per_example_grads(model, loss_fn, sub_b, sub_d, names)
+        except Exception:  # a model torch.func cannot vmap (dynamic shapes): one example at a time
+            ref = self._alone(model, loss_fn, sub_b, sub_d, params, np.arange(len(picked)), twice=False)
+        k = len(picked)
+        with torch.no_grad():
+            # The (k, P) gradients stay in their dtype (float32 norms of k rows: ~1e-6 relative, far inside the
+            # tolerance); only the P-vectors' difference is taken in float64. Few passes: this runs on a share of
+            # all steps.
+            ref2d = {n: ref[n].reshape(k, -1) for n in names}
+            ref_sq = add_up([torch.linalg.vector_norm(r, dim=1).to(torch.float64).square() for r in ref2d.values()])
+            ref_factors = clip_factors(ref_sq.sqrt(), C)
+            factors = clip_factors(norms[rows].to(torch.float64), C)
+            diff_sq = torch.zeros((), dtype=torch.float64, device=norms.device)
+            mine2d: dict[str, torch.Tensor] = {}
+            for n in names:
+                theirs = (ref_factors.to(ref2d[n].dtype) @ ref2d[n]).to(torch.float64)
+                if n in combined:
+                    mine2d[n] = combined[n].examples(rows).reshape(k, -1)
+                    mine = (factors.to(mine2d[n].dtype) @ mine2d[n]).to(torch.float64)
+                    diff_sq += (mine - theirs).square().sum()
+                else:
+                    diff_sq += theirs.square().sum()
+            scale = float((ref_factors * ref_sq.sqrt()).nan_to_num(posinf=0.0).sum())
+            tol = _CHUNK_RTOL * scale + _SEPARABILITY_CLIP_TOL * (C if math.isfinite(C) else scale) * k
+            failed = not (float(diff_sq.sqrt()) <= tol)
+        if failed:
+            # Confirm on the rows that differ most, with the every-step comparison (its tolerances, its rounding
+            # retry): it raises, naming the layers, unless float rounding explains the difference.
+            with torch.no_grad():
+                row_sq = add_up([torch.linalg.vector_norm((mine2d[n].to(r.dtype) - r) if n in mine2d else r, dim=1)
+                                 .to(torch.float64).square() for n, r in ref2d.items()])  # fmt: skip
+            worst = picked[np.sort(torch.argsort(row_sq, descending=True)[:_SEPARABILITY_EXAMPLES].cpu().numpy())]
+            self._compare_with_alone(plan, model, loss_fn, batch, draws, params, combined, parts, norms, C, worst)
 
     @staticmethod
     def _rounding_noise(
@@ -628,7 +717,8 @@ class GhostGradients:
             "dimension, e.g. x - x.mean(0))"
         )
         return (
-            "GhostGradients: the model mixes examples across the batch — computed from the whole batch, "
+            f"GhostGradients: the model ({type(model).__name__}) mixes examples across the batch — computed from "
+            "the whole batch, "
             f"{where} from each example's gradient computed on its own ({culprit}), so per-example clipping "
             "would not bound one record's influence and the reported ε would be false; make every layer "
             "per-example (batch_first=True for attention, GroupNorm/LayerNorm instead of batch statistics, no "
@@ -693,7 +783,9 @@ class GhostGradients:
         for layer in plan.layers:
             make_hooks(layer)
         try:
-            losses = loss_fn(model, batch, draws)
+            # Every call, not only the first: a hook can be added on any step.
+            with AutogradHookGuard(_owner(model)):
+                losses = loss_fn(model, batch, draws)
         finally:
             for h in handles:
                 h.remove()
@@ -735,7 +827,7 @@ class GhostGradients:
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         B = losses.shape[0]
         validate = not plan.validated
-        keep_graph = validate or (self.reweight == "backward" and not isinstance(loss_fn, AutocastLoss))
+        keep_graph = validate
         if calls:
             out_grads = torch.autograd.grad(
                 losses.sum(), [c.output for c in calls], allow_unused=True, retain_graph=keep_graph
@@ -785,19 +877,11 @@ class GhostGradients:
                 combined = {pname: c.without(dropped) for pname, c in combined.items()}
 
         sums: dict[str, torch.Tensor] = {}
-        # The backward reweighting would sum in the autocast dtype, not in the precision the norms were taken in
-        # (and cannot drop a NaN example: 0 times its NaN Jacobian is NaN).
-        if self.reweight == "backward" and not isinstance(loss_fn, AutocastLoss) and not any_dropped:
-            ghost_names = [p for p in combined if p not in plan.fallback]
-            if ghost_names:
-                w = factors.to(losses.dtype)
-                gs = torch.autograd.grad(losses, [params[p] for p in ghost_names], grad_outputs=w, allow_unused=True)
-                for pname, g in zip(ghost_names, gs):
-                    sums[pname] = g if g is not None else torch.zeros_like(params[pname])
+        # The sums are formed from the very activations and output gradients the norms (and the every-step
+        # check) were computed from: no second pass whose result nothing compares.
         with torch.no_grad():
             for pname, c in combined.items():
-                if pname not in sums:
-                    sums[pname] = c.weighted_sum(factors).to(params[pname].dtype)
+                sums[pname] = c.weighted_sum(factors).to(params[pname].dtype)
         for pname, p in params.items():  # parameters that got no gradient in this chunk
             if pname not in sums:
                 sums[pname] = torch.zeros_like(p)

@@ -10,6 +10,7 @@ separability cross-check (:mod:`featuredp.clipping.ghost`).
 
 from __future__ import annotations
 
+import inspect
 from types import TracebackType
 from typing import Any
 
@@ -20,7 +21,7 @@ from torch.nn.parameter import is_lazy
 
 from featuredp.errors import BatchMixingError, ForwardSideEffectError
 
-__all__ = ["ForwardStateGuard", "check_no_batch_mixing"]
+__all__ = ["AutogradHookGuard", "ForwardStateGuard", "check_no_batch_mixing"]
 
 
 _MIXING_FIX = "use GroupNorm or LayerNorm (per-example normalisation) instead"
@@ -372,3 +373,92 @@ class ForwardStateGuard:
                     t.data = copy
         return unrestored
 
+
+
+_HOOK_FIX = (
+    "a backward hook can rescale or mix the gradients ghost clipping reads after the clip factors are computed, "
+    "so one record's influence would no longer be bounded by C; remove the hook from the model's forward"
+)
+
+
+# The getter of Tensor.grad_fn, as a torch function mode sees it (a fresh, equal method-wrapper each access).
+_GRAD_FN_GET: Any = inspect.getattr_static(torch.Tensor, "grad_fn").__get__
+
+
+def _hook_calls() -> dict[Any, str]:
+    """The tensor methods that attach something to the backward of the forward's graph, with their names."""
+    return {
+        torch.Tensor.register_hook: "Tensor.register_hook (also used by register_multi_grad_hook)",
+        torch.Tensor.register_post_accumulate_grad_hook: "Tensor.register_post_accumulate_grad_hook",
+        # Node hooks (grad_fn.register_hook / register_prehook) and module backward hooks all start from a
+        # tensor's grad_fn; nothing else in a forward needs to touch the graph's nodes.
+        _GRAD_FN_GET: "Tensor.grad_fn (node hooks: grad_fn.register_hook/register_prehook, module backward hooks)",
+    }
+
+
+class AutogradHookGuard(torch.overrides.TorchFunctionMode):
+    """Refuse backward hooks and saved-tensor hooks in a private forward (a context manager; every call).
+
+    Ghost clipping takes per-example gradients from one backward pass of the forward's graph; a hook in that
+    graph (``Tensor.register_hook``, ``torch.autograd.graph.register_multi_grad_hook``, a node's
+    ``register_hook`` / ``register_prehook``, a module's backward hook) or a saved-tensor hook
+    (``torch.autograd.graph.saved_tensors_hooks``, ``save_on_cpu``, non-reentrant ``torch.utils.checkpoint``)
+    runs arbitrary code on those gradients. Inside the guard:
+
+    * registering a tensor hook, or reading a non-leaf tensor's ``grad_fn`` (the only way to a node's hooks),
+      raises :class:`BatchMixingError` naming the call: seen as a torch function by this
+      :class:`~torch.overrides.TorchFunctionMode`;
+    * saved-tensor hooks are disabled (``torch.autograd.graph.disable_saved_tensors_hooks``): pushing one, or
+      saving a tensor while an outer one is active, raises ``RuntimeError`` with the guard's message.
+
+    Limits (docs/engine.md, "Trust model"): model code that leaves torch function modes on purpose
+    (``torch._C.DisableTorchFunction``), custom ``autograd.Function`` backwards, C++/CUDA extensions and hooks
+    attached before the forward to tensors the forward does not create are not seen. These are not accidents;
+    model code is trusted not to be written against the checks.
+
+    >>> import torch
+    >>> x = torch.ones(2, requires_grad=True)
+    >>> with AutogradHookGuard("a model"):
+    ...     (x * 2).register_hook(lambda g: g)
+    Traceback (most recent call last):
+    ...
+    featuredp.errors.BatchMixingError: a model: the private forward called Tensor.register_hook ...
+    """
+
+    def __init__(self, owner: str) -> None:
+        super().__init__()
+        self.owner = owner
+        self._calls = _hook_calls()
+        self._grad_fn = _GRAD_FN_GET
+        self._saved: Any = None
+
+    def __enter__(self) -> AutogradHookGuard:
+        message = f"{self.owner}: the private forward uses saved-tensor hooks (saved_tensors_hooks, save_on_cpu, " \
+                  f"non-reentrant checkpointing); {_HOOK_FIX}"  # fmt: skip
+        self._saved = torch.autograd.graph.disable_saved_tensors_hooks(message)
+        self._saved.__enter__()
+        try:
+            super().__enter__()
+        except BaseException:
+            self._saved.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._saved.__exit__(*exc)
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        """Pass every call through, except those that attach a hook to the graph."""
+        name = self._calls.get(func)
+        if name is None:
+            return func(*args, **(kwargs or {}))
+        if func == self._grad_fn:
+            node = func(*args, **(kwargs or {}))
+            if node is None:  # a leaf (nn.Module.register_parameter asks): no node, no hook to attach
+                return node
+        raise BatchMixingError(f"{self.owner}: the private forward called {name}; {_HOOK_FIX}")

@@ -57,6 +57,7 @@ from featuredp.data.tabular import (
     encode_frames,
     seeded_split,
     validate_frame,
+    warn_small_test,
 )
 from featuredp.errors import DataValidationError, PrivacyLeakWarning
 
@@ -575,6 +576,7 @@ def load_table(
     else:
         tr_idx, te_idx = seeded_split(len(df), test_fraction, seed)
         train_df, test_df = df.iloc[tr_idx].reset_index(drop=True), df.iloc[te_idx].reset_index(drop=True)
+    warn_small_test(len(test_df), f"the test split of {Path(path).name}" if test is None else f"{Path(test).name}")
     desc = f"user table {Path(path).name}" + (f" (test: {Path(test).name})" if test is not None else "")
     if sch is not None:
         desc += f"; {sch.where}"

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from featuredp._validate import check_choice
-from featuredp.errors import DataValidationError, PrivacyLeakWarning
+from featuredp.errors import DataValidationError, PrivacyLeakWarning, SmallSampleWarning
 
 CategoricalEncoding = Literal["onehot", "codes"]
 _MAX_LISTED = 5  # how many offending rows an error message lists
@@ -466,6 +466,30 @@ def encode_frames(
     train = TabularDataset(X=_stack(blocks_tr, len(train_df)), y=y_train, **common, **cat_kw_tr)  # type: ignore[arg-type]
     test = TabularDataset(X=_stack(blocks_te, len(test_df)), y=y_test, **common, **cat_kw_te)  # type: ignore[arg-type]
     return train, test
+
+
+#: A test split below this many rows is warned about: one row is then more than half a point of accuracy.
+MIN_TEST_ROWS = 200
+
+
+def warn_small_test(n_test: int, what: str) -> None:
+    """SmallSampleWarning when ``n_test`` < :data:`MIN_TEST_ROWS`, giving the size of one row in points.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warn_small_test(12, "the test split of t.csv")
+    >>> str(caught[0].message).split(":")[0]
+    'the test split of t.csv holds 12 rows'
+    """
+    if 0 < n_test < MIN_TEST_ROWS:
+        warnings.warn(
+            f"{what} holds {n_test} rows: one row is {100 / n_test:.2f} points of accuracy, so differences of a "
+            f"few points are noise (fewer than {MIN_TEST_ROWS} rows); give a larger test file (test=) or "
+            "test_fraction, or compare runs by their spread over seeds",
+            SmallSampleWarning,
+            stacklevel=3,
+        )
 
 
 def seeded_split(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

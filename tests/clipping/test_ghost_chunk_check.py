@@ -1,0 +1,88 @@
+"""The chunk check: on a secret share of the steps ghost's clipped sum over a random chunk is compared with
+torch.func's, which catches a model that mixes only a marker row at the stated rate (docs/engine.md)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from featuredp.clipping import GhostGradients, ghost
+from featuredp.errors import BatchMixingError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))
+from _zoo import MARKER, MarkerMixer, mlp
+
+
+def xent(model: torch.nn.Module, batch: dict, draws: dict) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"], reduction="none")
+
+
+def marker_batch(B: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, 7, generator=g)
+    x[B // 3, 0] = MARKER
+    return {"x": x, "y": torch.randint(0, 2, (B,), generator=g)}
+
+
+def stated_detection(rate: float, B: int) -> float:
+    """Per step: the chunk check runs (rate) and its chunk holds the marker row (chunk/B), or the every-step
+    check's two rows include it (2/B); the two draws are independent."""
+    chunk = min(ghost._CHUNK_CHECK_EXAMPLES, B)
+    return 1 - (1 - rate * chunk / B) * (1 - ghost._SEPARABILITY_EXAMPLES / B)
+
+
+def count_refusals(strategy: GhostGradients, B: int, steps: int) -> int:
+    torch.manual_seed(0)
+    model, batch, caught = MarkerMixer(), marker_batch(B, 1), 0
+    for _ in range(steps):
+        try:
+            strategy.clipped_sum(model, xent, batch, {}, 1.0)
+        except BatchMixingError:
+            caught += 1
+    return caught
+
+
+def test_the_stated_rate_is_at_least_one_step_in_ten():
+    assert GhostGradients._chunk_check_rate >= 0.1
+    assert ghost._CHUNK_CHECK_EXAMPLES >= 8
+
+
+def test_the_chunk_check_catches_the_marker_row_whenever_it_is_in_the_chunk():
+    strategy = GhostGradients()
+    strategy._chunk_check_rate = 1.0
+    assert count_refusals(strategy, 32, 5) == 5  # the chunk is the whole batch of 32
+    try:
+        strategy.clipped_sum(MarkerMixer(), xent, marker_batch(32, 1), {}, 1.0)
+    except BatchMixingError as exc:
+        assert "MarkerMixer" in str(exc) and "\n" not in str(exc)  # one line naming the model
+    else:
+        pytest.fail("not refused")
+
+
+@pytest.mark.statistical
+def test_a_marker_row_is_caught_at_the_stated_rate():
+    """Power: without the chunk check (rate 0) only the two-row check remains, 2/B = 6.25 % a step against
+    the stated 18 %: 25 refusals expected in 400 steps, far outside the accepted range [41, 103]."""
+    B, steps = 32, 400
+    strategy = GhostGradients()
+    strategy._secret = np.random.default_rng(20261127)  # fixed for the test only; runs use OS entropy
+    p = stated_detection(GhostGradients._chunk_check_rate, B)
+    caught = count_refusals(strategy, B, steps)
+    sd = math.sqrt(steps * p * (1 - p))
+    assert abs(caught - steps * p) <= 4 * sd, (caught, steps * p)
+
+
+def test_an_ordinary_model_passes_the_chunk_check():
+    strategy = GhostGradients(physical_batch_size=24)
+    strategy._chunk_check_rate = 1.0
+    torch.manual_seed(1)
+    model = mlp()
+    for seed in range(10):
+        batch = marker_batch(48, seed)  # the marker value means nothing to this model
+        sums, _ = strategy.clipped_sum(model, xent, batch, {}, 0.5)
+        assert all(bool(torch.isfinite(s).all()) for s in sums.values())
