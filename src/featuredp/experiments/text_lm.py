@@ -540,6 +540,7 @@ def summarize_text(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         out.append({
             "method": method, "epsilon": eps, "seeds": len(rs),
             "epsilon_spent": _mean([r["epsilon"] for r in rs]),
+            "replacement_epsilon_spent": _mean([r.get("replacement_epsilon") for r in rs]),
             "perplexity": float(np.mean(ppl)), "perplexity_std": float(np.std(ppl, ddof=1)) if len(ppl) > 1 else 0.0,
             "canary_exposure": _mean([r["canary_exposure"] for r in rs]),
             "exposure_by_repeats": {k: _mean([r["exposure"]["by_repeats"][k]["mean_exposure"] for r in rs
