@@ -129,6 +129,11 @@ def test_real_engine_on_a_tiny_table(tmp_path, tiny_csv) -> None:
     assert (private.noise_multiplier > 0).all() and (private.steps > 0).all()
     assert df.loc[df.method == "public", "epsilon"].item() == 0.0
     assert df.accuracy.between(0, 1).all()
+    # the replace-one ε (two values of one record's private part) beside ε: larger, for the same runs
+    assert (private.replacement_epsilon > private.epsilon * 1.1).all()
+    assert df.loc[df.method == "public", "replacement_epsilon"].item() == 0.0
+    summary_md = (cfg.out / "summary.md").read_text()
+    assert "replacement ε" in summary_md and "telling two values of one record's private part apart" in summary_md
 
 
 def test_report_only_summarises_finished_cells_and_trains_nothing(tmp_path, tiny_csv) -> None:
