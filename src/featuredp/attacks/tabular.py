@@ -608,7 +608,9 @@ def _claims(method: str, result: TrainResult) -> dict[str, float]:
     assert plan.delta is not None  # the engine refuses a private method without δ
     terms = plan.dpsgd_terms(steps)
     ar = epsilon_for(*terms, plan.delta)
-    ro = epsilon_for(*terms, plan.delta, relation="replace-one")
+    # A feature canary swaps the private columns (Ψ kept): a two-value test, the replace-one question, whose ε is
+    # the plan's replacement ε (the same event at REPLACE_ONE; docs/accounting.md), never the add/remove one.
+    ro = plan.replacement_epsilon(steps)
     # DP-SGD is record-level DP; the FDP methods read Ψ(S) (labels, public columns) freely
     return {"add_remove": ar, "replace_one": ro, "record_level": ar if _record_level(record) else math.inf}
 
