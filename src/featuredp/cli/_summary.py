@@ -9,7 +9,8 @@ from featuredp.methods import get_method
 
 
 def privacy_lines(summary: Mapping[str, Any]) -> list[str]:
-    """The ε line, the question each ε answers (add/remove; replace-one), and for a private run the noise line: BandMF's bands and partitions, BLT's buffers and epochs
+    """The ε line, the question each ε answers (add/remove; replace-one), and for a private run the noise line:
+    BandMF's bands and partitions, BLT's buffers and epochs
     (from the summary's ``correlated_noise``, the privacy report's block), or DP-SGD's σ and rate."""
     eps = "inf (no privacy)" if summary["epsilon"] is None else f"{summary['epsilon']:.4g}"
     lines = [f"epsilon           {eps}" + (f" (delta={summary['delta']:g})" if summary["delta"] else "")]

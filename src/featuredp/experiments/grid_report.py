@@ -97,7 +97,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def _replacements(rows: list[dict[str, Any]]) -> list[float]:
     """The rows' replace-one ε (all of them, or none when any row lacks it)."""
     vals = [r.get("replacement_epsilon") for r in rows]
-    return [float(v) for v in vals] if all(_number(v) for v in vals) else []
+    return [float(v) for v in vals if v is not None] if all(_number(v) for v in vals) else []
 
 
 def _number(value: Any) -> bool:

@@ -67,14 +67,16 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
         "",
         f"Seeds per cell: {', '.join(map(str, seeds))} (means). ε spent is add/remove (the model is "
         "indistinguishable from one trained on only the public view of any one text); replacement ε is replace-one "
-        "(telling two values of one text's private spans apart), same runs. Perplexity: exp of the mean token NLL of the held-out "
+        "(telling two values of one text's private spans apart), same runs. Perplexity: exp of the mean token NLL "
+        "of the held-out "
         "full texts (span contents included). Exposure (Carlini et al. 2019): log2|R| − log2 rank of a planted "
         f"secret among all {ex.get('digits', 4)}-digit strings (max {ex.get('digits', 4) * 3.3219:.1f} bits; a model "
         "that knows nothing scores about 1.44 bits); the canaries are spans of type `secret`, private like the rest. "
         "Extraction: greedy decoding after the text before each private span reproduces it exactly, on training "
         "records and on held-out ones (a value that is easy to guess scores on both). Span inference: given Ψ(x) of a "
         f"training record with one span to fill and {ex.get('span_k', 10)} candidates, the model's likeliest; the "
-        "prior is 1/k and the bound is Theorem 4's at the run's add/remove (ε, δ), the one it is stated for; the bound is exceeded only if the "
+        "prior is 1/k and the bound is Theorem 4's at the run's add/remove (ε, δ), the one it is stated for; the "
+        "bound is exceeded only if the "
         "accuracy's 95% lower limit is above it. Control: the same two attacks on the canaries planted 100 times "
         "(extraction after their prefix; inference among k digit strings) show the attacks' power where a model "
         "memorises.",
