@@ -337,16 +337,18 @@ class BudgetLedger:
         return {"what": what, "when": now, "event": None, "epsilon": epsilon, "replacement_epsilon": None,
                 "delta": delta}
 
-    def _replacement(self, event: DpEvent, epsilon: float) -> float:
+    def _replacement(self, event: DpEvent, epsilon: float) -> float | None:
         """The event's replace-one ε alone at the ledger's δ (two values of one record's private part): recorded
         beside ε for the reader; the budget is charged in the ledger's own relation. PLD where RDP has no
-        replace-one bound (Poisson sampling)."""
+        replace-one bound (Poisson sampling); None where no backend has one (a tuned run under Poisson sampling)."""
         if self._data["relation"] == "replace-one":
             return epsilon
-        try:
-            return compute_epsilon(event, self.delta, relation="replace-one", accountant=self._data["accountant"])
-        except ValueError:
-            return compute_epsilon(event, self.delta, relation="replace-one", accountant="pld")
+        for accountant in dict.fromkeys((self._data["accountant"], "pld")):
+            try:
+                return compute_epsilon(event, self.delta, relation="replace-one", accountant=accountant)
+            except ValueError:  # RDP under Poisson sampling: PLD has it; a tuned run (RDP only): none
+                continue
+        return None
 
     # ------------------------------------------------------------------ spending
     def spend(
