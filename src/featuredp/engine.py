@@ -698,6 +698,8 @@ class Trainer:
     def _result(self, state: RunState, split: LossSplit | None, finished: bool) -> TrainResult:
         plan = state.plan
         eps = plan.epsilon(state.private_steps) if plan.is_private else plan.epsilon(0)
+        # the replace-one question (two values of one record's private part) for the same steps (docs/accounting.md)
+        replacement = plan.replacement_epsilon(state.private_steps if plan.is_private else 0)
         disclosure = None if self.feature_map is None else self.feature_map.describe()
         report: dict[str, Any] = {
             "feature_map": None if disclosure is None else disclosure.to_dict(),
@@ -723,6 +725,8 @@ class Trainer:
                 "delta_requested": delta,
                 "delta_added": inf_to_str(extra),
                 "delta_reported": inf_to_str(delta + extra),
+                # the replace-one ε's δ: the same tail, weighted by its own e^ε
+                "delta_reported_replacement": inf_to_str(delta + sampler_tail_delta(replacement, noised, dim, mass)),
                 "not_covered": "the floating-point granularity of the noise (featuredp.noise)",
             }
             delta += extra
@@ -741,11 +745,12 @@ class Trainer:
             pretrain_steps=min(state.step, plan.pretrain_steps),
             stopped_early=not finished,
             stop_reason=state.stop_reason if state.stop_reason else (None if finished else "max_steps"),
-            guarantee=plan.guarantee(eps, disclosure, delta=delta, record_epsilon=record_eps).replace(
-                "{T}", str(state.private_steps)),
+            guarantee=plan.guarantee(eps, disclosure, delta=delta, record_epsilon=record_eps,
+                                     replacement_epsilon=replacement).replace("{T}", str(state.private_steps)),
             privacy_report=report,
             history=list(state.history),
             record_epsilon=record_eps,
+            replacement_epsilon=replacement,
         )
         return self.result
 

@@ -217,6 +217,39 @@ class PrivacyPlan:
         return calibrate_steps(target_epsilon, self.delta, q, sigma, relation=self.relation,
                                accountant=self.accountant)  # fmt: skip
 
+    def replacement_epsilon(self, steps: int | None = None) -> float:
+        """ε(δ) for the replace-one question after ``steps`` private steps: telling two values of one record's
+        private part apart (Ψ(x) fixed; for a whole-record method, two whole records).
+
+        The default accounting (``relation="add-remove"``, the paper's Definition 6) bounds something else: the
+        model is indistinguishable from one trained on only the public view Ψ(x) of the record. Swapping the
+        private part moves the clipped sum by up to 2C, so the replace-one ε is larger (up to f∘f, Prop. 1): the
+        same event as :meth:`epsilon` (:meth:`event`, one source of σ, q and T) accounted at REPLACE_ONE
+        (Poisson-subsampled Gaussians: dp-accounting's PLD; BandMF: its amplified DP-SGD event; BLT: one
+        Gaussian at sensitivity 2Δ). The RDP backend has no replace-one bound under Poisson sampling: a plan on
+        ``accountant="rdp"`` then gets the PLD number. A plan whose ``relation`` is already ``"replace-one"``
+        returns :meth:`epsilon`.
+
+        >>> plan = PrivacyPlan("fdp", 100000, 1000, 0.01, 1000, noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5)
+        >>> round(plan.epsilon(), 2), round(plan.replacement_epsilon(), 2)
+        (1.83, 2.84)
+        """
+        if self.relation == "replace-one":
+            return self.epsilon(steps)
+        method = get_method(self.method)
+        t = self.steps if steps is None else int(steps)
+        if method.public_steps or (method.private and t <= 0):
+            return 0.0
+        if not method.private or not self.noise_multiplier:
+            return math.inf
+        if self.delta is None:
+            raise ValueError(f"the plan of private method {self.method!r} needs delta to state ε(δ)")
+        event = self.event(t)
+        try:
+            return compute_epsilon(event, self.delta, relation="replace-one", accountant=self.accountant)
+        except ValueError:  # RDP refuses replace-one under Poisson sampling: PLD has it
+            return compute_epsilon(event, self.delta, relation="replace-one", accountant="pld")
+
     def event(self, steps: int, *, segment: bool = False) -> DpEvent:
         """The dp_accounting event of ``steps`` private steps of this plan (σ > 0; a private method).
 
@@ -354,6 +387,7 @@ class PrivacyPlan:
         *,
         delta: float | None = None,
         record_epsilon: float | None = None,
+        replacement_epsilon: float | None = None,
     ) -> str:
         """One sentence stating the guarantee of a run that spent ``epsilon`` (``{T}`` = its private steps).
 
@@ -363,7 +397,16 @@ class PrivacyPlan:
         (:func:`featuredp.accounting.sampler_tail_delta`). ``record_epsilon``: the run's ε for whole records
         (:meth:`record_epsilon`; None where the public view was read without noise). The sentence says what the
         FDP ε covers (what Ψ hides), that anything Ψ misses is public and not covered, unless the run is also DP
-        for whole records (a backstop, ``record_epsilon=E``), and then that record-level guarantee.
+        for whole records (a backstop, ``record_epsilon=E``), and then that record-level guarantee. It also says in
+        words which question each ε answers: add/remove (the model is indistinguishable from one trained on only the
+        public view of any one record) and replace-one (telling two values of one record's private part apart),
+        with ``replacement_epsilon`` (:meth:`replacement_epsilon` of the same steps) as the second number.
+
+        >>> fdp = PrivacyPlan("fdp", dataset_size=10, expected_batch_size=2, sampling_rate=0.2, steps=5,
+        ...                   noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5)
+        >>> fdp.guarantee(1.5, {"hides": "the label"}, replacement_epsilon=2.5).split("; ")[1:3]
+        ['ε = 1.5 (add/remove: the model is indistinguishable from one trained on only the public view of any one \
+record)', "telling two values of one record's private part apart: ε = 2.5 (replace-one)"]
 
         >>> blur = Disclosure("GaussianBlur", reveals="the blurred image", hides="the fine detail")
         >>> plan = PrivacyPlan("public", dataset_size=10, expected_batch_size=2, sampling_rate=0.2, steps=5)
@@ -377,7 +420,7 @@ class PrivacyPlan:
         '(1.5, 1e-05)-FDP protecting the fine detail: Algorithm 1'
         >>> from dataclasses import replace
         >>> backstop = replace(plan, record_target_epsilon=8.0, record_noise_multiplier=1.3)
-        >>> print(backstop.guarantee(1.5, blur, record_epsilon=7.9).split("; ")[1])  # doctest: +NORMALIZE_WHITESPACE
+        >>> print(backstop.guarantee(1.5, blur, record_epsilon=7.9).split("; ")[-1])  # doctest: +NORMALIZE_WHITESPACE
         with the record-level backstop the run is also (7.9, 1e-05)-DP for whole records (every pre-training, public
         and private step clipped and noised), which bounds what the model reveals about anything in a record,
         including missed PII
@@ -414,13 +457,15 @@ class PrivacyPlan:
                 f"{self.sampling_rate:.4g}, {{T}} private steps, {self.accountant.upper()} accountant, {rel} "
                 "neighbours"
             )
+        questions = self._questions(epsilon, replacement_epsilon, whole=not method.needs_feature_map)
         if not method.needs_feature_map:
-            return f"({epsilon:.4g}, {delta:g})-DP for whole records, hence the same FDP for any Ψ ({acc})"
+            return f"({epsilon:.4g}, {delta:g})-DP for whole records, hence the same FDP for any Ψ ({acc}); {questions}"
         pre = " after public pre-training on Ψ(S) (no cost)" if self.pretrain_steps else ""
         if self.record_noise_multiplier is not None:
             pre = " after pre-training on Ψ(S)" if self.pretrain_steps else ""
         kind = "Algorithm 1 (Thm 5)" if method.public_batch else "DP-SGD fine-tuning"
-        return f"({epsilon:.4g}, {delta:g})-FDP{what}: {kind}{pre} ({acc}){self._record_clause(record_epsilon, delta)}"
+        return (f"({epsilon:.4g}, {delta:g})-FDP{what}: {kind}{pre} ({acc}); {questions}"
+                f"{self._record_clause(record_epsilon, delta)}")
 
     def _record_clause(self, record_epsilon: float | None, delta: float | None) -> str:
         """What the guarantee says about what Ψ misses: public and not covered, or the record-level guarantee."""
@@ -435,6 +480,18 @@ class PrivacyPlan:
                 f"{delta:g})-DP for whole records, which bounds what the model reveals about anything in a record, "
                 "including missed PII")
 
+    def _questions(self, epsilon: float, replacement: float | None, *, whole: bool) -> str:
+        """The guarantee's clause naming the question each ε answers (add/remove and replace-one)."""
+        part = "one record" if whole else "one record's private part"
+        simulated = "without any one record" if whole else "on only the public view of any one record"
+        swap = f"telling two values of {part} apart"
+        if self.relation == "replace-one":
+            return (f"ε = {epsilon:.4g} (replace-one: {swap}; it also bounds add/remove, the model being "
+                    f"indistinguishable from one trained {simulated})")
+        number = "see replacement_epsilon" if replacement is None else f"ε = {replacement:.4g}"
+        return (f"ε = {epsilon:.4g} (add/remove: the model is indistinguishable from one trained {simulated}); "
+                f"{swap}: {number} (replace-one)")
+
 
 @dataclass
 class TrainResult:
@@ -442,6 +499,8 @@ class TrainResult:
 
     ``delta`` is the δ of the guarantee: the plan's δ plus what the noise sampler's cut tail adds (reported
     in ``privacy_report["noise_sampler"]``; :func:`featuredp.accounting.sampler_tail_delta`).
+    ``replacement_epsilon`` answers the replace-one question (telling two values of one record's private part
+    apart) for the same steps: :meth:`PrivacyPlan.replacement_epsilon` (None: a result built without it).
     """
 
     method: str
@@ -458,12 +517,16 @@ class TrainResult:
     #: ε(δ) for whole records of the steps run (:meth:`PrivacyPlan.record_epsilon`): the backstop's, dpsgd's ε,
     #: or None where the public view was read without noise (and for nonprivate)
     record_epsilon: float | None = None
+    replacement_epsilon: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary (∞ as "inf")."""
         return {
             "method": self.method,
             "epsilon": inf_to_str(float(self.epsilon)),
+            "replacement_epsilon": None if self.replacement_epsilon is None else inf_to_str(
+                float(self.replacement_epsilon)
+            ),
             "delta": self.delta,
             "steps": self.steps,
             "pretrain_steps": self.pretrain_steps,

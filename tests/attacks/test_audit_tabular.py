@@ -269,3 +269,30 @@ def test_tiny_audit_is_inconclusive_with_the_reason(data):
     # Not private here: no bound is claimed at all, whatever the size.
     res = attribute_audit(_fit(train, steps=100), train, test, "a", private_columns=[], epsilon=1.0, n_targets=300)
     assert res["bound_verdict"] == "not applicable" and "not private" in res["reason"]
+
+
+def test_feature_canaries_are_compared_with_the_replacement_epsilon(data, monkeypatch):
+    """A feature canary is x against x with its private columns swapped: a two-value test, whose ε is the
+    replace-one one (sensitivity 2C). Comparing it with the add/remove ε (smaller) would cry wolf on a correct
+    implementation, or, the other way round, the printed add/remove ε would be read as this bound."""
+    from types import SimpleNamespace
+
+    from featuredp.attacks.tabular import canary_audit
+    from featuredp.plan import TrainResult
+
+    train, test = data
+    plan = PrivacyPlan("fdp", 100_000, 1000, 0.01, 1000, noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5)
+
+    def train_fn(ds, seed):
+        result = TrainResult("fdp", plan, plan.epsilon(), 1e-5, 1000, 0, False, None, "g", {})
+        return _fit(ds, masked=True, steps=5, seed=seed), result
+
+    run = SimpleNamespace(plan=plan, info={"method": "fdp", "model_spec": {"kind": "mlp"}}, private_columns=["a"])
+    out = canary_audit(run, kind="feature", canaries=40, data=(train, test), train_fn=train_fn, progress=False)
+    assert out["epsilon_claimed"] == pytest.approx(plan.replacement_epsilon(), rel=1e-9)
+    assert out["epsilon_claimed"] == pytest.approx(2.84, abs=0.02) and plan.epsilon() == pytest.approx(1.83, abs=0.02)
+    assert out["claim_relation"].startswith("replace-one")
+    # one source: the claim is the plan's replacement ε, whatever it is (not a second computation beside it)
+    monkeypatch.setattr(PrivacyPlan, "replacement_epsilon", lambda self, steps=None: 3.25)
+    out = canary_audit(run, kind="feature", canaries=40, data=(train, test), train_fn=train_fn, progress=False)
+    assert out["epsilon_claimed"] == 3.25

@@ -88,6 +88,10 @@ def test_show_lists_spends_reservations_and_what_is_left(tmp_path, capsys):
     for name in ("pre-study", "survey", "cancelled run", "main run", pending.id, "open reservations"):
         assert name in text
     assert f"left           {ledger.remaining():.6g}" in text
+    # each event entry states its replace-one ε beside ε (two values of one record's private part); generic: none
+    pre, survey = shown["records"][0], shown["records"][1]
+    assert pre["replacement_epsilon"] > pre["epsilon"] and survey["replacement_epsilon"] is None
+    assert f"{pre['replacement_epsilon']:.4g}" in text
 
 
 def test_show_a_missing_or_foreign_file_exits_2_and_creates_nothing(tmp_path, capsys):

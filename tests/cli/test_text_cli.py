@@ -17,6 +17,7 @@ from _text_preset import TINY
 from featuredp.cli import main
 from featuredp.data.text import TextRecord, write_jsonl
 from featuredp.data.text_corpus import support_dialogues
+from featuredp.plan import PrivacyPlan
 
 
 @pytest.fixture(autouse=True)
@@ -75,6 +76,9 @@ def test_compare_quick_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     for r in result["rows"]:
         assert {"perplexity", "canary_exposure", "extraction", "span_inference"} <= set(r)
     assert result["meta"]["quick"] and "60 train" in result["meta"]["source"]  # the quick part of the preset
+    fdp = result["rows"][1]  # the replace-one ε beside ε spent (telling two values of a private span apart)
+    assert fdp["replacement_epsilon_spent"] > fdp["epsilon_spent"] * 1.1
+    assert "| replacement ε |" in (out / "summary.md").read_text()
     assert (out / "results.json").is_file() and (out / "summary.md").is_file() and (out / "text_privacy.png").is_file()
 
 
@@ -84,6 +88,17 @@ def test_train_json(text_run: tuple[Path, dict[str, Any]]) -> None:
     assert 0 < summary["epsilon"] <= 3.0 and summary["canaries"] == 1
     assert summary["private"] == "the contents of spans of types email, phone, secret"
     assert (run / "run.json").is_file() and (run / "model.pt").is_file()
+
+
+def test_train_json_and_run_json_state_the_replacement_epsilon(text_run: tuple[Path, dict[str, Any]]) -> None:
+    """Telling two values of a private span apart is replace-one: its ε is printed beside the add/remove ε."""
+    run, summary = text_run
+    assert summary["replacement_epsilon"] > summary["epsilon"] * 1.1
+    result = json.loads((run / "run.json").read_text())["result"]
+    assert result["replacement_epsilon"] == pytest.approx(summary["replacement_epsilon"])
+    plan = PrivacyPlan.from_dict(json.loads((run / "run.json").read_text())["plan"])
+    assert plan.replacement_epsilon(result["steps"]) == pytest.approx(result["replacement_epsilon"])
+    assert "telling two values of one record's private part apart: ε = " in summary["guarantee"]
 
 
 @pytest.mark.parametrize("attack", ["exposure", "extraction", "span"])

@@ -219,6 +219,8 @@ def test_train_ledger_records_the_run(capsys, tmp_path):
     out = json.loads(capsys.readouterr().out)
     assert ledger.spent() == pytest.approx(out["epsilon"], rel=1e-6)
     assert not ledger.pending()
+    # the run's entry records its replace-one ε beside ε; the budget is charged in add/remove
+    assert ledger.records[-1]["replacement_epsilon"] == pytest.approx(out["replacement_epsilon"], rel=1e-3)
 
 
 # ---------------------------------------------------------------------------------------------------------

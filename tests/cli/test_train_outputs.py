@@ -56,6 +56,45 @@ def test_train_reports_the_majority_and_public_only_references_and_the_training_
     assert "baselines" not in json.loads(capsys.readouterr().out)
 
 
+def test_train_states_the_replacement_epsilon_in_json_run_json_and_text(capsys, tmp_path):
+    """Both questions, both numbers: add/remove ε (the model vs one trained on Ψ of a record) and replace-one ε
+    (telling two values of one record's private part apart), in --json, run.json and the printed summary."""
+    base = ["train", "--dataset", "adult", "--private", "sex", "--method", "fdp", "--epsilon", "2", "--epochs", "0.05",
+            "--pretrain-epochs", "0", "--model", "logreg", "--no-baselines"]  # fmt: skip
+    assert main([*base, "--json", "--out", str(tmp_path / "run")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["relation"] == "add-remove" and 0 < out["epsilon"] <= 2.0
+    assert out["replacement_epsilon"] > out["epsilon"]
+    result = json.loads((tmp_path / "run" / "run.json").read_text())["result"]
+    assert result["replacement_epsilon"] == pytest.approx(out["replacement_epsilon"])
+    assert "add/remove: the model is indistinguishable from one trained on only the public view" in out["guarantee"]
+    assert f"telling two values of one record's private part apart: ε = {out['replacement_epsilon']:.4g}" in (
+        out["guarantee"])
+    assert main(base) == 0
+    text = capsys.readouterr().out
+    assert "question        add/remove" in text and "replacement eps   " in text and "(replace-one: telling" in text
+
+
+def test_relation_replace_one_calibrates_for_the_replacement_question(capsys):
+    """--relation replace-one: the ε printed is the replace-one one, and it is within --epsilon."""
+    args = ["train", "--dataset", "adult", "--private", "sex", "--method", "fdp", "--epsilon", "2", "--epochs", "0.05",
+            "--pretrain-epochs", "0", "--model", "logreg", "--no-baselines", "--relation", "replace-one", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["relation"] == "replace-one" and out["replacement_epsilon"] == out["epsilon"] <= 2.0 + 1e-9
+    assert "ε = " in out["guarantee"] and "(replace-one: telling two values" in out["guarantee"]
+
+
+def test_dpsgd_states_the_pair_for_whole_records(capsys):
+    args = ["train", "--dataset", "adult", "--method", "dpsgd", "--epsilon", "2", "--epochs", "0.05", "--model",
+            "logreg", "--no-baselines", "--json"]  # fmt: skip
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["replacement_epsilon"] > out["epsilon"]
+    assert "telling two values of one record apart: ε = " in out["guarantee"]
+    assert "trained without any one record" in out["guarantee"]
+
+
 def test_dpsgd_shows_no_private_loss(capsys):
     args = ["train", "--dataset", "adult", "--method", "dpsgd", "--epsilon", "2", "--epochs", "0.05", "--model",
             "logreg", "--json"]  # fmt: skip

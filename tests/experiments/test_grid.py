@@ -129,6 +129,11 @@ def test_real_engine_on_a_tiny_table(tmp_path, tiny_csv) -> None:
     assert (private.noise_multiplier > 0).all() and (private.steps > 0).all()
     assert df.loc[df.method == "public", "epsilon"].item() == 0.0
     assert df.accuracy.between(0, 1).all()
+    # the replace-one ε (two values of one record's private part) beside ε: larger, for the same runs
+    assert (private.replacement_epsilon > private.epsilon * 1.1).all()
+    assert df.loc[df.method == "public", "replacement_epsilon"].item() == 0.0
+    summary_md = (cfg.out / "summary.md").read_text()
+    assert "replacement ε" in summary_md and "telling two values of one record's private part apart" in summary_md
 
 
 def test_report_only_summarises_finished_cells_and_trains_nothing(tmp_path, tiny_csv) -> None:
@@ -285,3 +290,25 @@ def test_a_grid_on_a_users_table_fits_the_schedule_to_its_size(tmp_path, tiny_cs
     mine = GridRunner(_cfg(tmp_path, tiny_csv, method_params={"dpsgd": {"batch_size": 64}}))
     assert mine.params_for("dpsgd", 1.0)["batch_size"] == 64  # what the user sets wins
     assert mine.params_for("dpsgd", 1.0)["epochs"] == fitted_schedule(n, "dpsgd")["epochs"]
+
+
+def test_compare_relation_replace_one_calibrates_for_the_replacement_question(tmp_path, tiny_csv, capsys) -> None:
+    """`compare --relation replace-one`: each private cell's σ meets the target at replace-one, so its printed ε is
+    the replacement ε; add/remove (the default) reports both, the replacement one larger."""
+    from featuredp.cli import main
+
+    base = ["compare", "--dataset", "csv", "--dataset-path", tiny_csv["path"], "--label", tiny_csv["label"],
+            "--private", ",".join(tiny_csv["private"]), "--methods", "fdp", "--epsilons", "2", "--seeds", "1",
+            "--quick", "--quiet", "--json"]  # fmt: skip
+    assert main([*base, "--out", str(tmp_path / "rep"), "--relation", "replace-one"]) == 0
+    capsys.readouterr()
+    rep = pd.read_csv(tmp_path / "rep" / "results.csv")
+    assert main([*base, "--out", str(tmp_path / "ar")]) == 0
+    ar = pd.read_csv(tmp_path / "ar" / "results.csv")
+    r, a = rep[rep.method == "fdp"].iloc[0], ar[ar.method == "fdp"].iloc[0]
+    assert r.replacement_epsilon == pytest.approx(r.epsilon) and r.epsilon <= 2.0 + 1e-9
+    assert a.replacement_epsilon > a.epsilon and a.epsilon <= 2.0 + 1e-9
+    assert r.noise_multiplier > a.noise_multiplier  # the replacement question costs more noise
+    # other tasks, and the paper protocol (steps from the add/remove accountant), refuse it with one line
+    assert main(["compare", "--task", "text", "--relation", "replace-one", "--out", str(tmp_path / "t")]) == 2
+    assert main([*base, "--out", str(tmp_path / "p"), "--relation", "replace-one", "--protocol", "paper"]) == 2

@@ -4,7 +4,12 @@ The ledger is a JSON file::
 
     {"version": 1, "total_epsilon": 8.0, "delta": 1e-5, "relation": "add-remove", "accountant": "pld",
      "spends": [{"id": "...", "what": "...", "when": "2026-...Z", "status": "settled",
-                 "event": {...} | null, "epsilon": ..., "delta": ..., "total_epsilon_after": ...}, ...]}
+                 "event": {...} | null, "epsilon": ..., "replacement_epsilon": ..., "delta": ...,
+                 "total_epsilon_after": ...}, ...]}
+
+``replacement_epsilon`` is an event's ε alone for the replace-one question (telling two values of one record's
+private part apart) at the ledger's δ, recorded beside ``epsilon`` for the reader; the budget is charged in the
+ledger's ``relation`` only. A generic (ε, δ) spend records None (no replace-one ε at the same δ without its mechanism).
 
 How spends add up (and why the total is not the naive sum):
 
@@ -78,7 +83,7 @@ SETTLED = "settled"
 CANCELLED = "cancelled"
 _STATUSES = (RESERVED, SETTLED, CANCELLED)
 # the amount fields of a record: what a settle replaces and what the audit trail keeps
-_AMOUNT_KEYS = ("event", "epsilon", "delta", "total_epsilon_after")
+_AMOUNT_KEYS = ("event", "epsilon", "replacement_epsilon", "delta", "total_epsilon_after")
 
 
 def lock_path(path: str | os.PathLike[str]) -> Path:
@@ -323,12 +328,27 @@ class BudgetLedger:
                 event, self.delta, relation=self._data["relation"], accountant=self._data["accountant"]
             )
             return {"what": what, "when": now, "event": event_to_dict(event), "epsilon": eps_alone,
-                    "delta": self.delta}
+                    "replacement_epsilon": self._replacement(event, eps_alone), "delta": self.delta}
         epsilon = check_nonnegative("epsilon", epsilon)
         delta = check_nonnegative("delta", delta)
         if delta >= self.delta:
             raise ValueError(f"delta={delta!r} of a generic spend must be below the ledger's delta={self.delta}")
-        return {"what": what, "when": now, "event": None, "epsilon": epsilon, "delta": delta}
+        # an (ε, δ) pair without its mechanism has no replace-one ε at the same δ (group privacy changes δ)
+        return {"what": what, "when": now, "event": None, "epsilon": epsilon, "replacement_epsilon": None,
+                "delta": delta}
+
+    def _replacement(self, event: DpEvent, epsilon: float) -> float | None:
+        """The event's replace-one ε alone at the ledger's δ (two values of one record's private part): recorded
+        beside ε for the reader; the budget is charged in the ledger's own relation. PLD where RDP has no
+        replace-one bound (Poisson sampling); None where no backend has one (a tuned run under Poisson sampling)."""
+        if self._data["relation"] == "replace-one":
+            return epsilon
+        for accountant in dict.fromkeys((self._data["accountant"], "pld")):
+            try:
+                return compute_epsilon(event, self.delta, relation="replace-one", accountant=accountant)
+            except ValueError:  # RDP under Poisson sampling: PLD has it; a tuned run (RDP only): none
+                continue
+        return None
 
     # ------------------------------------------------------------------ spending
     def spend(
@@ -410,7 +430,7 @@ class BudgetLedger:
             new = {**record, "status": status, f"{status}_when": _now(),
                    "reserved": {k: record.get(k) for k in _AMOUNT_KEYS}}
             if settled is not None:
-                new.update({k: settled[k] for k in ("event", "epsilon", "delta")})
+                new.update({k: settled[k] for k in ("event", "epsilon", "replacement_epsilon", "delta")})
             others = data["spends"][:index] + data["spends"][index + 1:]
             new_total = self._total([*others, new])
             # Settling at the reserved amount (settled None) or cancelling cannot raise the total, and

@@ -642,7 +642,9 @@ def _claims(method: str, result: TrainResult) -> dict[str, float]:
         return {"add_remove": 0.0, "replace_one": 0.0, "record_level": 0.0 if _record_level(record) else math.inf}
     assert plan.delta is not None  # the engine refuses a private method without δ
     ar = dataclasses.replace(plan, relation="add-remove", accountant="pld").epsilon(steps)
-    ro = dataclasses.replace(plan, relation="replace-one", accountant="pld").epsilon(steps)
+    # A feature canary swaps the private columns (Ψ kept): a two-value test, the replace-one question, whose ε is
+    # the plan's replacement ε (the same event at REPLACE_ONE; docs/accounting.md), never the add/remove one.
+    ro = plan.replacement_epsilon(steps)
     # DP-SGD is record-level DP; the FDP methods read Ψ(S) (labels, public columns) freely
     return {"add_remove": ar, "replace_one": ro, "record_level": ar if _record_level(record) else math.inf}
 

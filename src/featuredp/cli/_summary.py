@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from featuredp.methods import get_method
+
 
 def record_line(summary: Mapping[str, Any]) -> str:
     """The ``record ε`` line: the run's ε for whole records, or why there is none (what Ψ misses is public)."""
@@ -18,10 +20,13 @@ def record_line(summary: Mapping[str, Any]) -> str:
 
 
 def privacy_lines(summary: Mapping[str, Any]) -> list[str]:
-    """The ε line and, for a private run, the noise line: BandMF's bands and partitions, BLT's buffers and epochs
+    """The ε line, the question each ε answers (add/remove; replace-one), and for a private run the noise line:
+    BandMF's bands and partitions, BLT's buffers and epochs
     (from the summary's ``correlated_noise``, the privacy report's block), or DP-SGD's σ and rate."""
     eps = "inf (no privacy)" if summary["epsilon"] is None else f"{summary['epsilon']:.4g}"
     lines = [f"epsilon           {eps}" + (f" (delta={summary['delta']:g})" if summary["delta"] else "")]
+    if summary.get("epsilon") is not None and summary["epsilon"] > 0 and "replacement_epsilon" in summary:
+        lines.extend(_question_lines(summary))
     if summary["noise_multiplier"] is None:
         return lines
     if summary.get("noise") == "bandmf":
@@ -42,3 +47,16 @@ def privacy_lines(summary: Mapping[str, Any]) -> list[str]:
         lines.append(f"noise multiplier  {summary['noise_multiplier']:.4g}  (C={summary['max_grad_norm']:g}, "
                      f"sampling rate {summary['sampling_rate']:.4g}, {summary['steps']} private steps)")
     return lines
+
+
+def _question_lines(summary: Mapping[str, Any]) -> list[str]:
+    """Which question the ε above answers, and the replace-one ε (two values of one record's private part)."""
+    whole = not get_method(summary["method"]).needs_feature_map  # DP-SGD: whole records
+    part = "one record" if whole else "one record's private part"
+    if summary.get("relation") == "replace-one":
+        return [f"  question        replace-one: telling two values of {part} apart (it also bounds add/remove)"]
+    r = summary["replacement_epsilon"]
+    simulated = "without any one record" if whole else "on only the public view of any one record"
+    return [f"  question        add/remove: the model is indistinguishable from one trained {simulated}",
+            f"replacement eps   {'inf' if r is None else f'{r:.4g}'} (replace-one: telling two values of {part} "
+            "apart)"]

@@ -24,7 +24,7 @@ from featuredp.cli._flags import NOISES, number_list
 from featuredp.cli._text_args import add_text_arguments
 from featuredp.experiments.diffusion_options import add_diffusion_arguments
 from featuredp.experiments.presets import IMAGE_FEATURE_MAPS
-from featuredp.methods import METHOD_NAMES
+from featuredp.methods import METHOD_NAMES, get_method
 
 #: ``--protocol``: :data:`featuredp.experiments.protocols.PROTOCOLS`, repeated here because building the parser
 #: must stay light (that module imports the accountants)
@@ -99,6 +99,10 @@ def register(subparsers: Any) -> None:
                    help="record-level backstop E (featuredp train --record-epsilon). Tabular: applied to every cell "
                    "but nonprivate; --task text: adds a backstop arm of public, fdp_dpsgd and fdp next to the plain "
                    "ones (rows 'fdp + backstop E=8')")
+    p.add_argument("--relation", choices=("add-remove", "replace-one"), default=None,
+                   help="the question σ is calibrated for (--task tabular): add-remove (default, the paper's: the "
+                   "model vs one trained on only the public view of a record) or replace-one (telling two values of "
+                   "one record's private part apart); both ε are reported either way")
     p.add_argument("--report-only", action="store_true",
                    help="write results.csv, summary.md and the plot from the finished cells; train nothing")
     p.add_argument("--private", type=_names, default=None, help="private raw columns (default: the dataset's)")
@@ -155,6 +159,12 @@ def _run(args: argparse.Namespace) -> int:
         if args.tune or args.protocol != "default" or noises != ["independent"]:
             raise ValueError("--record-epsilon does not combine with --tune, --protocol paper or --noise bandmf/blt "
                              "yet")  # fmt: skip
+    relation = getattr(args, "relation", None)
+    if relation is not None and args.task != "tabular":
+        raise ValueError(f"--relation is for --task tabular, got --task {args.task}")
+    if relation == "replace-one" and args.protocol == "paper":
+        raise ValueError("--relation replace-one: --protocol paper sets the steps from the add/remove accountant; "
+                         "use --protocol default")
     if args.task == "diffusion":
         from featuredp.experiments.diffusion import run_compare
 
@@ -214,6 +224,9 @@ def _run(args: argparse.Namespace) -> int:
         bands=args.bands,
         record_epsilon=args.record_epsilon,
         command=_command_line("featuredp compare"),
+        # --relation: σ of every private method calibrated for that question (part of the grid's settings hash)
+        method_params={m: {"relation": relation} for m in args.methods or list(METHOD_NAMES)
+                       if relation is not None and get_method(m).private},
     )
     return _report(args, cfg, run_grid(cfg))
 

@@ -115,6 +115,8 @@ def _brief(record: dict[str, Any]) -> dict[str, Any]:
         "status": record.get("status", "settled"),  # no status: written before reservations, a settled spend
         "kind": "generic" if record.get("event") is None else "event",
         "epsilon": record.get("epsilon"),
+        # the replace-one ε alone (two values of one record's private part); None: a generic spend or an old entry
+        "replacement_epsilon": record.get("replacement_epsilon"),
         "delta": record.get("delta"),
         "total_epsilon_after": record.get("total_epsilon_after"),
     }
@@ -134,9 +136,11 @@ def _emit(summary: dict[str, Any], *, as_json: bool, title: str) -> None:
     ]
     records = summary["records"]
     if records:
-        lines.append(f"  records ({len(records)}; epsilon alone at the ledger's delta, total after it):")
+        lines.append(f"  records ({len(records)}; epsilon alone at the ledger's delta, the replace-one epsilon "
+                     "alone, total after it):")
         for r in records:
-            lines.append(f"    {r['when'] or '-':<20}  {r['status']:<9}  {r['epsilon']:>9.4g}  "
+            rep = "-" if r.get("replacement_epsilon") is None else f"{r['replacement_epsilon']:.4g}"
+            lines.append(f"    {r['when'] or '-':<20}  {r['status']:<9}  {r['epsilon']:>9.4g}  {rep:>9}  "
                          f"{r['total_epsilon_after'] or 0:>9.4g}  {r['what']}")
     else:
         lines.append("  records        none")

@@ -107,7 +107,8 @@ __all__ = [
 ]
 
 CSV_COLUMNS = [
-    "dataset", "method", "target_epsilon", "seed", "accuracy", "epsilon", "delta", "noise_multiplier",
+    "dataset", "method", "target_epsilon", "seed", "accuracy", "epsilon", "replacement_epsilon", "delta",
+    "noise_multiplier",
     "max_grad_norm", "sampling_rate", "batch_size", "steps", "pretrain_steps", "stopped_early", "wall_s", "cpu_s",
     "tuned", "params",
 ]  # fmt: skip
@@ -273,6 +274,8 @@ class GridRunner:
             "seed": cell.seed,
             "accuracy": summary["accuracy"],
             "epsilon": _spent(cell.method, summary.get("epsilon")),
+            # replace-one: telling two values of one record's private part apart (docs/accounting.md)
+            "replacement_epsilon": _replacement(cell.method, summary),
             "delta": summary.get("delta") if cell.method in PRIVATE_METHODS else None,
             "noise_multiplier": summary.get("noise_multiplier"),
             "max_grad_norm": summary.get("max_grad_norm"),
@@ -603,6 +606,17 @@ def _clock(seconds: float) -> str:
 def _spent(method: str, eps: Any) -> float:
     record = get_method(method)
     return float(eps) if record.private else reference_epsilon(record)
+
+
+def _replacement(method: str, summary: dict[str, Any]) -> float | None:
+    """The cell's replace-one ε (None: a trainer whose summary has none); a summary writes ∞ (σ = 0) as None."""
+    record = get_method(method)
+    if not record.private:
+        return reference_epsilon(record)
+    if "replacement_epsilon" not in summary:
+        return None
+    eps = summary["replacement_epsilon"]
+    return float("inf") if eps is None else float(eps)
 
 
 def run_grid(cfg: GridConfig, **kwargs: Any) -> dict[str, Any]:

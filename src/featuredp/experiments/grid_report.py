@@ -84,12 +84,20 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "method": method, "noise": noise, "bands": bands or None, "target_epsilon": eps, "n": len(rs),
             "accuracy_mean": float(acc.mean()), "accuracy_std": float(acc.std(ddof=1)) if len(rs) > 1 else 0.0,
             "epsilon_spent": float(np.mean([float(r["epsilon"]) for r in rs])),
+            # a cell written before the column existed has none: then the summary has none either
+            "replacement_epsilon_spent": float(np.mean(rep)) if (rep := _replacements(rs)) else None,
             "noise_multiplier": float(np.mean(sigma)) if sigma else None,
             "steps": float(np.mean([float(r["steps"] or 0) for r in rs])),
             "wall_s": float(np.mean([float(r["wall_s"]) for r in rs])),
             "cpu_s": float(np.mean([float(r.get("cpu_s") or 0.0) for r in rs])),
         })  # fmt: skip
     return out
+
+
+def _replacements(rows: list[dict[str, Any]]) -> list[float]:
+    """The rows' replace-one ε (all of them, or none when any row lacks it)."""
+    vals = [r.get("replacement_epsilon") for r in rows]
+    return [float(v) for v in vals if v is not None] if all(_number(v) for v in vals) else []
 
 
 def _number(value: Any) -> bool:
@@ -193,15 +201,21 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
     lines += [
         "## Privacy actually spent and cost",
         "",
-        "| method | target ε | ε spent | σ | steps | wall s / run | CPU s / run |",
-        "|---|---|---|---|---|---|---|",
+        "ε spent answers add/remove (the model is indistinguishable from one trained on only the public view of any "
+        "one record); replacement ε answers replace-one (telling two values of one record's private part apart) for "
+        "the same runs.",
+        "",
+        "| method | target ε | ε spent | replacement ε | σ | steps | wall s / run | CPU s / run |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
         eps = "—" if s["target_epsilon"] is None else f"{s['target_epsilon']:g}"
         spent = "∞" if math.isinf(s["epsilon_spent"]) else f"{s['epsilon_spent']:.3f}"
+        rep = s.get("replacement_epsilon_spent")
+        rep_txt = "—" if rep is None else ("∞" if math.isinf(rep) else f"{rep:.3f}")
         sigma = "—" if s["noise_multiplier"] is None else f"{s['noise_multiplier']:.3f}"
-        lines.append(f"| {_arm_name(s)} | {eps} | {spent} | {sigma} | {s['steps']:.0f} | {s['wall_s']:.1f} "
-                     f"| {s['cpu_s']:.1f} |")
+        lines.append(f"| {_arm_name(s)} | {eps} | {spent} | {rep_txt} | {sigma} | {s['steps']:.0f} | "
+                     f"{s['wall_s']:.1f} | {s['cpu_s']:.1f} |")
     if "bandmf" in correlated:
         lines += ["", "BandMF's σ is the std of z in the released C x + z (C's first coefficient 1), not comparable "
                   "with DP-SGD's: its ε is that of DP-SGD with multiplier σ / (max column norm of C), sampling rate "

@@ -220,6 +220,16 @@ class Run:
         e = self.info.get("result", {}).get("epsilon")
         return float("inf") if e in (None, "inf") else float(e)
 
+    @property
+    def replacement_epsilon(self) -> float | None:
+        """The replace-one ε of the same steps (two values of one record's private part); ∞ without DP; None for a
+        run.json written before it was recorded (recompute: ``PrivacyPlan.replacement_epsilon``)."""
+        result = self.info.get("result", {})
+        if "replacement_epsilon" not in result:
+            return None
+        e = result["replacement_epsilon"]
+        return float("inf") if e in (None, "inf") else float(e)
+
     def load_data(self) -> tuple[Any, Any]:
         """Reload (train, test) with the loader and options recorded in run.json."""
         ds = self.dataset

@@ -439,6 +439,12 @@ class TrainedText:
         """ε spent (None without DP; 0 for the public-only model, which reads Ψ(S) only)."""
         return None if math.isinf(self.result.epsilon) else float(self.result.epsilon)
 
+    @property
+    def replacement_epsilon(self) -> float | None:
+        """The replace-one ε of the same steps (telling two values of a private span apart; None without DP)."""
+        r = self.result.replacement_epsilon
+        return None if r is None or math.isinf(r) else float(r)
+
 
 def fit_batches(params: Mapping[str, Any], n: int) -> dict[str, Any]:
     """``params`` with every batch size above a quarter of the ``n`` training texts cut to n // 8 (at least 8).
@@ -493,7 +499,8 @@ def train_text_cell(*, data: TextData, method: str, epsilon: float | None, delta
     audits.setdefault("canary_exposure", None)
     plan, result = done.result.plan, done.result
     row = {
-        "method": method, "target_epsilon": epsilon, "seed": seed, "epsilon": spent, "delta": result.delta,
+        "method": method, "target_epsilon": epsilon, "seed": seed, "epsilon": spent,
+        "replacement_epsilon": done.replacement_epsilon, "delta": result.delta,
         "noise_multiplier": plan.noise_multiplier, "max_grad_norm": plan.max_grad_norm,
         "batch_size": plan.expected_batch_size, "steps": result.steps, "pretrain_steps": result.pretrain_steps,
         "train_wall_s": round(done.wall_s, 1), "guarantee": result.guarantee, **audits,
@@ -697,6 +704,7 @@ def summarize_text(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "label": text_arm_label(method, backstop),
             "epsilon_spent": _mean([r["epsilon"] for r in rs]),
             "record_epsilon": _mean([r.get("record_epsilon") for r in rs]),
+            "replacement_epsilon_spent": _mean([r.get("replacement_epsilon") for r in rs]),
             "perplexity": float(np.mean(ppl)), "perplexity_std": float(np.std(ppl, ddof=1)) if len(ppl) > 1 else 0.0,
             "canary_exposure": _mean([r["canary_exposure"] for r in rs]),
             "exposure_by_repeats": {k: _mean([r["exposure"]["by_repeats"][k]["mean_exposure"] for r in rs

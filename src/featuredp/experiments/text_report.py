@@ -45,7 +45,8 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
         f"* Held-out texts: {(meta.get('heldout') or {}).get('note', 'see the data line')}.",
         f"* Command: `{meta['command']}`",
         "",
-        f"| method | ε | ε spent | record ε | perplexity ↓{uncovered} | exposure 10× (bits) | exposure 100× "
+        f"| method | ε | ε spent | replacement ε | record ε | perplexity ↓{uncovered} | exposure 10× (bits) "
+        "| exposure 100× "
         "| extraction train / held-out | span inference (prior, bound) | control: 100× canary extracted / inferred |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -61,7 +62,8 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
         std = f" ± {r['perplexity_std']:.2f}" if r["seeds"] > 1 else ""
         lines.append(
             f"| {label} | {_f(r['epsilon'], 'g')} | {_f(r['epsilon_spent'], '.3f')} "
-            f"| {_f(r.get('record_epsilon'), '.3f')} | {r['perplexity']:.2f}{std} "
+            f"| {_f(r.get('replacement_epsilon_spent'), '.3f')} | {_f(r.get('record_epsilon'), '.3f')} "
+            f"| {r['perplexity']:.2f}{std} "
             f"| {_f(r['canary_exposure'], '.1f')}{' (no power)' if r.get('exposure_no_power') else ''} "
             f"| {_f(r['exposure_by_repeats'].get('100'), '.1f')} "
             f"| {_pct(e['rate'])} / {_pct(e['heldout_rate'])} | {si_txt} "
@@ -70,19 +72,23 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
     seeds = sorted({r["seeds"] for r in rows})
     lines += [
         "",
-        f"Seeds per cell: {', '.join(map(str, seeds))} (means). Perplexity: exp of the mean token NLL of the held-out "
+        f"Seeds per cell: {', '.join(map(str, seeds))} (means). ε spent is add/remove (the model is "
+        "indistinguishable from one trained on only the public view of any one text); replacement ε is replace-one "
+        "(telling two values of one text's private spans apart), same runs. Perplexity: exp of the mean token NLL "
+        "of the held-out "
         "full texts (span contents included). Exposure (Carlini et al. 2019): log2|R| − log2 rank of a planted "
         f"secret among all {ex.get('digits', 4)}-digit strings (max {ex.get('digits', 4) * 3.3219:.1f} bits; a model "
         "that knows nothing scores about 1.44 bits); the canaries are spans of type `secret`, private like the rest. "
         "Extraction: greedy decoding after the text before each private span reproduces it exactly, on training "
         "records and on held-out ones (a value that is easy to guess scores on both). Span inference: given Ψ(x) of a "
         f"training record with one span to fill and {ex.get('span_k', 10)} candidates, the model's likeliest; the "
-        "prior is the best guess without the model and the bound is Theorem 4's at the run's (ε, δ); the bound is "
-        "exceeded only if the accuracy's 95% lower limit is above it. Control: the same two attacks on the canaries "
-        "planted 100 times (extraction after their prefix; inference among k digit strings) show the attacks' power "
-        "where a model memorises. Exposure \"(no power)\": the non-private model's exposure exceeds this model's "
-        "by less than 3 bits at every repeat count (10×, 100×), so the canaries were not memorised enough for a low "
-        "exposure to show privacy. Extraction and span-inference targets are drawn at random (OS entropy), the same "
+        "prior is the best guess without the model and the bound is Theorem 4's at the run's add/remove (ε, δ), the "
+        "one it is stated for; the bound is exceeded only if the accuracy's 95% lower limit is above it. Control: the "
+        "same two attacks on the canaries planted 100 times (extraction after their prefix; inference among k digit "
+        "strings) show the attacks' power where a model memorises. Exposure \"(no power)\": the non-private model's "
+        "exposure exceeds this model's by less than 3 bits at every repeat count (10×, 100×), so the canaries "
+        "were not memorised enough for a low exposure to show privacy. Extraction and span-inference targets are "
+        "drawn at random (OS entropy), the same "
         "number from training and held-out texts; span inference's prior is the best guess without the model (the "
         "likeliest candidate when values recur, 1/k when they are all distinct). Record ε: the run's ε for whole "
         "records — with a record-level backstop (`--record-epsilon E`) every pre-training, public and private step is "

@@ -79,7 +79,8 @@ def train_text_run(*, out: str | Path | None, method: str, epsilon: float | None
                "public_perplexity": perplexity(done.model, data.test.batch(), key="x_pub")}  # fmt: skip
     held = data.heldout
     summary = {
-        "task": "text", "method": method, "epsilon": done.epsilon, "delta": result.delta,
+        "task": "text", "method": method, "epsilon": done.epsilon, "replacement_epsilon": done.replacement_epsilon,
+        "relation": result.plan.relation, "delta": result.delta,
         "noise_multiplier": result.plan.noise_multiplier, "noise": result.plan.noise, "bands": result.plan.bands,
         "correlated_noise": result.privacy_report.get("correlated_noise"), "max_grad_norm": result.plan.max_grad_norm,
         "sampling_rate": result.plan.sampling_rate, "steps": result.steps, "pretrain_steps": result.pretrain_steps,

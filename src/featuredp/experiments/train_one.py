@@ -242,6 +242,9 @@ def train_one(
         "accuracy": None if metrics is None else metrics["accuracy"],
         "test_loss": None if metrics is None else metrics["loss"],
         "epsilon": None if math.isinf(result.epsilon) else result.epsilon,
+        # the replace-one question (two values of one record's private part), same steps (docs/accounting.md)
+        "replacement_epsilon": _finite(result.replacement_epsilon),
+        "relation": plan.relation,
         "delta": result.delta,
         "noise_multiplier": plan.noise_multiplier,
         "noise": plan.noise,
@@ -445,3 +448,8 @@ def retrain_like(
         progress=progress, **kwargs,
     )  # fmt: skip
     return trained.model, trained.result
+
+
+def _finite(value: float | None) -> float | None:
+    """``value`` as a float, None for ∞ (no guarantee) or None (JSON has no infinity)."""
+    return None if value is None or math.isinf(value) else float(value)

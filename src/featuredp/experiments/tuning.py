@@ -364,15 +364,19 @@ def _tune_private(job: _Job) -> TrainedModel:
     total_delta = delta + settings.mean_trials * tail
     guarantee = (f"({total:.4g}, {total_delta:g}) for the whole tuned search (random search with a secret number "
                  f"of trials, E[K] = {settings.mean_trials:g}, {settings.distribution}; the best trial kept; "
-                 f"Papernot & Steinke 2022, RDP); each trial: {run.result.guarantee}")
-    result = dataclasses.replace(run.result, epsilon=total, delta=total_delta, guarantee=guarantee)
+                 f"Papernot & Steinke 2022, RDP; add/remove: telling two values of one record's private part apart "
+                 f"has no bound here, RDP having none for replace-one under Poisson sampling); each trial: "
+                 f"{run.result.guarantee}")
+    # the search's replace-one ε is unknown (none of the backends bounds a tuned run at replace-one): not the trial's
+    result = dataclasses.replace(run.result, epsilon=total, delta=total_delta, guarantee=guarantee,
+                                 replacement_epsilon=math.inf)
     summary = dict(run.summary)
     summary.update({
         "guarantee": guarantee,
         "dataset": getattr(train, "name", dataset) if dataset == "csv" else dataset,
         "accuracy": None if metrics is None else metrics["accuracy"],
         "test_loss": None if metrics is None else metrics["loss"],
-        "epsilon": total, "delta": total_delta,
+        "epsilon": total, "delta": total_delta, "replacement_epsilon": None,
         "tuning": {
             "mode": "private", "covered_by_epsilon": True, "epsilon": total,
             "mean_trials": settings.mean_trials, "distribution": settings.distribution,

@@ -10,6 +10,13 @@ sensitivity:
   divisor taken from the realised batch would add a term that depends on the batch);
 * nothing else: buffers, frozen parameters and the noise draw itself must be identical.
 
+A third run swaps x's private part (Ψ(x) kept; the entries its feature map's ``private_entries()`` masks and the keys
+Ψ drops, taken from the record whose private part differs most; for DP-SGD the whole record): the clipped sum may
+then move by up to 2C, the sensitivity the replace-one ε is accounted at (check ``swap sensitivity``). That is twice
+the add/remove bound, and a crafted pair reaches it (tests/testing/test_replay_swap.py): why telling two values of
+one record's private part apart is charged f∘f / sensitivity 2C and not the add/remove ε. A map that hides nothing
+by position or key (an image blur, a token view) has no such swap to build here: the check is left out.
+
 The noise is checked too: the std the engine asks for (summed over ranks) must be σ·C, the draw's empirical
 std must match it, and the source must state a cut tail of at most 2⁻¹⁰⁰ per pair
 (:mod:`featuredp.accounting.sampler`).
@@ -36,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from featuredp.accounting.accountant import _SENSITIVITY
 from featuredp.batches import as_batch, to_device
 from featuredp.clipping import trainable_parameters
 from featuredp.distributed import all_reduce_sum
@@ -129,7 +137,8 @@ class _Run:
     after: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def replay_step(trainer: Any, data: Any, *, record: int, batch: Sequence[int]) -> ReplayReport:
+def replay_step(trainer: Any, data: Any, *, record: int, batch: Sequence[int],
+                swap_with: int | None = None) -> ReplayReport:  # fmt: skip
     """Replay one private step of ``trainer`` on ``batch`` and on ``batch`` plus ``record``, with every random
     draw held fixed, and check that the released quantities move by at most the stated sensitivity.
 
@@ -140,6 +149,8 @@ def replay_step(trainer: Any, data: Any, *, record: int, batch: Sequence[int]) -
         record: the index of the added record x.
         batch: the indices of the private batch without x (in a data-parallel run, global indices: each rank
             takes those of its shard).
+        swap_with: the record whose private part replaces x's in the swap run (check ``swap sensitivity``);
+            default: the record whose private part differs most from x's.
 
     Returns a :class:`ReplayReport`. The trainer's model, strategy and run are restored afterwards.
     """
@@ -158,6 +169,8 @@ def replay_step(trainer: Any, data: Any, *, record: int, batch: Sequence[int]) -
     record = int(record)
     if not 0 <= record < n or record in base or any(not 0 <= i < n for i in base):
         raise ValueError(f"record={record} must be an index of data (0..{n - 1}) outside batch")
+    if swap_with is not None and not (0 <= int(swap_with) < n and int(swap_with) != record):
+        raise ValueError(f"swap_with={swap_with} must be an index of data (0..{n - 1}) other than record={record}")
     dist = trainer.dist
     world = 1 if dist is None else dist.world_size
     report = ReplayReport(method.name, trainer.strategy.name, trainer.performance.precision,
@@ -168,13 +181,19 @@ def replay_step(trainer: Any, data: Any, *, record: int, batch: Sequence[int]) -
     batch_all = to_device(batch_all, trainer.device)
     params = trainable_parameters(model)
     snapshot = copy.deepcopy(state.state_dict(model))
+    swapped: _Run | None = None
     try:
+        swap = _swapped(trainer.feature_map, batch_all, record, swap_with)
         runs: list[_Run] = []
         draws = _Draws()
         for with_x in (True, False):  # with x first: its run's per-record draws are reused without x
             state.load_state_dict(copy.deepcopy(snapshot), model)
             rows = [*base, record] if with_x else base
             runs.insert(0, _observed_step(trainer, state, split, batch_all, params, rows, draws, with_x))
+        if swap is not None:  # x with another record's private part, the same draws as the run with x
+            state.load_state_dict(copy.deepcopy(snapshot), model)
+            swapped = _observed_step(trainer, state, split, swap[0], params, [*base, record], draws, True,
+                                     reuse=True)  # fmt: skip
     except _RefusedError as exc:
         cause = exc.__cause__
         report.outcome = "refused"
@@ -184,18 +203,20 @@ def replay_step(trainer: Any, data: Any, *, record: int, batch: Sequence[int]) -
         trainer._state = None
         model.load_state_dict(saved_model)
     report.checks = _compare(state.plan, method.public_batch, state.noise, runs[0], runs[1])
+    if swap is not None and swapped is not None:
+        report.checks.append(_swap_check(state.plan, runs[1], swapped, swap[1]))
     report.outcome = "passed" if all(c.ok for c in report.checks) else "failed"
     return report
 
 
 def _observed_step(trainer: Any, state: Any, split: Any, batch_all: Any, params: dict[str, torch.Tensor],
-                   rows: list[int], draws: _Draws, with_x: bool) -> _Run:  # fmt: skip
+                   rows: list[int], draws: _Draws, with_x: bool, *, reuse: bool = False) -> _Run:  # fmt: skip
     """One step of the engine with the private batch ``rows`` (this rank's share of them, x last), observed.
 
     The loss split's per-record draws of the private batch are coupled by record, not by position: a
     generator's stream does not give a prefix of a longer draw the same values (torch fills normals in blocks),
     and the records of the batch must see the same draws with and without x. The run with x records them in
-    ``draws``; the run without x gets them back without x's row."""
+    ``draws``; the run without x gets them back without x's row; ``reuse`` (the swap run) gets them all back."""
     run = _Run()
     sampler = state.private_sampler
     lo, hi = sampler.offset, sampler.offset + sampler.dataset_size
@@ -206,6 +227,8 @@ def _observed_step(trainer: Any, state: Any, split: Any, batch_all: Any, params:
         assert draw is not None
         if generator is not state.private_draws:  # the public batch's draws: the same stream in both runs
             return draw(batch, generator)
+        if reuse:
+            return {k: v.clone() for k, v in draws.values.items()}
         if with_x:
             out = draw(batch, generator)
             draws.values = {k: v.detach().clone() for k, v in out.items()}
@@ -322,6 +345,58 @@ def _compare(plan: Any, public_batch: bool, noise: Any, a: _Run, b: _Run) -> lis
     out.append(ReplayCheck("noise tail", tail, _TAIL_LIMIT, tail <= _TAIL_LIMIT,
                            "the source's stated cut tail per pair of coordinates"))
     return out
+
+
+def _swapped(fmap: Any, batch: dict[str, torch.Tensor], record: int,
+             donor: int | None = None) -> tuple[dict[str, torch.Tensor], int] | None:  # fmt: skip
+    """``batch`` with record ``record``'s private part replaced by that of ``donor`` (default: the record whose
+    private part differs most from it), Ψ of the record unchanged, and the donor; None when Ψ hides nothing by
+    position or key, or the donor's private part equals x's.
+
+    The private part: the entries the map's ``private_entries()`` masks and the keys Ψ drops; with no map (DP-SGD,
+    whole records) every entry."""
+    row = {k: v[record : record + 1] for k, v in batch.items()}
+    if fmap is None:
+        masks = {k: torch.ones_like(v[0], dtype=torch.bool) for k, v in batch.items()}
+        view = None
+    else:
+        view = fmap(row)
+        masks = {k: m.to(batch[k].device).bool() for k, m in fmap.private_entries().items()
+                 if k in batch and m.shape == batch[k].shape[1:]}  # fmt: skip
+        masks.update({k: torch.ones_like(v[0], dtype=torch.bool) for k, v in batch.items() if k not in view})
+    masks = {k: m for k, m in masks.items() if bool(m.any())}
+    if not masks:
+        return None
+    n = int(next(iter(batch.values())).shape[0])
+    dist = torch.zeros(n, dtype=torch.float64, device=next(iter(batch.values())).device)
+    for k, m in masks.items():
+        diff = (batch[k].to(torch.float64) - batch[k][record].to(torch.float64)) * m
+        dist += diff.reshape(n, -1).pow(2).sum(1)
+    dist[record] = -1.0
+    donor = int(dist.argmax()) if donor is None else int(donor)
+    if float(dist[donor]) <= 0.0:
+        return None
+    out = dict(batch)
+    for k, m in masks.items():
+        out[k] = batch[k].clone()
+        out[k][record] = torch.where(m, batch[k][donor], batch[k][record])
+    if view is not None:  # the swap must keep Ψ(x): else it is not a replace-one neighbour under FDP
+        new = fmap({k: v[record : record + 1] for k, v in out.items()})
+        if new.keys() != view.keys() or not all(_equal(new[k], view[k]) for k in view):
+            return None
+    return out, donor
+
+
+def _swap_check(plan: Any, a: _Run, b: _Run, donor: int) -> ReplayCheck:
+    """The clipped sum with x against with x's private part swapped: at most the replace-one sensitivity (2C)."""
+    C, m = float(plan.max_grad_norm), float(plan.expected_batch_size)
+    keys = sorted(a.clipped)
+    moved = float((_flat(b.clipped, keys) - _flat(a.clipped, keys)).norm())
+    sensitivity = _SENSITIVITY["replace-one"]  # what the replace-one ε is accounted at, in units of C
+    bound = sensitivity * C * (1 + _RTOL + _ROUNDING * max(1.0, m) * 4)
+    return ReplayCheck("swap sensitivity", moved, bound, moved <= bound,
+                       f"‖Σ clip(g) with x − with x's private part from record {donor}‖ <= {sensitivity:g}C "
+                       "(replace-one; add/remove is C)")  # fmt: skip
 
 
 def _equal(x: torch.Tensor, y: torch.Tensor) -> bool:
