@@ -128,20 +128,28 @@ def test_a_method_being_trained_by_another_process_is_waited_for_not_trained_twi
 ) -> None:
     import subprocess
     import sys
-    import threading
 
     import featuredp.experiments.diffusion as diffusion
 
-    monkeypatch.setattr(diffusion, "_POLL_S", 0.05)
+    monkeypatch.setattr(diffusion, "_POLL_S", 0.01)
     out = tmp_path / "public"
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    real_alive, checks = diffusion._pid_alive, [0]
+
+    def alive_then_done(pid: int) -> bool:
+        # the other process "finishes" on the third look: counted in polls, not seconds, so a busy machine
+        # cannot make the result appear before the wait began (no timer thread racing the first check)
+        checks[0] += 1
+        if checks[0] == 3:
+            (out / "result.json").write_text('{"method": "public"}')
+        return real_alive(pid)
+
+    monkeypatch.setattr(diffusion, "_pid_alive", alive_then_done)
     try:
         out.mkdir()
         (out / "train.lock").write_text(str(other.pid))
-        timer = threading.Timer(0.3, lambda: (out / "result.json").write_text('{"method": "public"}'))
-        timer.start()
         assert diffusion._claim(out, "public") is False  # waited, then found the other's result
-        timer.join()
+        assert checks[0] == 3
         assert f"waiting for process {other.pid}" in capsys.readouterr().err
     finally:
         other.kill()

@@ -215,9 +215,14 @@ def test_fdp_auto_searches_the_public_weight_and_says_what_it_ran(tmp_path, monk
 def test_the_private_search_is_never_silent_and_never_counts_trials(capsys):
     import time
 
+    # wait for the first beat (bounded), not a fixed 0.3 s: a busy machine may schedule the beat thread late
+    seen = ""
     with tuning._heartbeat(True, every=0.05):
-        time.sleep(0.3)
-    err = capsys.readouterr().err
+        deadline = time.monotonic() + 60.0
+        while "still searching" not in seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+            seen += capsys.readouterr().err
+    err = seen + capsys.readouterr().err
     assert "still searching" in err and "trial" not in err  # elapsed time only: no count of trials
 
 
