@@ -69,6 +69,17 @@ class Streams:
         for name in STREAM_NAMES:
             getattr(self, name).bit_generator.state = _unstringify(state[name])
 
+    def rekey_private(self) -> None:
+        """Re-key the private streams from OS entropy, in place (every sampler holding one follows).
+
+        Called on every resume: a checkpoint someone else may have read must not tell them the coins, batches or
+        loss draws to come. A fresh independent stream has the same distribution, so the run's guarantee is that of
+        an uninterrupted one; only the realisation after the resume differs. The public streams stay.
+        """
+        for name in PRIVATE_STREAMS:
+            gen = getattr(self, name)
+            gen.bit_generator.state = type(gen.bit_generator)(np.random.SeedSequence()).state
+
 
 def make_streams(seed: int | None = None, *, public_seed: int | None = None, rank: int | None = None) -> Streams:
     """One independent generator per role.
@@ -149,6 +160,12 @@ class PoissonSampler:
             raise ValueError("the checkpoint's secure_rng setting differs from this run's; resume with the same")
         if isinstance(self.generator, ChaCha20Generator):
             self.generator.load_state_dict(state["chacha20"])
+
+    def rekey(self) -> None:
+        """Future coins from OS entropy: a secure generator gets a fresh key (a numpy one is re-keyed by
+        :meth:`Streams.rekey_private`)."""
+        if isinstance(self.generator, ChaCha20Generator):
+            self.generator.rekey()
 
     def sample(self) -> np.ndarray:
         """Indices of one Poisson batch, sorted, int64 (may be empty)."""
@@ -295,6 +312,11 @@ class BMinSepSampler:
     def expected_batch_size(self) -> float:
         """m = n·q/b, the normaliser of the private sum (never the realised size)."""
         return self.expected_batch
+
+    def rekey(self) -> None:
+        """Future Poisson coins from OS entropy (see :meth:`PoissonSampler.rekey`). The partition stays: the
+        b-min-separation the accounting assumes holds only if every record keeps its one residue class."""
+        PoissonSampler(1, self.sampling_rate, self.generator).rekey()
 
     def sample(self) -> np.ndarray:
         """Indices of the next step's batch: a Poisson sample of partition t mod b, sorted, int64 (may be empty)."""

@@ -66,6 +66,28 @@ def test_bad_options_fail_before_work(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())
 
 
+def test_resume_refuses_a_legacy_checkpoint_in_the_results_folder_before_any_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import featuredp.experiments.diffusion as diffusion
+
+    def no_training(*a: object, **k: object) -> None:
+        raise AssertionError("trained before the refusal")
+
+    monkeypatch.setattr(diffusion, "_train_method", no_training)
+    out = tmp_path / "out"
+    (out / "fdp").mkdir(parents=True)
+    (out / "fdp" / "checkpoint.pt").write_bytes(b"an older featuredp's state, in the shareable folder")
+    argv = ["--out", str(out), "--quick", "--methods", "public,fdp", "--no-summary"]
+    with pytest.raises(ValueError, match=r"fdp/checkpoint\.pt is a checkpoint an older featuredp left.*--accept"):
+        main([*argv, "--resume"])
+    with pytest.raises(ValueError, match="--accept-legacy-checkpoint is for --resume"):
+        main([*argv, "--accept-legacy-checkpoint"])
+    # accepted: the refusal is passed (the training stand-in is reached, for the first method)
+    with pytest.raises(AssertionError, match="trained before"):
+        main([*argv, "--resume", "--accept-legacy-checkpoint"])
+
+
 def test_resolution_checkpoint_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import featuredp.experiments.diffusion as diffusion
 
