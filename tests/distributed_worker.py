@@ -156,6 +156,10 @@ def main(scenario: str, out: Path) -> None:
             Trainer._save_checkpoint = save_then_die  # type: ignore[method-assign]
             trainer.fit(data, checkpoint=ck, checkpoint_every=5)
         else:
+            if scenario == "resume":  # every state restored exactly: the re-key of a resume is off here
+                from featuredp.run_state import RunState
+
+                RunState.rekey_private = lambda self: None  # type: ignore[method-assign]
             trainer.fit(data, checkpoint=ck if scenario == "resume" else None, resume=scenario == "resume")
             if rank == 0:
                 torch.save(_flat(trainer.model), out / f"{scenario}.pt")

@@ -5,7 +5,8 @@ the all-reduced clipped sum equals one process's sum over the union of the ranks
 the noise added per step has total std σC (a run that adds it on every rank fails the test);
 every record's inclusion frequency is p and the ranks' selections are independent; a step with
 an empty local batch completes; the reported ε equals one process's, bit for bit; a killed run
-resumes to the same model; two "nodes" on one host train together.
+resumes to the same model (with the re-key of a resume off: every state restored); two "nodes" on one
+host train together.
 """
 
 from __future__ import annotations

@@ -292,31 +292,82 @@ def test_public_training_does_not_depend_on_private_columns(method):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Resume == uninterrupted
+# Resume: every state restored; the private randomness after it re-keyed from OS entropy
 # ---------------------------------------------------------------------------------------------------------
+def _resumable(method: str, secure_rng: bool = False) -> Trainer:
+    torch.manual_seed(0)
+    kw: dict = {} if method == "nonprivate" else {"noise_multiplier": 1.1}
+    if method == "fdp":
+        kw.update(pretrain_epochs=0.5, feature_map=Columns(["sex", "race"]), averaging="uniform")
+    return Trainer(nn.Sequential(nn.Linear(7, 8), nn.Tanh(), nn.Linear(8, 2)), method, epochs=2, batch_size=24,
+                   seed=9, secure_rng=secure_rng, progress=False, **kw)  # fmt: skip
+
+
 @pytest.mark.parametrize("method", ["fdp", "dpsgd", "nonprivate"])
-def test_resume_equals_uninterrupted(tmp_path, method):
+def test_resume_restores_every_state_exactly(tmp_path, method, keys_kept_on_resume):
+    # With the re-key switched off, a resume is the uninterrupted run bit for bit: nothing else is lost or redrawn.
     data = make_tabular(240, seed=8)
-
-    def make():
-        torch.manual_seed(0)
-        kw = {} if method == "nonprivate" else {"noise_multiplier": 1.1}
-        if method == "fdp":
-            kw.update(pretrain_epochs=0.5, feature_map=Columns(["sex", "race"]), averaging="uniform")
-        return Trainer(nn.Sequential(nn.Linear(7, 8), nn.Tanh(), nn.Linear(8, 2)), method, epochs=2, batch_size=24,
-                       seed=9, progress=False, **kw)  # fmt: skip
-
-    a = make()
-    ra = a.fit(data)
-    b = make()
-    rb = b.fit(data, checkpoint=tmp_path / "ck.pt", max_steps=13)
+    ra = (a := _resumable(method)).fit(data)
+    rb = _resumable(method).fit(data, checkpoint=tmp_path / "ck.pt", max_steps=13)
     assert rb.stopped_early and rb.stop_reason == "max_steps"
-    c = make()
-    rc = c.fit(data, checkpoint=tmp_path / "ck.pt", resume=True)
+    rc = (c := _resumable(method)).fit(data, checkpoint=tmp_path / "ck.pt", resume=True)
     assert not rc.stopped_early
     assert rc.epsilon == ra.epsilon and rc.steps == ra.steps and rc.history == ra.history
     for (k, v), (_, w) in zip(a.model.state_dict().items(), c.model.state_dict().items()):
         assert torch.equal(v, w), k
+
+
+@pytest.mark.parametrize("method", ["fdp", "dpsgd"])
+def test_resume_equals_uninterrupted_up_to_the_checkpoint_and_redraws_after(tmp_path, method):
+    # The same run up to the checkpoint (its history bit for bit) and the same accounting; after it, fresh noise.
+    data = make_tabular(240, seed=8)
+    ra = (a := _resumable(method)).fit(data)
+    _resumable(method).fit(data, checkpoint=tmp_path / "ck.pt", max_steps=13)
+    rc = (c := _resumable(method)).fit(data, checkpoint=tmp_path / "ck.pt", resume=True)
+    assert rc.epsilon == ra.epsilon and rc.steps == ra.steps and len(rc.history) == len(ra.history)
+    before = [h for h in ra.history if h["step"] <= 13]
+    assert before and [h for h in rc.history if h["step"] <= 13] == before
+    assert not all(torch.equal(v, w) for v, w in zip(a.model.state_dict().values(), c.model.state_dict().values()))
+
+
+@pytest.mark.parametrize("secure_rng", [False, True], ids=["torch", "secure"])
+def test_a_stolen_checkpoint_does_not_predict_the_noise_after_a_resume(tmp_path, monkeypatch, secure_rng):
+    """The attacker copies the checkpoint and replays the saved noise state: before the re-key that replay was
+    the run's noise after the resume, exactly (checked below with the re-key off); now it is independent."""
+    from featuredp.noise import SecureNoise, TorchNoise
+    from featuredp.run_state import RunState
+
+    data = make_tabular(240, seed=8)
+    _resumable("dpsgd", secure_rng).fit(data, checkpoint=tmp_path / "ck.pt", max_steps=13)
+    saved = torch.load(tmp_path / "ck.pt", weights_only=True)
+    cls = SecureNoise if secure_rng else TorchNoise
+    real_add = cls.add
+
+    def first_noise(rekey: bool) -> torch.Tensor:
+        torch.save(saved, tmp_path / "copy.pt")
+        drawn: list[torch.Tensor] = []
+
+        def spy(self, sums, std):
+            out = real_add(self, sums, std)
+            drawn.append(torch.cat([(out[k].double() - v.double()).flatten() for k, v in sums.items()]) / std)
+            return out
+
+        with monkeypatch.context() as m:
+            m.setattr(cls, "add", spy)
+            if not rekey:
+                m.setattr(RunState, "rekey_private", lambda self: None)
+            _resumable("dpsgd", secure_rng).fit(data, checkpoint=tmp_path / "copy.pt", resume=True)
+        assert len(drawn) >= 2  # every private step after the checkpoint
+        return torch.cat(drawn)
+
+    predicted = first_noise(rekey=False)
+    assert torch.equal(predicted, first_noise(rekey=False))  # the attack: the saved state fixes the next noise
+    actual, again = first_noise(rekey=True), first_noise(rekey=True)
+    assert not torch.isclose(actual, predicted, rtol=0, atol=1e-9).any()  # no coordinate predicted
+    assert not torch.isclose(actual, again, rtol=0, atol=1e-9).any()  # fresh OS entropy on every resume
+    # the same distribution: standard normal coordinates (a 2/3-scale draw would fail: std 0.67)
+    z = torch.cat([actual, again])
+    assert z.numel() >= 100 and abs(float(z.std()) - 1.0) < 5 / math.sqrt(2 * z.numel()) + 0.05
 
 
 def test_resume_refuses_a_different_plan(tmp_path):

@@ -264,3 +264,27 @@ def test_encoding_statistics_from_the_data_are_named_outside_the_record_level_gu
     data.statistics_from_data = {"age": "bounds"}  # type: ignore[attr-defined]
     with pytest.warns(PrivacyLeakWarning, match="record-level backstop .* protects whole records"):
         _trainer(record_epsilon=8.0, steps=1).fit(data)
+
+
+
+
+def test_a_resume_rekeys_the_backstop_coins(tmp_path, monkeypatch) -> None:
+    """Whoever read the checkpoint must not predict the backstop's public batches after a resume (its coins are as
+    secret as the private batch's): the record stream is re-keyed with the private ones, and a secure run's record
+    sampler gets a fresh ChaCha20 key as the private sampler does."""
+    from featuredp.sampling import PoissonSampler, make_streams
+
+    streams = make_streams(1, record=True)
+    assert streams.record_sampling is not None
+    before = repr(streams.record_sampling.bit_generator.state)
+    streams.rekey_private()
+    assert repr(streams.record_sampling.bit_generator.state) != before
+
+    data = make_tabular(120, seed=4)
+    ck = tmp_path / "ck.pt"
+    _trainer(record_epsilon=8.0, steps=6, secure_rng=True).fit(data, checkpoint=ck, max_steps=3)
+    rekeyed: list[float] = []
+    original = PoissonSampler.rekey
+    monkeypatch.setattr(PoissonSampler, "rekey", lambda self: (rekeyed.append(self.sampling_rate), original(self)))
+    _trainer(record_epsilon=8.0, steps=6, secure_rng=True).fit(data, checkpoint=ck, resume=True, max_steps=1)
+    assert len(rekeyed) == 2  # the private sampler's key and the backstop's (shared by its two samplers)

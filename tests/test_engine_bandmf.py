@@ -91,10 +91,11 @@ def test_one_band_is_the_independent_run_bit_for_bit(secure_rng, budget):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Checkpoints: the partition and the noise history are private state; resume == uninterrupted
+# Checkpoints: the partition and the noise history are private state; restored exactly on resume
 # ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("secure_rng", [False, True], ids=["torch", "secure"])
-def test_resume_equals_uninterrupted(tmp_path, secure_rng):
+def test_resume_equals_uninterrupted(tmp_path, secure_rng, keys_kept_on_resume):
+    # the partition and the buffers restored exactly (the re-key of the fresh normals is off: it would redraw them)
     data = make_tabular(240, seed=8)
 
     def make(**kw):

@@ -126,7 +126,8 @@ def test_dpsgd_without_noise_and_clipping_is_plain_sgd_on_the_device(monkeypatch
 
 
 @pytest.mark.parametrize("secure", [False, True])
-def test_resume_equals_uninterrupted_on_the_device(tmp_path, secure):
+def test_resume_equals_uninterrupted_on_the_device(tmp_path, secure, keys_kept_on_resume):
+    # every state restored exactly on the device (the re-key of a resume is off here)
     data = make_tabular(240, seed=8)
 
     def make():

@@ -80,21 +80,29 @@ def test_the_explicit_private_checkpoint_still_works():
 # ---------------------------------------------------------------------------------------------- fork
 
 
-def _wait(pid: int, timeout: float = 60.0) -> int:
-    """The child's exit code; kills it after ``timeout`` seconds (a hung child fails the test)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+CHILD_TIMEOUT = 120.0  # generous: the bound only keeps a hung child from hanging the run, never decides a pass
+
+
+def _wait(pid: int, deadline: float) -> int:
+    """The child's exit code; kills it once ``deadline`` (``time.monotonic``) has passed (a hung child fails)."""
+    while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:
+            break
         time.sleep(0.01)
     os.kill(pid, 9)
     os.waitpid(pid, 0)
-    pytest.fail(f"forked child {pid} did not finish in {timeout} s")
+    pytest.fail(f"forked child {pid} did not finish in {CHILD_TIMEOUT} s")
 
 
 def _in_child(body) -> tuple[int, bytes]:
-    """Run ``body(write)`` in a forked child; returns its exit code and what it wrote to the pipe."""
+    """Run ``body(write)`` in a forked child; returns its exit code and all it wrote to the pipe.
+
+    The pipe is read to its end (the child's exit closes it), waiting as long as the one deadline
+    allows: a slow child on a busy machine is waited for, never cut off after a short poll.
+    """
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never return into pytest
@@ -108,15 +116,16 @@ def _in_child(body) -> tuple[int, bytes]:
             os._exit(code)
     os.close(w)
     chunks = []
-    deadline = time.monotonic() + 60.0
+    deadline = time.monotonic() + CHILD_TIMEOUT
     with os.fdopen(r, "rb", buffering=0) as fh:
-        # bounded: a hung child holding the pipe open must not hang the test run
-        while time.monotonic() < deadline and select.select([fh], [], [], 0.1)[0]:
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([fh], [], [], left)[0]:
+                break  # past the deadline: _wait kills the child and fails the test
             chunk = fh.read(65536)
             if not chunk:
-                break
+                break  # end of file: the child has exited (or closed its end)
             chunks.append(chunk)
-    return _wait(pid), b"".join(chunks)
+    return _wait(pid, deadline), b"".join(chunks)
 
 
 @fork_only

@@ -220,7 +220,7 @@ def test_public_weight_is_in_the_plan_and_the_config_and_only_fdp_reads_it():
     assert z.fit(data).plan.public_batch_size is None
 
 
-def test_an_old_plan_dict_loads_and_an_old_checkpoint_resumes(tmp_path):
+def test_an_old_plan_dict_loads_and_an_old_checkpoint_resumes(tmp_path, keys_kept_on_resume):
     """Plans and checkpoints written before the two fields existed mean w = 1 and pre-training on m'."""
     data = make_tabular(120, seed=4)
 

@@ -221,6 +221,12 @@ class ChaCha20Generator(Uncopyable):
         words = torch.from_numpy(raw.astype(np.int64).reshape(WORDS_PER_PAIR, pairs))
         return normals_from_words(words).numpy()[:size]
 
+    def rekey(self) -> None:
+        """A fresh key from ``os.urandom``: the bytes from here on are independent of every earlier state."""
+        self._key = os.urandom(32)
+        self._position = 0
+        self._pid = os.getpid()
+
     def state_dict(self) -> dict[str, Any]:
         """The key and position (tensors and ints only; secret)."""
         self._rekey_after_fork()  # a forked child saves its own key, never the parent's
@@ -262,6 +268,13 @@ class NoiseSource(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
 
+    @abstractmethod
+    def rekey(self) -> None:
+        """Draw the noise to come from a fresh key (OS entropy), independent of any saved state.
+
+        Called after every resume: a checkpoint that someone else read must not predict the noise after it.
+        """
+
 
 class TorchNoise(NoiseSource):
     """Uniform words from one ``torch.Generator`` through :func:`normals_from_words`, added in float64.
@@ -298,6 +311,10 @@ class TorchNoise(NoiseSource):
         """Restore :meth:`state_dict`."""
         self.generator.set_state(state["torch"])
 
+    def rekey(self) -> None:
+        """Re-seed the generator with 63 bits of OS entropy."""
+        self.generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+
 
 class SecureNoise(NoiseSource):
     """Float64 Gaussians from a :class:`ChaCha20Generator` (:func:`normals_from_words`), added in float64."""
@@ -329,6 +346,10 @@ class SecureNoise(NoiseSource):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.generator.load_state_dict(state["chacha20"])
+
+    def rekey(self) -> None:
+        """A fresh ChaCha20 key from ``os.urandom``."""
+        self.generator.rekey()
 
 
 def add_noise(grads: dict[str, torch.Tensor], std: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -441,3 +462,9 @@ class CorrelatedNoise(Uncopyable, NoiseSource):
         self._std = None if state["std"] is None else float(state["std"])
         hist = state["history"]
         self._buffers = None if hist.numel() == 0 else hist.to(torch.float64).clone()
+
+    def rekey(self) -> None:
+        """Fresh normals z_t from a re-keyed source; the buffers stay (the correlation with the steps before the
+        resume needs them). A checkpoint someone read still tells them the buffered part: hence the refusal of a
+        checkpoint left in the shareable run folder (``--accept-legacy-checkpoint``)."""
+        self.source.rekey()

@@ -314,6 +314,26 @@ class RunState:
         self.public_draws.set_state(ck["draws"]["public"])
         self.noise.load_state_dict(ck["noise"])
         self.averager.load_state_dict(ck["averager"])
+        self.rekey_private()
+
+    def rekey_private(self) -> None:
+        """Draw every private random choice after a resume from fresh OS entropy, never from the saved state.
+
+        Whoever read the checkpoint (a copy, a backup, an older featuredp's ``checkpoint.pt`` left in the shared run
+        folder) must not predict the noise, the private batches or the private loss draws to come. A fresh
+        independent stream has the distribution the accounting assumes: each step's Poisson coins and Gaussian
+        draws are independent of the earlier steps', so the resumed run is the uninterrupted run up to the
+        checkpoint, bit for bit, and the same mechanism after it (the same σ, rate and accounting), with another
+        realisation. What stays is state the mechanism's structure needs: BandMF/BLT's noise buffers, the b-min-sep
+        partition, the current epoch's permutation. Data-parallel ranks re-key each on their own (only rank 0
+        draws noise). The public streams (possibly publicly seeded) are not secret and stay.
+        """
+        self.noise.rekey()
+        self.streams.rekey_private()  # the numpy private sampler and the private shuffler follow in place
+        self.private_sampler.rekey()  # a secure (ChaCha20) sampler's key
+        if self.record_sampler is not None:  # the backstop's coins (one generator serves both of its samplers)
+            self.record_sampler.rekey()
+        self.private_draws.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
 
 
 def _noise_of(plan: Any) -> tuple[Any, Any]:

@@ -79,6 +79,18 @@ class Streams:
                 raise ValueError("the checkpoint's run had no record-level backstop; resume with the same settings")
             self.record_sampling.bit_generator.state = _unstringify(state["record_sampling"])
 
+    def rekey_private(self) -> None:
+        """Re-key the private streams from OS entropy, in place (every sampler holding one follows).
+
+        Called on every resume: a checkpoint someone else may have read must not tell them the coins, batches or
+        loss draws to come. A fresh independent stream has the same distribution, so the run's guarantee is that of
+        an uninterrupted one; only the realisation after the resume differs. The public streams stay.
+        """
+        for name in (*PRIVATE_STREAMS, "record_sampling"):
+            gen = getattr(self, name)
+            if gen is not None:  # the backstop's coins are secret too (None without a backstop)
+                gen.bit_generator.state = type(gen.bit_generator)(np.random.SeedSequence()).state
+
 
 #: the spawn-key index of the backstop's stream under the private root (the other children are 0 .. 3)
 _RECORD_KEY = 0xB5
@@ -172,6 +184,12 @@ class PoissonSampler:
             raise ValueError("the checkpoint's secure_rng setting differs from this run's; resume with the same")
         if isinstance(self.generator, ChaCha20Generator):
             self.generator.load_state_dict(state["chacha20"])
+
+    def rekey(self) -> None:
+        """Future coins from OS entropy: a secure generator gets a fresh key (a numpy one is re-keyed by
+        :meth:`Streams.rekey_private`)."""
+        if isinstance(self.generator, ChaCha20Generator):
+            self.generator.rekey()
 
     def sample(self) -> np.ndarray:
         """Indices of one Poisson batch, sorted, int64 (may be empty)."""
@@ -318,6 +336,11 @@ class BMinSepSampler:
     def expected_batch_size(self) -> float:
         """m = n·q/b, the normaliser of the private sum (never the realised size)."""
         return self.expected_batch
+
+    def rekey(self) -> None:
+        """Future Poisson coins from OS entropy (see :meth:`PoissonSampler.rekey`). The partition stays: the
+        b-min-separation the accounting assumes holds only if every record keeps its one residue class."""
+        PoissonSampler(1, self.sampling_rate, self.generator).rekey()
 
     def sample(self) -> np.ndarray:
         """Indices of the next step's batch: a Poisson sample of partition t mod b, sorted, int64 (may be empty)."""

@@ -128,12 +128,12 @@ def test_pld_refuses_more_steps_than_its_limit_and_rdp_takes_them():
     from featuredp.accounting import epsilon_for
     from featuredp.accounting.accountant import MAX_PLD_STEPS
 
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: other jobs on a busy machine do not count
     with pytest.raises(ValueError, match=r"steps=1000000000000 is above the PLD accountant's limit.*accountant='rdp'"):
         epsilon_for(1.0, 0.01, 10**12, 1e-5)
     with pytest.raises(ValueError, match="PLD accountant's limit"):
         calibrate_noise_multiplier(1.0, 1e-5, 0.01, MAX_PLD_STEPS + 1)
-    assert time.perf_counter() - t0 < 5
+    assert time.process_time() - t0 < 5
     assert epsilon_for(1.0, 0.01, 10**12, 1e-5, accountant="rdp") > 0
 
 
@@ -142,9 +142,9 @@ def test_calibrate_steps_stops_at_the_pld_limit_without_accounting_it():
 
     from featuredp.accounting.accountant import MAX_PLD_STEPS
 
-    t0 = time.perf_counter()  # RDP (an upper bound) already allows the limit: no PLD of 10^7 steps is run
+    t0 = time.process_time()  # RDP (an upper bound) already allows the limit: no PLD of 10^7 steps is run
     assert calibrate_steps(100.0, 1e-5, 0.001, 5.0) == MAX_PLD_STEPS
-    assert time.perf_counter() - t0 < 10
+    assert time.process_time() - t0 < 10
 
 
 def test_a_huge_target_is_calibrated_in_seconds_not_minutes():
@@ -153,7 +153,7 @@ def test_a_huge_target_is_calibrated_in_seconds_not_minutes():
     from featuredp.accounting import epsilon_for
 
     # 1e6 took 187 s and 10.8 GB before: the PLD interval was capped at 0.05 however large ε was.
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time, not wall: robust to a loaded machine
     sigma = calibrate_noise_multiplier(1e6, 1e-5, 0.0625, 320)
     assert 0.99e6 <= epsilon_for(sigma, 0.0625, 320, 1e-5) <= 1e6
-    assert time.perf_counter() - t0 < 60
+    assert time.process_time() - t0 < 60

@@ -119,9 +119,9 @@ def test_exposure_report_groups_by_repeats_and_scores_each_prefix_once():
         {"prefix": "pin ", "secret": "9999", "repeats": 100},
         TextCanary("call ", "5000", 1),
     ]
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: other jobs on a busy machine do not count
     rep = exposure_report(score, canaries, cands, chunk_size=4096)
-    assert time.perf_counter() - t0 < 10.0
+    assert time.process_time() - t0 < 10.0
     # two distinct prefixes: R scored twice, in chunks of at most 4096
     assert sum(calls) == 2 * 10**4 and max(calls) <= 4096
     assert rep["space_size"] == 10**4

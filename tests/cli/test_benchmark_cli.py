@@ -14,10 +14,10 @@ def test_a_batch_beyond_the_memory_is_refused_with_the_estimate(capsys, monkeypa
         raise AssertionError("data made before the memory check")
 
     monkeypatch.setattr("featuredp.experiments.throughput.synthetic_purchase", no_data)
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: other jobs on a busy machine do not count
     assert main(["benchmark", "--batch-size", "100000000", "--json"]) == 2
     err = capsys.readouterr().err
-    assert time.perf_counter() - t0 < 10
+    assert time.process_time() - t0 < 10
     assert "--batch-size 100,000,000 needs about" in err and "TB of memory" in err and "available" in err
     assert len(err.strip().splitlines()) == 1
 

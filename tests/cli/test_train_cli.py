@@ -357,7 +357,7 @@ def test_train_overwrite_removes_the_old_runs_private_checkpoint(capsys, tmp_pat
     assert [p.name for p in private_root.iterdir()] == []  # nothing of the old run set aside either
 
 
-def test_train_resume_moves_a_legacy_checkpoint_out_of_the_run_folder(capsys, tmp_path, private_root):
+def test_train_resume_refuses_a_legacy_checkpoint_unless_accepted_then_moves_it(capsys, tmp_path, private_root):
     import shutil
 
     from featuredp.errors import PrivacyRiskWarning
@@ -367,8 +367,15 @@ def test_train_resume_moves_a_legacy_checkpoint_out_of_the_run_folder(capsys, tm
     assert main([*_TINY, "--out", str(run), "--keep-checkpoint"]) == 0
     shutil.move(str(private_checkpoint(run)), str(run / "checkpoint.pt"))  # where featuredp used to write it
     capsys.readouterr()
+    # the run folder is shareable: whoever read that file holds its noise keys. Refused, one line, the file named
+    assert main([*_TINY, "--out", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(run / "checkpoint.pt") in err and "--accept-legacy-checkpoint" in err
+    assert (run / "checkpoint.pt").exists() and not private_checkpoint(run).exists()  # nothing moved or trained
+    assert main([*_TINY, "--out", str(run), "--accept-legacy-checkpoint"]) == 2  # the flag needs --resume
+    assert "--accept-legacy-checkpoint is for --resume" in capsys.readouterr().err
     with pytest.warns(PrivacyRiskWarning, match="moved the checkpoint"):
-        assert main([*_TINY, "--out", str(run), "--resume", "--keep-checkpoint"]) == 0
+        assert main([*_TINY, "--out", str(run), "--resume", "--accept-legacy-checkpoint", "--keep-checkpoint"]) == 0
     assert not (run / "checkpoint.pt").exists() and private_checkpoint(run).stat().st_mode & 0o777 == 0o600
 
 

@@ -66,6 +66,28 @@ def test_bad_options_fail_before_work(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())
 
 
+def test_resume_refuses_a_legacy_checkpoint_in_the_results_folder_before_any_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import featuredp.experiments.diffusion as diffusion
+
+    def no_training(*a: object, **k: object) -> None:
+        raise AssertionError("trained before the refusal")
+
+    monkeypatch.setattr(diffusion, "_train_method", no_training)
+    out = tmp_path / "out"
+    (out / "fdp").mkdir(parents=True)
+    (out / "fdp" / "checkpoint.pt").write_bytes(b"an older featuredp's state, in the shareable folder")
+    argv = ["--out", str(out), "--quick", "--methods", "public,fdp", "--no-summary"]
+    with pytest.raises(ValueError, match=r"fdp/checkpoint\.pt is a checkpoint an older featuredp left.*--accept"):
+        main([*argv, "--resume"])
+    with pytest.raises(ValueError, match="--accept-legacy-checkpoint is for --resume"):
+        main([*argv, "--accept-legacy-checkpoint"])
+    # accepted: the refusal is passed (the training stand-in is reached, for the first method)
+    with pytest.raises(AssertionError, match="trained before"):
+        main([*argv, "--resume", "--accept-legacy-checkpoint"])
+
+
 def test_resolution_checkpoint_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import featuredp.experiments.diffusion as diffusion
 
@@ -128,20 +150,28 @@ def test_a_method_being_trained_by_another_process_is_waited_for_not_trained_twi
 ) -> None:
     import subprocess
     import sys
-    import threading
 
     import featuredp.experiments.diffusion as diffusion
 
-    monkeypatch.setattr(diffusion, "_POLL_S", 0.05)
+    monkeypatch.setattr(diffusion, "_POLL_S", 0.01)
     out = tmp_path / "public"
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    real_alive, checks = diffusion._pid_alive, [0]
+
+    def alive_then_done(pid: int) -> bool:
+        # the other process "finishes" on the third look: counted in polls, not seconds, so a busy machine
+        # cannot make the result appear before the wait began (no timer thread racing the first check)
+        checks[0] += 1
+        if checks[0] == 3:
+            (out / "result.json").write_text('{"method": "public"}')
+        return real_alive(pid)
+
+    monkeypatch.setattr(diffusion, "_pid_alive", alive_then_done)
     try:
         out.mkdir()
         (out / "train.lock").write_text(str(other.pid))
-        timer = threading.Timer(0.3, lambda: (out / "result.json").write_text('{"method": "public"}'))
-        timer.start()
         assert diffusion._claim(out, "public") is False  # waited, then found the other's result
-        timer.join()
+        assert checks[0] == 3
         assert f"waiting for process {other.pid}" in capsys.readouterr().err
     finally:
         other.kill()

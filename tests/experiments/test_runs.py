@@ -168,7 +168,7 @@ def test_open_and_close_private_checkpoint_modes(tmp_path, monkeypatch):
     assert close_private_checkpoint(tmp_path / "run") is None  # nothing left: no error
 
 
-def test_open_private_checkpoint_moves_a_legacy_one_out_of_the_run_folder_on_resume(tmp_path, monkeypatch):
+def test_open_private_checkpoint_refuses_a_legacy_one_unless_accepted_then_moves_it(tmp_path, monkeypatch):
     from featuredp.errors import PrivacyRiskWarning
     from featuredp.experiments.runs import open_private_checkpoint
 
@@ -178,12 +178,15 @@ def test_open_private_checkpoint_moves_a_legacy_one_out_of_the_run_folder_on_res
     (run / "checkpoint.pt").write_bytes(b"old state")
     open_private_checkpoint(run)  # not resuming: left alone (the CLI refuses such an --out without a flag)
     assert (run / "checkpoint.pt").exists()
+    with pytest.raises(ValueError, match=r"checkpoint\.pt is a checkpoint an older featuredp left.*--accept-legacy"):
+        open_private_checkpoint(run, resume=True)  # its noise keys may be known: refused by default
+    assert (run / "checkpoint.pt").read_bytes() == b"old state"
     with pytest.warns(PrivacyRiskWarning, match="moved the checkpoint"):
-        path = open_private_checkpoint(run, resume=True)
+        path = open_private_checkpoint(run, resume=True, accept_legacy=True)
     assert not (run / "checkpoint.pt").exists() and path.read_bytes() == b"old state"
     assert path.stat().st_mode & 0o777 == 0o600
     (run / "checkpoint.pt").write_bytes(b"stale")
-    with pytest.warns(PrivacyRiskWarning, match="delete"):
+    with pytest.warns(PrivacyRiskWarning, match="delete"):  # the private one is used: nothing to refuse
         assert open_private_checkpoint(run, resume=True).read_bytes() == b"old state"
 
 

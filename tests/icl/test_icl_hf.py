@@ -128,3 +128,23 @@ def test_cli_with_a_local_model(tiny_lm, no_network, capsys):
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["learner"] == "hf" and out["epsilon"] == "inf" and 0 <= out["accuracy"] <= 1
     assert out["diagnostics"]["nonprivate_accuracy"] is None and out["prompts"] == 3 and out["queries_answered"] == 4
+
+
+def test_a_model_dir_with_only_a_pickled_checkpoint_is_refused(tiny_lm, no_network, tmp_path):
+    """pytorch_model.bin is a pickle (loading it may run code): the predictor reads safetensors weights only."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from featuredp.icl.hf import HFCausalLMPredictor
+
+    folder = tmp_path / "pickled"
+    shutil.copytree(tiny_lm, folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"^model_dir='.*pickled' holds no loadable causal LM") as info:
+        HFCausalLMPredictor(folder, ["good", "bad"])
+    assert "\n" not in str(info.value)

@@ -241,3 +241,16 @@ def test_clipping_bounds_each_example(lm):
         sums, norms = strategy.clipped_sum(lm, lm_loss, one, {}, 1e-3)
     total = math.sqrt(sum(float(s.double().pow(2).sum()) for s in sums.values()))
     assert float(norms[0]) > 1e-3 and total <= 1e-3 * (1 + 1e-4)
+
+
+def test_a_folder_with_only_a_pickled_checkpoint_is_refused(tmp_path):
+    """pytorch_model.bin is a pickle (loading it may run code): only safetensors weights are read."""
+    folder = tiny_gpt2_folder(tmp_path / "m")
+    model = GPT2LMHeadModel.from_pretrained(folder)
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")  # the pickled format transformers still reads
+    assert (folder / "pytorch_model.bin").is_file() and not list(folder.glob("*.safetensors"))
+    with pytest.raises(ValueError, match=r"^folder='.*m' holds no loadable causal LM and tokenizer: ") as info:
+        load_causal_lm(folder)
+    assert "\n" not in str(info.value) and str(folder) in str(info.value)

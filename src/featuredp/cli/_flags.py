@@ -237,15 +237,24 @@ def check_run_out(args: argparse.Namespace) -> None:
 
     * ``--out`` naming a file: refused.
     * ``--resume``: ``--out``'s private checkpoint (:func:`~featuredp.experiments.runs.private_checkpoint`), or a
-      checkpoint.pt an older featuredp left in ``--out``, must exist and be readable.
+      checkpoint.pt an older featuredp left in ``--out`` (only with ``--accept-legacy-checkpoint``), must exist and
+      be readable.
     * ``--out`` already holding a run (run.json, model.pt, checkpoint.pt, audit/, or a private checkpoint of an
       interrupted run): refused unless ``--resume`` (continue it) or ``--overwrite`` (replace it) is given.
     """
-    from featuredp.experiments.runs import CHECKPOINT_FILE, load_checkpoint, private_checkpoint, run_files
+    from featuredp.experiments.runs import (
+        CHECKPOINT_FILE,
+        check_legacy_checkpoint,
+        load_checkpoint,
+        private_checkpoint,
+        run_files,
+    )
 
     out = check_out_dir("--out", args.out)
     if args.resume and args.overwrite:
         raise ValueError("give --resume (continue the run in --out) or --overwrite (replace it), not both")
+    if getattr(args, "accept_legacy_checkpoint", False) and not args.resume:
+        raise ValueError("--accept-legacy-checkpoint is for --resume (a checkpoint.pt left in --out), got no --resume")
     if out is None:
         for flag, given in (("--resume", args.resume), ("--overwrite", args.overwrite),
                             ("--keep-checkpoint", getattr(args, "keep_checkpoint", False))):  # fmt: skip
@@ -263,6 +272,7 @@ def check_run_out(args: argparse.Namespace) -> None:
             raise ValueError(f"--resume: --out {str(out)!r} {where}: no checkpoint at {private} (its private place, "
                              "keyed by --out's absolute path: a moved or renamed run directory cannot be resumed), "
                              "so there is no run to continue; drop --resume to start a new run there")
+        check_legacy_checkpoint(out, accept=bool(getattr(args, "accept_legacy_checkpoint", False)))
         import pickle
 
         try:

@@ -14,6 +14,7 @@ from featuredp.cli._text_args import text_data_options
 #: train flags of the tabular task that --task text refuses (one line each, before any work)
 _TABULAR_ONLY = {"--dataset": "dataset", "--private": "private", "--label": "label", "--model": "model",
                  "--hidden": "hidden", "--loss-split": "loss_split", "--tune": "tune", "--resume": "resume",
+                 "--accept-legacy-checkpoint": "accept_legacy_checkpoint",
                  "--ledger": "ledger", "--schema": "schema", "--seed": "seed"}  # fmt: skip
 _TEXT_METHODS = ("nonprivate", "public", "dpsgd", "fdp_dpsgd", "fdp")
 

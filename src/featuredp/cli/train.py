@@ -108,6 +108,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its private checkpoint (same settings and the same --out "
                    "path: a moved run directory cannot be resumed; refused without a checkpoint)")
+    p.add_argument("--accept-legacy-checkpoint", action="store_true",
+                   help="--resume from a checkpoint.pt an older featuredp left in --out itself (refused otherwise: "
+                   "the run directory is shareable, so its noise keys may be known; the noise after the resume is "
+                   "re-keyed either way)")
     p.add_argument("--keep-checkpoint", action="store_true",
                    help="keep the private checkpoint when the run finishes (mode 0600 in a 0700 folder; the output "
                    "says where). Default: deleted once run.json and model.pt are written")
@@ -190,6 +194,7 @@ def _train(args: argparse.Namespace) -> int:
         summary = tune(settings, method=args.method, **common).summary
     else:
         summary = train_one(method=args.method, noise_multiplier=args.noise_multiplier, resume=args.resume,
+                            accept_legacy_checkpoint=args.accept_legacy_checkpoint,
                             keep_checkpoint=args.keep_checkpoint, **common).summary  # fmt: skip
     return _print_summary(args, summary)
 
@@ -252,8 +257,9 @@ def _tuning_lines(tuning: dict[str, Any] | None) -> list[str]:
                  "search's (the number of trials is secret)"]
         if tuning["score_noise_std"] > 0.02:
             lines.append(f"note              each trial's score carries noise of sd {tuning['score_noise_std']:.3f} "
-                         f"(accuracy) on {tuning['validation_records']} validation records: the choice is largely "
-                         "noise on a table this small; --tune public (FDP) costs nothing and has no score noise")
+                         f"(accuracy) on about {tuning['validation_records']:.0f} validation records: the choice is "
+                         "largely noise on a table this small; --tune public (FDP) costs nothing and has no score "
+                         "noise")
         return lines
     return [f"tuned             on the public view: {chosen} (public-view validation accuracy "
             f"{tuning['public_view_validation_accuracy']:.4f}, {tuning['candidates']} candidates, free under "

@@ -56,7 +56,12 @@ from featuredp.experiments.diffusion_options import (
     add_diffusion_arguments,
     settings_from_args,
 )
-from featuredp.experiments.runs import CHECKPOINT_FILE, close_private_checkpoint, open_private_checkpoint
+from featuredp.experiments.runs import (
+    CHECKPOINT_FILE,
+    check_legacy_checkpoint,
+    close_private_checkpoint,
+    open_private_checkpoint,
+)
 from featuredp.features.image import GaussianBlur
 from featuredp.methods import METHODS, Method, get_method
 from featuredp.metrics.domain import DomainClassifier, DomainMetrics, train_domain_classifier
@@ -245,7 +250,8 @@ def _train_claimed(method: str, ctx: _Context) -> dict[str, Any]:
     # The checkpoint (private sampling and noise states) lives outside DIR, in the private place keyed by
     # DIR/<method> (featuredp.experiments.runs); an older featuredp left it in DIR/<method>.
     legacy = out / CHECKPOINT_FILE
-    checkpoint = open_private_checkpoint(out, resume=s.resume)  # with --resume, moves a legacy one there
+    # with --resume, a legacy one is refused unless --accept-legacy-checkpoint (then moved there)
+    checkpoint = open_private_checkpoint(out, resume=s.resume, accept_legacy=s.accept_legacy_checkpoint)
     for found in (checkpoint, legacy):
         if found.exists() and not s.resume and not s.overwrite:
             raise FileExistsError(f"{found} holds an unfinished run of {method}: pass --resume to continue it "
@@ -508,6 +514,11 @@ def _combined_grid(ctx: _Context, rows: list[dict[str, Any]] | None = None) -> N
 def run_compare(args: argparse.Namespace) -> int:
     """Run the diffusion comparison described by ``args`` (see :func:`add_diffusion_arguments`); returns 0."""
     s = settings_from_args(args)
+    if s.accept_legacy_checkpoint and not s.resume:
+        raise ValueError("--accept-legacy-checkpoint is for --resume (a checkpoint.pt left in --out), got no --resume")
+    if s.resume:  # before any method trains: a legacy checkpoint of a later method must not stop the run midway
+        for method in s.methods:
+            check_legacy_checkpoint(s.out / method, accept=s.accept_legacy_checkpoint)
     if s.device is not None:
         resolve_device(s.device)  # an absent device is an error before the data is loaded
     threads = getattr(args, "threads", None)

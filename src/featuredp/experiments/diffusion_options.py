@@ -75,6 +75,10 @@ def add_diffusion_arguments(parser: argparse.ArgumentParser) -> None:
                    "the method finishes)")
     g.add_argument("--resume", action="store_true",
                    help="continue each unfinished method from its checkpoint (same settings; refused otherwise)")
+    g.add_argument("--accept-legacy-checkpoint", action="store_true",
+                   help="with --resume: accept a checkpoint.pt an older featuredp left in a method's folder under DIR "
+                   "(refused otherwise: DIR is shareable, so its noise keys may be known; the noise after the "
+                   "resume is re-keyed either way)")
     g.add_argument("--delta", type=float, default=None,
                    help="δ (default: 1/(2N) for --task diffusion, 1e-5 for image-classification, the preset's for "
                    "tabular grids)")
@@ -146,12 +150,14 @@ class DiffusionSettings:
     device: str | None = None
     checkpoint_every: int = 250
     resume: bool = False
+    accept_legacy_checkpoint: bool = False
     physical_batch_size: int = 64
 
     def public_dict(self) -> dict[str, Any]:
         """The settings that describe the runs (for result.json and summary.json; no paths, output flags or
         device: where a run computes changes its results only by float rounding)."""
-        skip = ("out", "json", "overwrite", "summary", "device", "checkpoint_every", "resume", "physical_batch_size")
+        skip = ("out", "json", "overwrite", "summary", "device", "checkpoint_every", "resume",
+                "accept_legacy_checkpoint", "physical_batch_size")
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
 
@@ -235,6 +241,7 @@ def settings_from_args(args: argparse.Namespace, **given: Any) -> DiffusionSetti
         device=None if get("device") is None else str(get("device")),
         checkpoint_every=check_int("checkpoint_every", get("checkpoint_every", 250), minimum=1),
         resume=bool(get("resume", False)),
+        accept_legacy_checkpoint=bool(get("accept_legacy_checkpoint", False)),
         physical_batch_size=check_int("physical_batch_size", get("physical_batch_size", 64), minimum=1),
     )
     if quick:  # a smoke run: seconds, not minutes; the numbers mean nothing

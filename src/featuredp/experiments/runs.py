@@ -58,9 +58,10 @@ from featuredp.errors import PrivacyRiskWarning
 from featuredp.models import build_model
 from featuredp.plan import PrivacyPlan
 
-__all__ = ["PRIVATE_DIR_ENV", "RUN_FILES", "Run", "check_data_fingerprint", "close_private_checkpoint",
-           "data_files_fingerprint", "load_checkpoint", "load_run", "open_private_checkpoint", "private_checkpoint",
-           "private_root", "record_data_fingerprint", "replacing_run", "run_files", "save_checkpoint", "save_run"]
+__all__ = ["PRIVATE_DIR_ENV", "RUN_FILES", "Run", "check_data_fingerprint", "check_legacy_checkpoint",
+           "close_private_checkpoint", "data_files_fingerprint", "load_checkpoint", "load_run",
+           "open_private_checkpoint", "private_checkpoint", "private_root", "record_data_fingerprint", "replacing_run",
+           "run_files", "save_checkpoint", "save_run"]
 
 RUN_JSON = "run.json"
 MODEL_FILE = "model.pt"
@@ -112,13 +113,35 @@ def private_checkpoint(out_dir: str | Path) -> Path:
     return _private_run_dir(out_dir) / CHECKPOINT_FILE
 
 
-def open_private_checkpoint(out_dir: str | Path, *, resume: bool = False) -> Path:
+def check_legacy_checkpoint(out_dir: str | Path, *, accept: bool = False) -> None:
+    """Refuse to resume from a ``checkpoint.pt`` that an older featuredp left in the run directory ``out_dir``,
+    unless ``accept`` (``--accept-legacy-checkpoint``); nothing to do when the private place holds the checkpoint.
+
+    The run directory is meant to be shared, so whoever could read it may hold that checkpoint's keys: its past
+    noise (hence the clipped sums of the steps before it) and, had the run gone on from it unchanged, the noise to
+    come. A resume re-keys the noise after it (:meth:`featuredp.run_state.RunState.rekey_private`), but cannot take
+    back what the file already told.
+    """
+    legacy = Path(out_dir) / CHECKPOINT_FILE
+    if accept or not legacy.is_file() or private_checkpoint(out_dir).is_file():
+        return
+    raise ValueError(
+        f"--resume: {legacy} is a checkpoint an older featuredp left in the run directory, which is meant to be "
+        "shared: whoever read it holds its noise keys and the noise of the steps before it; start a new run, or "
+        "pass --accept-legacy-checkpoint to resume from it anyway (the noise after the resume is re-keyed)"
+    )
+
+
+def open_private_checkpoint(out_dir: str | Path, *, resume: bool = False, accept_legacy: bool = False) -> Path:
     """Create the private place of ``out_dir``'s checkpoint (folders 0700) and return the checkpoint's path.
 
     With ``resume``, a ``checkpoint.pt`` that an older featuredp left in the run directory itself (readable
-    by others) is moved to the private place first (a PrivacyRiskWarning says so); when the private place
-    already holds a checkpoint, the one in the run directory is left where it is, with a warning to delete it.
+    by others) is refused (:func:`check_legacy_checkpoint`) unless ``accept_legacy``; accepted, it is moved to
+    the private place first (a PrivacyRiskWarning says so). When the private place already holds a checkpoint,
+    the one in the run directory is left where it is, with a warning to delete it.
     """
+    if resume:
+        check_legacy_checkpoint(out_dir, accept=accept_legacy)
     private_dir(private_root())
     folder = private_dir(_private_run_dir(out_dir))
     owner = folder / _OWNER_FILE

@@ -246,6 +246,10 @@ class _Float32Noise(NoiseSource):
         """Restore :meth:`state_dict`."""
         self.generator.set_state(state["torch"])
 
+    def rekey(self) -> None:
+        """Re-seed from OS entropy."""
+        self.generator.seed()
+
 
 @dataclass
 class BenchmarkResult:

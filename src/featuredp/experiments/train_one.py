@@ -102,6 +102,7 @@ def train_one(
     precision: str = "fp32",
     out: str | Path | None = None,
     resume: bool = False,
+    accept_legacy_checkpoint: bool = False,
     keep_checkpoint: bool = False,
     progress: bool = True,
     baselines: bool = False,
@@ -139,7 +140,9 @@ def train_one(
             from its checkpoint. The checkpoint (RNG states and keys) is written outside ``out``, in a
             private place (:func:`~featuredp.experiments.runs.private_checkpoint`: folders 0700, file
             0600) named by the summary's ``checkpoint``; a ``checkpoint.pt`` an older featuredp left in
-            ``out`` is moved there before a resume.
+            ``out`` is refused by a resume unless ``accept_legacy_checkpoint`` (then moved there first). Every
+            resume re-keys the private randomness after the checkpoint (noise, private batches and draws) from OS
+            entropy: the model and steps up to it are the uninterrupted run's, the rest the same mechanism.
         keep_checkpoint: keep the private checkpoint when the run finishes (default: it is deleted once
             run.json and model.pt are written; it stays when training fails, for ``resume``).
         baselines: also report, in ``summary["baselines"]``, the test accuracy of always predicting the test
@@ -221,12 +224,12 @@ def train_one(
         # Keys and RNG states stay out of the run directory, which is meant to be shared (rule 13).
         main = trainer.dist is None or trainer.dist.is_main
         if main:  # one process creates the place and moves an old checkpoint.pt, then every rank uses it
-            checkpoint = open_private_checkpoint(out, resume=resume)
+            checkpoint = open_private_checkpoint(out, resume=resume, accept_legacy=accept_legacy_checkpoint)
         if trainer.dist is not None:
             torch.distributed.barrier()
         if not main:
             checkpoint = open_private_checkpoint(out)
-    # Periodic checkpoints (between steps, so a resumed run equals an uninterrupted one).
+    # Periodic checkpoints (between steps: a resumed run is the uninterrupted one up to the checkpoint).
     result = trainer.fit(train, checkpoint=checkpoint, checkpoint_every=200 if checkpoint else None, resume=resume)
     trained = trainer.model
     metrics = None if test is None else evaluate(trained, test)

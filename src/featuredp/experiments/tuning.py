@@ -185,10 +185,28 @@ RUN_OPTIONS = ("model", "hidden", "loss_split", "padding_scale", "public_seed", 
 
 
 def _split(n: int, val_fraction: float, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(fit, validation) indices: the order of ``keys`` (n uniform values; secret in the private mode)."""
-    perm = np.argsort(np.asarray(keys), kind="stable")
-    n_val = max(1, round(n * val_fraction))
-    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+    """(fit, validation) indices: record i is in validation iff its own coin says so (``keys[i] < val_fraction``;
+    ``keys`` holds n uniforms, secret in the private mode).
+
+    One Bernoulli(f) coin per record, never a split by size: with a fixed validation size (the order of the keys),
+    adding one record moved another between the two parts in most splits, so the trials' fit sets of two
+    add/remove neighbours differed by a substitution, twice the change their accounting covers. With a coin of its
+    own, adding a record leaves every other record where it was. The sizes are then random (Binomial(n, f)): what
+    is released is normalised by the expected size f·n (:func:`expected_sizes`), never the realised one.
+    """
+    keys = np.asarray(keys, dtype=np.float64)
+    if keys.shape != (n,):
+        raise ValueError(f"keys must hold one uniform per record ({n}), got shape {keys.shape}")
+    in_val = keys < val_fraction
+    fit, val = np.flatnonzero(~in_val), np.flatnonzero(in_val)
+    if fit.size == 0 or val.size == 0:  # probability f^n + (1-f)^n: negligible at any size tuning makes sense for
+        raise ValueError(f"tuning needs more records: the coin split of {n} left an empty fit or validation part")
+    return fit, val
+
+
+def expected_sizes(n: int, val_fraction: float) -> tuple[float, float]:
+    """The expected (fit, validation) sizes of :func:`_split`, (1 − f)·n and f·n: functions of n and f only."""
+    return (1.0 - val_fraction) * n, val_fraction * n
 
 
 def noisy_score(correct: int, noise_multiplier: float, rng: ChaCha20Generator) -> float:
@@ -318,13 +336,16 @@ def _tune_private(job: _Job) -> TrainedModel:
     rng = ChaCha20Generator()  # keyed by the OS: K, the split, the candidates and the score noise are secret
     fit_idx, val_idx = _split(train.n, settings.val_fraction, rng.random(train.n))
     fit, val = train.subset(fit_idx), train.subset(val_idx, name="validation")
-    base = resolved_params(method, dataset, fit.n, _params(kwargs))
-    q = min(1.0, float(base["batch_size"]) / fit.n)
+    # The realised sizes are sums of the secret coins: the schedule, the rate and everything released use the
+    # expected ones, functions of n and f only.
+    fit_expected, val_expected = expected_sizes(train.n, settings.val_fraction)
+    base = resolved_params(method, dataset, max(1, round(fit_expected)), _params(kwargs))
+    q = min(1.0, float(base["batch_size"]) / fit_expected)
     steps = max(1, round(float(base["epochs"]) / q))
     fixed = {k: v for k, v in kwargs.items() if k not in ("batch_size", "epochs", "steps", "sampling_rate")}
     # The search is accounted as K trials of one mechanism: DP-SGD's (σ, q, T), or the Poisson-subsampled Gaussian
     # that correlated noise is accounted as (PrivacyPlan.dpsgd_terms); σ of z is then that multiplier times Δ.
-    terms, sens, fixed = _trial_terms(fixed, base, fit.n, q, steps, epsilon, delta)
+    terms, sens, fixed = _trial_terms(fixed, base, max(1, round(fit_expected)), q, steps, epsilon, delta)
     sigma_eq = calibrate_tuning_noise(epsilon, delta, terms[1], terms[2], settings.mean_trials, settings.distribution)
     sigma = scaled_noise(sigma_eq, sens)
     sigma_score = score_noise_multiplier(sigma_eq, terms[1], terms[2])
@@ -381,10 +402,12 @@ def _tune_private(job: _Job) -> TrainedModel:
             "mode": "private", "covered_by_epsilon": True, "epsilon": total,
             "mean_trials": settings.mean_trials, "distribution": settings.distribution,
             "noise_multiplier": sigma, "score_noise_multiplier": sigma_score,
-            "validation_records": val.n, "fit_records": fit.n,
-            # clipped to [0, 1] (post-processing); the noise's sd in accuracy units says how much it can be trusted
-            "chosen": chosen, "noisy_validation_accuracy": min(1.0, max(0.0, noisy / val.n)),
-            "score_noise_std": sigma_score / val.n,
+            # expected sizes (f·n, (1 − f)·n): the realised ones are sums of the secret coins
+            "validation_records": val_expected, "fit_records": fit_expected,
+            # the noisy count over the expected size, clipped to [0, 1] (post-processing); the noise's sd in
+            # accuracy units says how much it can be trusted
+            "chosen": chosen, "noisy_validation_accuracy": min(1.0, max(0.0, noisy / val_expected)),
+            "score_noise_std": sigma_score / val_expected,
             "candidates": len(grid), "search_space": _space(job.auto),
             "note": "the number of trials and the other trials' candidates and scores are secret and never "
                     "shown; the model is the chosen trial's, trained on the fit part of the training data",

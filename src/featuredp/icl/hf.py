@@ -116,7 +116,8 @@ class HFCausalLMPredictor:
         try:
             # Any: transformers' stubs differ between versions and are absent where it is not installed
             self.tokenizer: Any = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-            model: Any = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
+            # safetensors only: a pickled pytorch_model.bin runs code when loaded
+            model: Any = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True)
         except (OSError, ValueError, KeyError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"model_dir={str(model_dir)!r} holds no loadable causal LM and tokenizer: {first}"

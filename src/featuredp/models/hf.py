@@ -226,7 +226,8 @@ def load_causal_lm(
             config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
             _no_dropout(config)
             model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(path), config=config, dtype=dtype, local_files_only=True
+                # safetensors only: a pickled pytorch_model.bin runs code when loaded
+                str(path), config=config, dtype=dtype, local_files_only=True, use_safetensors=True
             )
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
