@@ -86,59 +86,63 @@ EMAIL_RE = re.compile(r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)+")
 
 #: Debian bookworm packages with long changelogs, pinned by version and the sha256 of their .deb (from the
 #: archive's Packages index, apt-cache show); ``apt-get download NAME=VERSION`` fetches each.
-PINNED_PACKAGES: tuple[DebPackage, ...] = (
-    DebPackage("bash", "5.2.15-2+b13", "82130bb6a560cd2a7234d8018baf73f188f5dd56413d5aa0accc987b2197a6a1", "amd64"),
-    DebPackage("coreutils", "9.1-1", "61038f857e346e8500adf53a2a0a20859f4d3a3b51570cc876b153a2d51a3091", "amd64"),
-    DebPackage("libc6", "2.36-9+deb12u14", "ba4f88f73dbc3ae9055f3c20f4523bfdbaf1ad13ff95e258924f77d20b4fbedf", "amd64"),
-    DebPackage("dpkg", "1.21.23", "f89e9f8d1a4a50ade44be3ed59a6ec55460fce205d2f8520c5c492137c5b609b", "amd64"),
-    DebPackage("apt", "2.6.1", "6ea03cbbc7a7bfcee601c9fb08d4e026fd522ede5350561f06867ad9c0a0fa6b", "amd64"),
-    DebPackage("python3.11", "3.11.2-6+deb12u8", "cd7b10c24281416a6acb22cd23ed7391c7dddd4a3d4d4a63d37faa786639b5de", "amd64"),
-    DebPackage("openssl", "3.0.20-1~deb12u2", "4d218561dc838de081de97f54584c4a29e77e26c7ed9fe3440d776d8e6071bf9", "amd64"),
-    DebPackage("systemd", "252.39-1~deb12u2", "286f879c537bfba92e59d580c075ad20ab49020244c79634656850a306dd462b", "amd64"),
-    DebPackage("util-linux", "2.38.1-5+deb12u3", "8eb241ff24b2e1ee9c0373f4fc9bc728b85bf5966c1496154df7da01c0e42f34", "amd64"),
-    DebPackage("tar", "1.34+dfsg-1.2+deb12u1", "24fb92e98c2969171f81a8b589263d705f6b1670f95d121cd74c810d4605acc3", "amd64"),
-    DebPackage("grep", "3.8-5", "3264acea728df3c48a54f20e9291b965130e306b9d00adac76647049da7196df", "amd64"),
-    DebPackage("sed", "4.9-1+deb12u1", "fd557efeee8aae4619c2cb7f68aadccb804322ad4a99ab048aaae5901d253885", "amd64"),
-    DebPackage("gzip", "1.12-1", "eabec1dde2834f72540d7b93fc5df2625f52611c06d93d61f5cdb12480e0e6a3", "amd64"),
-    DebPackage("perl-base", "5.36.0-7+deb12u3", "8ec874926e211807cde71e1b0a2311d2534ab3539dffcb2c8553633f542efc1a", "amd64"),
-    DebPackage("findutils", "4.9.0-4", "5dd86bd0af4aa73f067dfd6b8339dd868f2dd84056aa79db29d1206d4fbc5e04", "amd64"),
-    DebPackage("diffutils", "1:3.8-4", "8bdfedc14c1035e3750e9f055ac9c1ecd9b5d05d9e6dc6466c4e9237eef407dd", "amd64"),
-    DebPackage("bzip2", "1.0.8-5+b1", "438871b3f5c5c7a357a9840951dab9dab8db7eb1ff760a563226fafa111b99e5", "amd64"),
-    DebPackage("xz-utils", "5.4.1-1+deb12u1", "cc6dc501e0c06be3f89e9a7f8dfd7a97f92aadfd9daa60fad19b90d6a5558b80", "amd64"),
-    DebPackage("zlib1g", "1:1.2.13.dfsg-1", "d7dd1d1411fedf27f5e27650a6eff20ef294077b568f4c8c5e51466dc7c08ce4", "amd64"),
-    DebPackage("curl", "7.88.1-10+deb12u15", "0dd9b6bf7a0bd11af2d68a52ec44c2a223fa7c11f9104c36ce1047e1137d4a8f", "amd64"),
-    DebPackage("wget", "1.21.3-1+deb12u1", "b389052d1d8a8cacec4f0380d9ee54e8082bfbebe374299be95b5286c9380f80", "amd64"),
-    DebPackage("git", "1:2.39.5-0+deb12u3", "637a85ddd6247fab13bdd0592f2f39aff04ce4dbf0655d3ab553ac359a38ce6f", "amd64"),
-    DebPackage("openssh-client", "1:9.2p1-2+deb12u10", "42c250b8b9110382488c53c066a960bc564ddac2cb9e449f47b6cdbb5fc1cb60", "amd64"),
-    DebPackage("gnupg", "2.2.40-1.1+deb12u2", "d3f860cf16da5d61875a324859045fd1f4a888ed0ddef55d7e9f977dd729a76e", "all"),
-    DebPackage("make", "4.3-4.1", "a1a83af8cbd854af887b72ad196b1f4af58387815e21ced1000253a116a46e2a", "amd64"),
-    DebPackage("binutils", "2.40-2", "83c3e20b53e1fbd84d764c3ba27d26a0376e361ae5d7fb37120196934dd87424", "amd64"),
-    DebPackage("vim", "2:9.0.1378-2+deb12u2", "298464600a708a3cc7fd7e55a7719dd1adfa8d2de1645c3ecbd05b5d24ffae73", "amd64"),
-    DebPackage("nano", "7.2-1+deb12u1", "45a9b3960aa5ac18552459225ec26800abb73fc2edd11626046daf6d968ac968", "amd64"),
-    DebPackage("less", "590-2.1~deb12u2", "3c4ee8ce5e0f625e1169da9584e309c375a8a68e22de5821461d14446825cc1a", "amd64"),
-    DebPackage("procps", "2:4.0.2-3", "d9d0e75779cb79af869181f17b93c5c263a2b89cac6a0193c436160a4483ddc1", "amd64"),
-    DebPackage("sudo", "1.9.13p3-1+deb12u4", "ea9987f92630be504998516e1ed9c821c483131d0576ff35a09d6e7f8deff10f", "amd64"),
-    DebPackage("login", "1:4.13+dfsg1-1+deb12u2", "f1cc45bf505a8457340dc3c36f3a01a1835aaf564d73d9d394afb8ccfb6595a0", "amd64"),
-    DebPackage("passwd", "1:4.13+dfsg1-1+deb12u2", "fb787363372903e03627e53fd483e51dfb6861047a1e02c7d5a5f27d66546d08", "amd64"),
-    DebPackage("ncurses-bin", "6.4-4", "396d6e453aee6d71b7141f0bfb333a6c08a44c64f77632bdf52894ccd123db46", "amd64"),
-    DebPackage("e2fsprogs", "1.47.0-2+b2", "fedd424691c08ef0739729026be298e7be8236337bf8e031b3c7ec66794e6fc2", "amd64"),
-    DebPackage("mawk", "1.3.4.20200120-3.1", "bcbc83f391854ea9d50ce2a4101aacf330de3b8b71d81a798faadba14a157f78", "amd64"),
-    DebPackage("hostname", "3.23+nmu1", "17d9a2f3c05004499d80e180d2440fd716f84c32b65f09d96c9a024af4d1d0e7", "amd64"),
-    DebPackage("debianutils", "5.7-0.5~deb12u1", "55f951359670eb3236c9e2ccd5fac9ccb3db734f5a22aff21589e7a30aee48c9", "amd64"),
-    DebPackage("base-files", "12.4+deb12u15", "3eb1ea6d85488f488cc2a163b98ad640ef88cee4c79287cf14e361aaf6206f47", "amd64"),
-    DebPackage("tzdata", "2026b-0+deb12u1", "0edb49f4dffe0d5608069f7e4ba4d69544d3b9e86fc314dd8b75e9958d8e5e98", "all"),
-    DebPackage("ca-certificates", "20230311+deb12u1", "0d5f444f594e48c1e16a41d8fc628a09b24c658916a1274025c2330f2a802bed", "all"),
-    DebPackage("file", "1:5.44-3", "2c57221bf8cc0ff5d2295ececb9215cc1b9ff9040dacb152c385bba3087ab1df", "amd64"),
-    DebPackage("patch", "2.7.6-7", "8c6d49b771530dbe26d7bd060582dc7d2b4eeb603a20789debc1ef4bbbc4ef67", "amd64"),
-    DebPackage("rsync", "3.2.7-1+deb12u6", "ce99de6b36cbb62dc614a73463e467f2c1ef509545a9a2b33cab19b50530b672", "amd64"),
-    DebPackage("sqlite3", "3.40.1-2+deb12u2", "58e59f7db8a88f87333c3f9896b98146fdf4dc33eda75a1f79d9100d1b819909", "amd64"),
-    DebPackage("libxml2", "2.9.14+dfsg-1.3~deb12u6", "4460e39dda10a815881374217cde08474747cfa018358cd8612c14b390eff53b", "amd64"),
-    DebPackage("cron", "3.0pl1-162", "c1e12d9c993460e6396107668aa7ba79f8633decebb53aa6c38049584448be3f", "amd64"),
-    DebPackage("logrotate", "3.21.0-1", "4e6acd31f55af85b2f12bd61a636c84e19fc1d0f419540b71bbe8aba6985aa32", "amd64"),
-    DebPackage("iproute2", "6.1.0-3", "1204b29e916e836267096d0b9d778106752f821ebde0d281539008b4386d9070", "amd64"),
-    DebPackage("iputils-ping", "3:20221126-1+deb12u1", "5a206d74e2147990e08b89d09a4655e59a17222e0513a309a48e16ed2281589b", "amd64"),
-    DebPackage("dash", "0.5.12-2", "33ea40061da2f1a861ec46212b2b6a34f0776a049b1a3f0abce2fb8cb994258f", "amd64"),
-)  # fmt: skip
+_PINS = """
+bash 5.2.15-2+b13 amd64 82130bb6a560cd2a7234d8018baf73f188f5dd56413d5aa0accc987b2197a6a1
+coreutils 9.1-1 amd64 61038f857e346e8500adf53a2a0a20859f4d3a3b51570cc876b153a2d51a3091
+libc6 2.36-9+deb12u14 amd64 ba4f88f73dbc3ae9055f3c20f4523bfdbaf1ad13ff95e258924f77d20b4fbedf
+dpkg 1.21.23 amd64 f89e9f8d1a4a50ade44be3ed59a6ec55460fce205d2f8520c5c492137c5b609b
+apt 2.6.1 amd64 6ea03cbbc7a7bfcee601c9fb08d4e026fd522ede5350561f06867ad9c0a0fa6b
+python3.11 3.11.2-6+deb12u8 amd64 cd7b10c24281416a6acb22cd23ed7391c7dddd4a3d4d4a63d37faa786639b5de
+openssl 3.0.20-1~deb12u2 amd64 4d218561dc838de081de97f54584c4a29e77e26c7ed9fe3440d776d8e6071bf9
+systemd 252.39-1~deb12u2 amd64 286f879c537bfba92e59d580c075ad20ab49020244c79634656850a306dd462b
+util-linux 2.38.1-5+deb12u3 amd64 8eb241ff24b2e1ee9c0373f4fc9bc728b85bf5966c1496154df7da01c0e42f34
+tar 1.34+dfsg-1.2+deb12u1 amd64 24fb92e98c2969171f81a8b589263d705f6b1670f95d121cd74c810d4605acc3
+grep 3.8-5 amd64 3264acea728df3c48a54f20e9291b965130e306b9d00adac76647049da7196df
+sed 4.9-1+deb12u1 amd64 fd557efeee8aae4619c2cb7f68aadccb804322ad4a99ab048aaae5901d253885
+gzip 1.12-1 amd64 eabec1dde2834f72540d7b93fc5df2625f52611c06d93d61f5cdb12480e0e6a3
+perl-base 5.36.0-7+deb12u3 amd64 8ec874926e211807cde71e1b0a2311d2534ab3539dffcb2c8553633f542efc1a
+findutils 4.9.0-4 amd64 5dd86bd0af4aa73f067dfd6b8339dd868f2dd84056aa79db29d1206d4fbc5e04
+diffutils 1:3.8-4 amd64 8bdfedc14c1035e3750e9f055ac9c1ecd9b5d05d9e6dc6466c4e9237eef407dd
+bzip2 1.0.8-5+b1 amd64 438871b3f5c5c7a357a9840951dab9dab8db7eb1ff760a563226fafa111b99e5
+xz-utils 5.4.1-1+deb12u1 amd64 cc6dc501e0c06be3f89e9a7f8dfd7a97f92aadfd9daa60fad19b90d6a5558b80
+zlib1g 1:1.2.13.dfsg-1 amd64 d7dd1d1411fedf27f5e27650a6eff20ef294077b568f4c8c5e51466dc7c08ce4
+curl 7.88.1-10+deb12u15 amd64 0dd9b6bf7a0bd11af2d68a52ec44c2a223fa7c11f9104c36ce1047e1137d4a8f
+wget 1.21.3-1+deb12u1 amd64 b389052d1d8a8cacec4f0380d9ee54e8082bfbebe374299be95b5286c9380f80
+git 1:2.39.5-0+deb12u3 amd64 637a85ddd6247fab13bdd0592f2f39aff04ce4dbf0655d3ab553ac359a38ce6f
+openssh-client 1:9.2p1-2+deb12u10 amd64 42c250b8b9110382488c53c066a960bc564ddac2cb9e449f47b6cdbb5fc1cb60
+gnupg 2.2.40-1.1+deb12u2 all d3f860cf16da5d61875a324859045fd1f4a888ed0ddef55d7e9f977dd729a76e
+make 4.3-4.1 amd64 a1a83af8cbd854af887b72ad196b1f4af58387815e21ced1000253a116a46e2a
+binutils 2.40-2 amd64 83c3e20b53e1fbd84d764c3ba27d26a0376e361ae5d7fb37120196934dd87424
+vim 2:9.0.1378-2+deb12u2 amd64 298464600a708a3cc7fd7e55a7719dd1adfa8d2de1645c3ecbd05b5d24ffae73
+nano 7.2-1+deb12u1 amd64 45a9b3960aa5ac18552459225ec26800abb73fc2edd11626046daf6d968ac968
+less 590-2.1~deb12u2 amd64 3c4ee8ce5e0f625e1169da9584e309c375a8a68e22de5821461d14446825cc1a
+procps 2:4.0.2-3 amd64 d9d0e75779cb79af869181f17b93c5c263a2b89cac6a0193c436160a4483ddc1
+sudo 1.9.13p3-1+deb12u4 amd64 ea9987f92630be504998516e1ed9c821c483131d0576ff35a09d6e7f8deff10f
+login 1:4.13+dfsg1-1+deb12u2 amd64 f1cc45bf505a8457340dc3c36f3a01a1835aaf564d73d9d394afb8ccfb6595a0
+passwd 1:4.13+dfsg1-1+deb12u2 amd64 fb787363372903e03627e53fd483e51dfb6861047a1e02c7d5a5f27d66546d08
+ncurses-bin 6.4-4 amd64 396d6e453aee6d71b7141f0bfb333a6c08a44c64f77632bdf52894ccd123db46
+e2fsprogs 1.47.0-2+b2 amd64 fedd424691c08ef0739729026be298e7be8236337bf8e031b3c7ec66794e6fc2
+mawk 1.3.4.20200120-3.1 amd64 bcbc83f391854ea9d50ce2a4101aacf330de3b8b71d81a798faadba14a157f78
+hostname 3.23+nmu1 amd64 17d9a2f3c05004499d80e180d2440fd716f84c32b65f09d96c9a024af4d1d0e7
+debianutils 5.7-0.5~deb12u1 amd64 55f951359670eb3236c9e2ccd5fac9ccb3db734f5a22aff21589e7a30aee48c9
+base-files 12.4+deb12u15 amd64 3eb1ea6d85488f488cc2a163b98ad640ef88cee4c79287cf14e361aaf6206f47
+tzdata 2026b-0+deb12u1 all 0edb49f4dffe0d5608069f7e4ba4d69544d3b9e86fc314dd8b75e9958d8e5e98
+ca-certificates 20230311+deb12u1 all 0d5f444f594e48c1e16a41d8fc628a09b24c658916a1274025c2330f2a802bed
+file 1:5.44-3 amd64 2c57221bf8cc0ff5d2295ececb9215cc1b9ff9040dacb152c385bba3087ab1df
+patch 2.7.6-7 amd64 8c6d49b771530dbe26d7bd060582dc7d2b4eeb603a20789debc1ef4bbbc4ef67
+rsync 3.2.7-1+deb12u6 amd64 ce99de6b36cbb62dc614a73463e467f2c1ef509545a9a2b33cab19b50530b672
+sqlite3 3.40.1-2+deb12u2 amd64 58e59f7db8a88f87333c3f9896b98146fdf4dc33eda75a1f79d9100d1b819909
+libxml2 2.9.14+dfsg-1.3~deb12u6 amd64 4460e39dda10a815881374217cde08474747cfa018358cd8612c14b390eff53b
+cron 3.0pl1-162 amd64 c1e12d9c993460e6396107668aa7ba79f8633decebb53aa6c38049584448be3f
+logrotate 3.21.0-1 amd64 4e6acd31f55af85b2f12bd61a636c84e19fc1d0f419540b71bbe8aba6985aa32
+iproute2 6.1.0-3 amd64 1204b29e916e836267096d0b9d778106752f821ebde0d281539008b4386d9070
+iputils-ping 3:20221126-1+deb12u1 amd64 5a206d74e2147990e08b89d09a4655e59a17222e0513a309a48e16ed2281589b
+dash 0.5.12-2 amd64 33ea40061da2f1a861ec46212b2b6a34f0776a049b1a3f0abce2fb8cb994258f
+"""
+PINNED_PACKAGES: tuple[DebPackage, ...] = tuple(
+    DebPackage(name, version, sha256, arch)
+    for name, version, arch, sha256 in (line.split() for line in _PINS.strip().splitlines())
+)
 
 
 @dataclass(frozen=True)
