@@ -105,13 +105,13 @@ def probe(model: Any, data: text_lm.TextData, *, max_new_tokens: int) -> dict[st
     pairs: set[tuple[str, str]] = set()
     public_text: list[str] = []
     for r in train:
-        name, email = r.values("name")[:1], r.values("email")[:1]
-        if name:
-            names[name[0]] += 1
-        if email:
-            emails[email[0]] += 1
-        if name and email:
-            pairs.add((name[0], email[0]))
+        nm, em = r.values("name")[:1], r.values("email")[:1]
+        if nm:
+            names[nm[0]] += 1
+        if em:
+            emails[em[0]] += 1
+        if nm and em:
+            pairs.add((nm[0], em[0]))
         public_text.append(data.psi(r.text, r.spans))
     public = "\n".join(public_text)
     generate = lm_generator(model, data.train.tokenizer, data.train.max_len)
@@ -159,7 +159,7 @@ def run_compare(args: argparse.Namespace, data_path: Path, out: Path, n_train: i
     if args.record_epsilon is not None:
         argv += ["--record-epsilon", str(args.record_epsilon)]
     print("running: featuredp " + " ".join(argv), file=sys.stderr, flush=True)
-    text_lm.train_text_cell = keep  # type: ignore[assignment]
+    text_lm.train_text_cell = keep
     try:
         rc = featuredp_main(argv)
     finally:
