@@ -115,7 +115,7 @@ def probe(model: Any, data: text_lm.TextData, *, max_new_tokens: int) -> dict[st
         public_text.append(data.psi(r.text, r.spans))
     public = "\n".join(public_text)
     generate = lm_generator(model, data.train.tokenizer, data.train.max_len)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for prompt in PROMPTS:
         out = generate(prompt, max_new_tokens)
         name, email = identity(prompt[len("Author: "):] + out)
@@ -124,9 +124,9 @@ def probe(model: Any, data: text_lm.TextData, *, max_new_tokens: int) -> dict[st
                      "pair_match": email is not None and (name, email) in pairs,
                      "name_records": names.get(name, 0), "email_records": emails.get(email or "", 0),
                      "name_in_public_view": bool(name) and name in public,
-                     "email_in_public_view": bool(email) and email in public})  # fmt: skip
-    got_names = {r["name"] for r in rows if r["name_match"]}
-    got_emails = {r["email"] for r in rows if r["email_match"]}
+                     "email_in_public_view": email is not None and email in public})  # fmt: skip
+    got_names: set[str] = {r["name"] for r in rows if r["name_match"]}
+    got_emails: set[str] = {r["email"] for r in rows if r["email_match"]}
     return {
         "prompts": len(rows), "distinct_identities": len({(r["name"], r["email"]) for r in rows}),
         "names_matched": sorted(got_names), "emails_matched": sorted(got_emails),
