@@ -124,7 +124,7 @@ def probe(model: Any, data: text_lm.TextData, *, max_new_tokens: int) -> dict[st
                      "pair_match": email is not None and (name, email) in pairs,
                      "name_records": names.get(name, 0), "email_records": emails.get(email or "", 0),
                      "name_in_public_view": bool(name) and name in public,
-                     "email_in_public_view": email is not None and email in public})  # fmt: skip
+                     "email_in_public_view": bool(email) and (email or "") in public})  # fmt: skip
     got_names: set[str] = {r["name"] for r in rows if r["name_match"]}
     got_emails: set[str] = {r["email"] for r in rows if r["email_match"]}
     return {
