@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from featuredp.data.changelogs import (
 from featuredp.data.debian import DebPackage
 from featuredp.data.text import load_text_jsonl
 from featuredp.errors import DataValidationError
-from featuredp.features.text import TextSpans
+from featuredp.features.text import Span, TextSpans
 
 ZEBRA = """zebra (2.0-1) unstable; urgency=medium
 
@@ -67,22 +69,23 @@ def test_records_have_exact_author_spans_and_leave_bullet_pii_unannotated() -> N
     # packages sorted by name, entries newest first within a package
     assert [(r.package, r.version) for r in recs] == [("apple", "0.5-1"), ("zebra", "2.0-1"), ("zebra", "1.9-2")]
     for r in recs:
-        name, email = r.record.spans
-        assert (name.type, email.type) == ("name", "email")
-        assert r.record.text[name.start:name.end] == r.author
-        assert r.record.text[email.start:email.end] == r.email
-        assert r.record.text.startswith(f"Author: {r.author} <{r.email}>\n{r.package} ({r.version}): ")
-    assert recs[0].record.text.endswith("): Initial release. Whitespace collapsed.")
+        (n0, n1, nt), (e0, e1, et) = r.spans
+        assert (nt, et) == ("name", "email")
+        assert r.text[n0:n1] == r.author
+        assert r.text[e0:e1] == r.email
+        assert r.text.startswith(f"Author: {r.author} <{r.email}>\n{r.package} ({r.version}): ")
+    assert recs[0].text.endswith("): Initial release. Whitespace collapsed.")
     zoe = recs[1]
-    assert zoe.record.values() == ["Zoë Ångström-Núñez", "zoe@example.net"]  # only the author is annotated
-    assert "ann.lee@example.org" in zoe.record.text and "Ann Lee" in zoe.record.text
+    assert zoe.values() == ["Zoë Ångström-Núñez", "zoe@example.net"]  # only the author is annotated
+    assert "ann.lee@example.org" in zoe.text and "Ann Lee" in zoe.text
     assert zoe.bullet_emails == ("ann.lee@example.org",)  # the ground truth of the missed PII
-    assert recs[2].bullet_emails == () and "[ Jörg Müller ]" in recs[2].record.text
+    assert recs[2].bullet_emails == () and "[ Jörg Müller ]" in recs[2].text
     # Ψ hides the author, not the people the bullets name: that is what a detector has to find
-    public = TextSpans(("name", "email"))(zoe.record.text, zoe.record.spans)
+    spans = [Span(*s) for s in zoe.spans]
+    public = TextSpans(("name", "email"))(zoe.text, spans)
     assert "Zoë" not in public and "zoe@" not in public
     assert "Ann Lee <ann.lee@example.org>" in public
-    assert "ann.lee" not in TextSpans(("name", "email"), ("email",))(zoe.record.text, zoe.record.spans)
+    assert "ann.lee" not in TextSpans(("name", "email"), ("email",))(zoe.text, spans)
 
 
 def test_a_repeated_entry_is_kept_once_and_the_cut_is_on_a_word_boundary() -> None:
@@ -90,7 +93,7 @@ def test_a_repeated_entry_is_kept_once_and_the_cut_is_on_a_word_boundary() -> No
     assert len(recs) == 2  # binary packages of one source ship one changelog
     entry = parse_changelog(ZEBRA)[0]
     for limit in range(60, 140, 7):
-        rec = entry_record(entry, max_chars=limit).record
+        rec = entry_record(entry, max_chars=limit)
         assert len(rec.text) <= limit
         body = rec.text.split("): ", 1)[1] if "): " in rec.text else ""
         assert body == "" or (entry.bullets().startswith(body) and (
@@ -114,6 +117,11 @@ def _doc_root(root: Path) -> Path:
     (root / "upstream").mkdir()
     (root / "upstream" / "changelog.gz").write_bytes(gzip.compress(b"2020-01-01  Ann Lee  <a@b.org>\n\n\t* x\n"))
     return root
+
+
+def test_the_module_does_not_import_torch() -> None:
+    code = "import sys, featuredp.data.changelogs; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_local_doc_root(tmp_path: Path) -> None:

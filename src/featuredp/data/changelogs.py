@@ -50,9 +50,7 @@ from featuredp._validate import check_int
 from featuredp.data.cache import cache_dir as _cache_dir
 from featuredp.data.cache import check_online
 from featuredp.data.debian import DebPackage, apt_download, deb_matching
-from featuredp.data.text import TextRecord
 from featuredp.errors import DataValidationError
-from featuredp.features.text import Span
 
 __all__ = [
     "CHANGELOGS_FETCH",
@@ -164,19 +162,25 @@ class ChangelogEntry:
 
 @dataclass(frozen=True)
 class ChangelogRecord:
-    """One record of the corpus: the annotated text, where it came from, and the emails its bullets mention."""
+    """One record of the corpus: the text, its annotated spans ``(start, end, type)`` (character offsets), where
+    it came from, and the emails its bullets mention. Plain tuples keep this module free of torch; the JSONL is
+    read back as :class:`~featuredp.data.text.TextRecord` by ``load_text_jsonl``."""
 
-    record: TextRecord
+    text: str
+    spans: tuple[tuple[int, int, str], ...]
     package: str
     version: str
     author: str
     email: str
     bullet_emails: tuple[str, ...] = field(default_factory=tuple)
 
+    def values(self, span_type: str | None = None) -> list[str]:
+        """The contents of the annotated spans (of ``span_type`` only, when given), in order."""
+        return [self.text[a:b] for a, b, t in self.spans if span_type is None or t == span_type]
+
     def to_json(self) -> dict[str, Any]:
         """The JSONL object: ``text`` and ``spans`` (what ``load_text_jsonl`` reads) plus the measurement fields."""
-        r = self.record
-        return {"text": r.text, "spans": [{"start": s.start, "end": s.end, "type": s.type} for s in r.spans],
+        return {"text": self.text, "spans": [{"start": a, "end": b, "type": t} for a, b, t in self.spans],
                 "package": self.package, "version": self.version, "bullet_emails": list(self.bullet_emails)}
 
 
@@ -233,9 +237,9 @@ def entry_record(entry: ChangelogEntry, *, max_chars: int = DEFAULT_MAX_CHARS) -
     text = f"{author_line}\n{head}" + (f" {body}" if body else "")
     n0 = len(prefix)
     e0 = n0 + len(entry.author) + 2
-    spans = [Span(n0, n0 + len(entry.author), "name"), Span(e0, e0 + len(entry.email), "email")]
+    spans = ((n0, n0 + len(entry.author), "name"), (e0, e0 + len(entry.email), "email"))
     emails = tuple(dict.fromkeys(EMAIL_RE.findall(body)))
-    return ChangelogRecord(TextRecord(text, spans), entry.package, entry.version, entry.author, entry.email, emails)
+    return ChangelogRecord(text, spans, entry.package, entry.version, entry.author, entry.email, emails)
 
 
 def changelog_records(changelogs: Iterable[tuple[str, str]], *, max_chars: int = DEFAULT_MAX_CHARS
