@@ -119,4 +119,4 @@ step_ratio = statistics.median(a / b for a, b in zip(steps[NEW], steps[BEFORE]))
 call_ratio = statistics.median(a / b for a, b in zip(calls[NEW], calls[BEFORE]))
 vs_f32 = statistics.median(a / b for a, b in zip(steps[NEW], steps[F32]))
 print(f"  medians of per-round ratios: noise call new/before {call_ratio:.3f}, step new/before {step_ratio:.3f}, "
-      f"step new/float32 randn {vs_f32:.3f}")
+      f"step new/float32 randn {vs_f32:.3f}")  # fmt: skip
