@@ -4,11 +4,11 @@ Three sources: the new lazy transform (two 63-bit words per pair, a third only w
 reused CPU buffers), the three-word reference transform it replaced (``normals_from_words``, fresh tensors every
 call), and the float32 ``torch.randn`` of before the tail fix (radius ≤ 5.77: a floor, not a candidate).
 
-One engine step of ``fdp`` (Algorithm 1, ghost clipping, zero-masking split) at batch 1024 on the Purchase-shaped
-MLP (600→300→100, 210,400 parameters), on one Trainer whose noise source is swapped before each timed step,
-interleaved (the order rotates every round), medians; plus the noise call alone. 1 torch thread.
+One engine step of ``fdp`` (or METHOD; Algorithm 1, ghost clipping, zero-masking split) at batch 1024 on the
+Purchase-shaped MLP (600→300→100, 210,400 parameters), on one Trainer whose noise source is swapped before each
+timed step, interleaved (the order rotates every round), medians; plus the noise call alone. 1 torch thread.
 
-    python benchmarks/noise_cost.py [ROUNDS]    # default 15 rounds, about a minute
+    python benchmarks/noise_cost.py [ROUNDS] [METHOD]    # default 15 rounds of fdp, about a minute; or dpsgd
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from featuredp.noise import NoiseSource, _random_words, normals_from_words
 
 torch.set_num_threads(1)
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 15
+METHOD = sys.argv[2] if len(sys.argv) > 2 else "fdp"
 B = 1024
 
 
@@ -80,7 +81,7 @@ def timed(fn: Any) -> float:
 
 
 data, public = synthetic_purchase(16 * B, seed=0)
-runner = engine_runner("fdp", data, public, batch_size=B, loss_split="zero")
+runner = engine_runner(METHOD, data, public, batch_size=B, loss_split="zero")
 state = runner.info["trainer"]._state
 NEW, BEFORE, F32 = "float64 lazy (new)", "float64 3-word (before)", "float32 randn"
 sources = {NEW: state.noise, BEFORE: ThreeWordFloat64(), F32: Float32Randn()}
@@ -110,7 +111,7 @@ state.noise = sources[NEW]
 
 med_step = {n: statistics.median(v) for n, v in steps.items()}
 med_call = {n: statistics.median(v) for n, v in calls.items()}
-print(f"fdp step, batch {B}, Purchase-shaped MLP ({dim:,} noised coordinates), {ROUNDS} interleaved rounds, "
+print(f"{METHOD} step, batch {B}, Purchase-shaped MLP ({dim:,} noised coordinates), {ROUNDS} interleaved rounds, "
       f"1 thread, torch {torch.__version__}")  # fmt: skip
 for n in names:
     print(f"  {n:24s} step median {med_step[n] * 1e3:7.2f} ms   noise call median {med_call[n] * 1e3:6.2f} ms "
