@@ -150,6 +150,16 @@ def test_several_blocks_continue_the_stream(monkeypatch):
     assert torch.equal(z, torch.cat(parts))
 
 
+def test_large_outputs_are_not_kept_between_calls(monkeypatch):
+    monkeypatch.setattr(noise_mod, "BLOCK_PAIRS", 100)  # 4 blocks kept at most: 1000 pairs are "large"
+    src = TorchNoise(torch.Generator().manual_seed(3))
+    src.add({"w": torch.zeros(2000)}, 1.0)
+    kept = src._scratch._bufs
+    assert "z" not in kept and all(b.numel() <= 2 * 100 + refinement_words(100) for b in kept.values())
+    src.add({"w": torch.zeros(300)}, 1.0)
+    assert kept["z"].numel() == 300
+
+
 def test_results_never_share_the_reused_buffers():
     for src in (TorchNoise(torch.Generator().manual_seed(0)), SecureNoise(ChaCha20Generator(bytes(32)))):
         for dtype in (torch.float64, torch.float32):

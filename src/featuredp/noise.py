@@ -98,7 +98,8 @@ _COUNTER_SPAN = 1 << 32  # OpenSSL's ChaCha20 counter is 32 bits: never let one 
 # The Gaussian transform (module docstring, "The tail"): per pair, one 63-bit word for the angle and two for a
 # 126-bit radius uniform, so the cut tail is 2⁻¹²⁶ per pair; the δ it adds, (1 + e^ε)·η, stays negligible up to
 # ε ≈ 45 for runs of 10¹² noised coordinates.
-#: Uniform 63-bit words drawn per pair of normals: the angle's and two for the radius uniform.
+#: Uniform 63-bit words per pair of normals in the reference transform (:func:`normals_from_words`): the angle's and
+#: two for the radius uniform. The samplers draw 2 per pair plus :func:`refinement_words` per block (lazy transform).
 WORDS_PER_PAIR = 3
 _WORD_BITS = 63
 #: The smallest radius uniform the transform produces (it is clamped there): an ideal pair of N(0, 1)
@@ -212,7 +213,8 @@ class _Scratch:
     Why: on the CPU a fresh multi-megabyte tensor is a new mapping that is page-faulted in and unmapped again on
     every call, which cost the old transform more than its arithmetic. The buffers hold secret words and noise
     between calls, like the generator state the source already holds (the same process memory). Accelerators get
-    fresh tensors (their caching allocators already reuse memory).
+    fresh tensors (their caching allocators already reuse memory). One source's buffers serve one call at a time,
+    as its generator does: a source is not for concurrent use from several threads.
     """
 
     def __init__(self) -> None:
@@ -275,7 +277,11 @@ def _draw_normals(
     """
     pairs = -(-count // 2)
     s = _Scratch() if scratch is None else scratch
-    out = s.get("z", 2 * pairs, torch.float64, device)
+    # Large outputs are fresh: a kept buffer would pin a model-sized float64 vector between steps.
+    if pairs <= 4 * BLOCK_PAIRS:
+        out = s.get("z", 2 * pairs, torch.float64, device)
+    else:
+        out = torch.empty(2 * pairs, dtype=torch.float64, device=device)
     step = BLOCK_PAIRS if device.type == "cpu" else max(pairs, 1)  # one block on an accelerator: fewer launches
     for start in range(0, pairs, step):
         b = min(step, pairs - start)
