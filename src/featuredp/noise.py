@@ -238,8 +238,8 @@ def _lazy_into(words: torch.Tensor, low: torch.Tensor, out: torch.Tensor, scratc
     output. What is skipped: the low word's term for pairs whose radius word is ≥ 2⁵⁴ (it cannot change u, see
     :func:`normals_from_words_lazy`) and the clamp at 2⁻¹²⁶ for them (u ≥ 2⁻⁹ there; elsewhere u ≥ ℓ ≥ 2⁻¹²⁶ already,
     so the clamp never binds, but it is kept for the slots that can reach it). The needing pairs are found with
-    ``nonzero_static`` into ``len(low) + 1`` slots, padded with a dummy position past the end: the work is the
-    same whatever the words (how many pairs need a word changes only which slots point at the dummy).
+    ``nonzero_static`` into ``len(low) + 1`` slots, padded with places past the end (one each): the work is the
+    same whatever the words (how many pairs need a word changes only which slots point past the end).
     """
     pairs, dev = words.shape[1], words.device
     s = _Scratch() if scratch is None else scratch
@@ -248,12 +248,14 @@ def _lazy_into(words: torch.Tensor, low: torch.Tensor, out: torch.Tensor, scratc
     where = torch.nonzero_static(need, size=slots + 1, fill_value=pairs).view(-1)
     if int(where[slots]) != pairs:
         return slots + 1
-    # u for every pair, one slot past the end for the padding to land on.
-    u = s.get("u", pairs + 1, torch.float64, dev)
+    # u for every pair, then one place per slot past the end: each padding slot lands on its own place there, so
+    # no index repeats (index_copy_ stays deterministic).
+    u = s.get("u", pairs + slots, torch.float64, dev)
     u[:pairs].copy_(words[1]).mul_(2.0**-_WORD_BITS)
     if slots:
         at = where[:slots]
-        high = words[1].index_select(0, at.clamp(max=max(pairs - 1, 0))).to(torch.float64).mul_(2.0**-_WORD_BITS)
+        at = torch.where(at == pairs, pairs + torch.arange(slots, device=dev), at)
+        high = words[1].index_select(0, at.clamp(max=pairs - 1)).to(torch.float64).mul_(2.0**-_WORD_BITS)
         ell = low.to(torch.float64).add_(1.0).mul_(2.0 ** -(2 * _WORD_BITS))
         u.index_copy_(0, at, high.add_(ell).clamp_(min=TAIL_MASS_PER_PAIR))
     radius = u[:pairs].log_().mul_(-2.0).sqrt_()
