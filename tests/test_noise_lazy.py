@@ -213,3 +213,19 @@ def test_the_sampler_delta_term_is_unchanged():
     for eps, steps, dim in ((1.0, 1000, 210_400), (10.0, 10**6, 124_000_000), (0.1, 1, 1)):
         want = (1 + math.exp(eps)) * steps * -(-dim // 2) * 2.0**-126
         assert sampler_tail_delta(eps, steps, dim) == pytest.approx(want, rel=1e-12)
+
+
+def test_the_nonzero_fallback_gives_the_same_slots(monkeypatch):
+    mask = torch.rand(5000, generator=torch.Generator().manual_seed(0)) < 0.01
+    fixed = [noise_mod._nonzero_static(mask, size, 5000) for size in (1, 30, 200)]
+    assert fixed[2][-1] == 5000 and fixed[0][0] == int(mask.nonzero()[0])
+
+    def missing(*args: object, **kwargs: object) -> torch.Tensor:
+        raise NotImplementedError("nonzero_static: not on this device")
+
+    monkeypatch.setattr(torch, "nonzero_static", missing)
+    for size, want in zip((1, 30, 200), fixed):
+        assert torch.equal(noise_mod._nonzero_static(mask, size, 5000), want)
+    # And the whole transform through the fallback is still the reference.
+    words = _crafted_words(4000, 11)
+    assert torch.equal(_lazy_of(words), normals_from_words(words))

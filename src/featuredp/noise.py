@@ -230,6 +230,17 @@ class _Scratch:
         return buf[:n]
 
 
+def _nonzero_static(mask: torch.Tensor, size: int, fill: int) -> torch.Tensor:
+    """The first ``size`` indices where ``mask`` holds, padded with ``fill``: ``torch.nonzero_static`` (fixed work),
+    or, where a device's torch lacks it (older CUDA builds), the same result from ``nonzero`` (work that grows with
+    the count, tiny next to the transform)."""
+    try:
+        return torch.nonzero_static(mask, size=size, fill_value=fill).view(-1)
+    except (NotImplementedError, RuntimeError):
+        idx = mask.nonzero().view(-1)[:size]
+        return torch.cat([idx, idx.new_full((size - idx.numel(),), fill)])
+
+
 def _lazy_into(words: torch.Tensor, low: torch.Tensor, out: torch.Tensor, scratch: _Scratch | None = None) -> int:
     """:func:`normals_from_words_lazy` into ``out``; returns 0, or (``out`` left unwritten) ``len(low) + 1`` when
     more pairs than ``low`` holds need a low word.
@@ -245,7 +256,7 @@ def _lazy_into(words: torch.Tensor, low: torch.Tensor, out: torch.Tensor, scratc
     s = _Scratch() if scratch is None else scratch
     slots = low.numel()
     need = torch.lt(words[1], REFINE_BELOW, out=s.get("need", pairs, torch.bool, dev))
-    where = torch.nonzero_static(need, size=slots + 1, fill_value=pairs).view(-1)
+    where = _nonzero_static(need, slots + 1, pairs)
     if int(where[slots]) != pairs:
         return slots + 1
     # u for every pair, then one place per slot past the end: each padding slot lands on its own place there, so
