@@ -1,19 +1,18 @@
-"""Cost of the float64 noise (no missing tail) against the old float32 ``torch.randn`` noise.
+"""Cost of the float64 noise: the lazy transform against the three-word one it replaced (same distribution).
 
-Three sources: the new one (63-bit words, 126-bit radius uniform), a plain float64 Box–Muller on 53-bit
-``torch.rand`` uniforms added the same way (radius ≤ 8.57: what float64 alone costs, without the tail fix), and
-the old float32 ``torch.randn``.
+Three sources: the new lazy transform (two 63-bit words per pair, a third only where it can change the result,
+reused CPU buffers), the three-word reference transform it replaced (``normals_from_words``, fresh tensors every
+call), and the float32 ``torch.randn`` of before the tail fix (radius ≤ 5.77: a floor, not a candidate).
 
-One engine step of ``fdp`` (Algorithm 1, ghost clipping, zero-masking split) at batch 1024 on the Purchase-shaped
-MLP (600→300→100, 210,400 parameters), on one Trainer whose noise source is swapped between the two before each
-timed step, interleaved (the order alternates every round), medians; plus the noise call alone. 1 torch thread.
+One engine step of ``fdp`` (or METHOD; Algorithm 1, ghost clipping, zero-masking split) at batch 1024 on the
+Purchase-shaped MLP (600→300→100, 210,400 parameters), on one Trainer whose noise source is swapped before each
+timed step, interleaved (the order rotates every round), medians; plus the noise call alone. 1 torch thread.
 
-    python benchmarks/noise_cost.py [ROUNDS]    # default 15 rounds, about a minute
+    python benchmarks/noise_cost.py [ROUNDS] [METHOD]    # default 15 rounds of fdp, about a minute; or dpsgd
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 import time
@@ -22,10 +21,11 @@ from typing import Any
 import torch
 
 from featuredp.experiments.throughput import engine_runner, synthetic_purchase
-from featuredp.noise import NoiseSource, _add_in_float64
+from featuredp.noise import NoiseSource, _random_words, normals_from_words
 
 torch.set_num_threads(1)
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 15
+METHOD = sys.argv[2] if len(sys.argv) > 2 else "fdp"
 B = 1024
 
 
@@ -48,21 +48,23 @@ class Float32Randn(NoiseSource):
         """Unused here."""
 
 
-class Float64Plain(NoiseSource):
-    """Float64 Box–Muller on 53-bit ``torch.rand`` uniforms, added in float64 (bounded at 8.57σ): cost split only."""
+class ThreeWordFloat64(NoiseSource):
+    """The float64 noise before the lazy transform: three words per pair through the reference
+    ``normals_from_words``, fresh tensors every call, added in float64 (the same distribution as the new one)."""
 
     def __init__(self) -> None:
         self.generator = torch.Generator().manual_seed(0)
 
     def add(self, sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
-        """``sums`` + plain float64 Box–Muller normals."""
+        """``sums`` + the reference transform's normals."""
         total = sum(v.numel() for v in sums.values())
-        pairs = -(-total // 2)
-        u = torch.rand((2, pairs), generator=self.generator, dtype=torch.float64)
-        r = u[1].neg_().add_(1.0).log_().mul_(-2.0).sqrt_()
-        theta = u[0].mul_(2 * math.pi)
-        z = torch.cat([r * torch.cos(theta), r * theta.sin_()])
-        return _add_in_float64(sums, z, std)
+        z = normals_from_words(_random_words(self.generator, -(-total // 2), torch.device("cpu")))
+        out, start = {}, 0
+        for k, v in sums.items():
+            part = z[start : start + v.numel()].view(v.shape)
+            start += v.numel()
+            out[k] = part.mul_(std).add_(v.to(torch.float64)).to(v.dtype)
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         """Unused here."""
@@ -79,9 +81,10 @@ def timed(fn: Any) -> float:
 
 
 data, public = synthetic_purchase(16 * B, seed=0)
-runner = engine_runner("fdp", data, public, batch_size=B, loss_split="zero")
+runner = engine_runner(METHOD, data, public, batch_size=B, loss_split="zero")
 state = runner.info["trainer"]._state
-sources = {"float64 (new)": state.noise, "float64 plain 53-bit": Float64Plain(), "float32 randn (old)": Float32Randn()}
+NEW, BEFORE, F32 = "float64 lazy (new)", "float64 3-word (before)", "float32 randn"
+sources = {NEW: state.noise, BEFORE: ThreeWordFloat64(), F32: Float32Randn()}
 params = {k: p.detach() for k, p in runner.info["trainer"].model.named_parameters()}
 sums = {k: torch.randn_like(p) for k, p in params.items()}
 dim = sum(p.numel() for p in params.values())
@@ -104,17 +107,17 @@ for i in range(ROUNDS):
     for name in order:
         src = sources[name]
         calls[name].append(statistics.median(timed(lambda: src.add(sums, 1.0)) for _ in range(5)))  # noqa: B023
-state.noise = sources["float64 (new)"]
+state.noise = sources[NEW]
 
 med_step = {n: statistics.median(v) for n, v in steps.items()}
 med_call = {n: statistics.median(v) for n, v in calls.items()}
-ratio = statistics.median(a / b for a, b in zip(steps["float64 (new)"], steps["float32 randn (old)"]))
-print(f"fdp step, batch {B}, Purchase-shaped MLP ({dim:,} noised coordinates), {ROUNDS} interleaved rounds, "
+print(f"{METHOD} step, batch {B}, Purchase-shaped MLP ({dim:,} noised coordinates), {ROUNDS} interleaved rounds, "
       f"1 thread, torch {torch.__version__}")  # fmt: skip
 for n in names:
-    print(f"  {n:20s} step median {med_step[n] * 1e3:7.2f} ms   noise call median {med_call[n] * 1e3:6.2f} ms "
+    print(f"  {n:24s} step median {med_step[n] * 1e3:7.2f} ms   noise call median {med_call[n] * 1e3:6.2f} ms "
           f"({med_call[n] / med_step[n] * 100:4.1f}% of its step)")  # fmt: skip
-plain = statistics.median(a / b for a, b in zip(steps["float64 plain 53-bit"], steps["float32 randn (old)"]))
-new, old, flat = (med_call[n] * 1e3 for n in ("float64 (new)", "float32 randn (old)", "float64 plain 53-bit"))
-print(f"  step ratio new/old (median of per-round ratios): {ratio:.3f} (plain float64/old: {plain:.3f}); noise call "
-      f"difference new - old {new - old:.2f} ms, new - plain float64 (the tail fix) {new - flat:.2f} ms")
+step_ratio = statistics.median(a / b for a, b in zip(steps[NEW], steps[BEFORE]))
+call_ratio = statistics.median(a / b for a, b in zip(calls[NEW], calls[BEFORE]))
+vs_f32 = statistics.median(a / b for a, b in zip(steps[NEW], steps[F32]))
+print(f"  medians of per-round ratios: noise call new/before {call_ratio:.3f}, step new/before {step_ratio:.3f}, "
+      f"step new/float32 randn {vs_f32:.3f}")  # fmt: skip

@@ -10,8 +10,10 @@ Two sources, one interface (:class:`NoiseSource`):
   (:class:`ChaCha20Generator`, OpenSSL through the maintained ``cryptography``
   package) keyed with 256 bits from ``os.urandom``.
 
-Both turn uniform 63-bit words into normals with one float64 transform (:func:`normals_from_words`)
-and add them to the sum in float64 before the result is rounded, once, to the parameters' dtype.
+Both turn uniform 63-bit words into normals with one float64 transform and add them to the sum in float64 before
+the result is rounded, once, to the parameters' dtype. The reference transform is :func:`normals_from_words` (three
+words per pair); the samplers use :func:`normals_from_words_lazy`, which gives bit-identical outputs from two words
+per pair plus a low word only for the pairs whose result it can change (about one pair in 512).
 
 The tail (ARCHITECTURE rule 12). Box–Muller draws a pair of normals from a radius uniform u and
 an angle: radius √(−2 ln u). A sampler's smallest u caps the radius, and a value beyond the cap
@@ -22,12 +24,22 @@ a 126-bit uniform on (0, 1] built from two 63-bit words (u = (w₁·2⁶³ + w�
 float64's 53 significant bits), clamped at :data:`TAIL_MASS_PER_PAIR` =
 2⁻¹²⁶ whatever the words, so the radius is at most :data:`MAX_RADIUS` ≈ 13.22 by construction and
 an ideal pair leaves that disc with probability exactly 2⁻¹²⁶. The engine adds that cut tail to
-the reported δ (:func:`featuredp.accounting.sampler_tail_delta`: (1 + e^ε)·pairs·2⁻¹²⁶). The
-transform does the same work for every pair (no branch on the words), so its timing says nothing
-about which pairs were deep in the tail. The words: ``random_()`` on an int64 tensor is a 64-bit
+the reported δ (:func:`featuredp.accounting.sampler_tail_delta`: (1 + e^ε)·pairs·2⁻¹²⁶).
+
+The lazy transform. In float64, w₂ moves u only when w₁ < 2⁵⁴ (u < 2⁻⁹, radius > 3.53): for larger w₁ its term is
+below half the spacing of floats at u (proof in :func:`normals_from_words_lazy`). So each block of pairs draws two
+words per pair and :func:`refinement_words` low words (≈ 1/64 per pair + 96), and the pairs with w₁ < 2⁵⁴ take
+them in order: the output is the reference transform of three independent uniform words, exactly, so the cut tail,
+the cap and the δ term are unchanged. Timing: the work per block does not depend on the words (the needing pairs
+are gathered into fixed slots, ``nonzero_static``) except on one event: more needing pairs than the budget, of
+probability < 2⁻¹⁴⁹ per block (:data:`REFINE_OVERFLOW_BOUND`), when the block draws fresh low words (the result
+stays exact). A timing observer learns at most whether that event happened; it is not added to δ: it moves the
+view by at most blocks·2⁻¹⁴⁹ in total variation, below 2⁻²³ of the cut tail's term already counted for the same
+pairs (blocks·2¹⁷·2⁻¹²⁶ at full blocks). The words: ``random_()`` on an int64 tensor is a 64-bit
 output modulo 2⁶³, on the CPU (Mersenne Twister, two 32-bit outputs) and on CUDA (Philox) alike
 (ATen's ``uniform_int``; ``tests/test_noise.py`` checks that all 63 bits vary); ChaCha20's are
-its keystream's 64-bit words shifted right by one.
+its keystream's 64-bit words shifted right by one. On the CPU the transform reuses one set of buffers per source
+(fresh multi-megabyte tensors cost more than the arithmetic there); results never share them.
 
 What the float64 noise does and does not do about floating point. Mironov (CCS
 2012) showed that the textbook floating-point Laplace sampler leaves holes in
@@ -50,6 +62,7 @@ from __future__ import annotations
 import math
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -70,6 +83,8 @@ __all__ = [
     "TorchNoise",
     "add_noise",
     "normals_from_words",
+    "normals_from_words_lazy",
+    "refinement_words",
 ]
 
 _NOT_COPIED = (
@@ -83,7 +98,8 @@ _COUNTER_SPAN = 1 << 32  # OpenSSL's ChaCha20 counter is 32 bits: never let one 
 # The Gaussian transform (module docstring, "The tail"): per pair, one 63-bit word for the angle and two for a
 # 126-bit radius uniform, so the cut tail is 2⁻¹²⁶ per pair; the δ it adds, (1 + e^ε)·η, stays negligible up to
 # ε ≈ 45 for runs of 10¹² noised coordinates.
-#: Uniform 63-bit words drawn per pair of normals: the angle's and two for the radius uniform.
+#: Uniform 63-bit words per pair of normals in the reference transform (:func:`normals_from_words`): the angle's and
+#: two for the radius uniform. The samplers draw 2 per pair plus :func:`refinement_words` per block (lazy transform).
 WORDS_PER_PAIR = 3
 _WORD_BITS = 63
 #: The smallest radius uniform the transform produces (it is clamped there): an ideal pair of N(0, 1)
@@ -124,7 +140,7 @@ def normals_from_words(words: torch.Tensor) -> torch.Tensor:
 
 
 def _random_words(generator: torch.Generator, pairs: int, device: torch.device) -> torch.Tensor:
-    """``(WORDS_PER_PAIR, pairs)`` uniform 63-bit words from ``generator`` on ``device``.
+    """``(WORDS_PER_PAIR, pairs)`` uniform 63-bit words from ``generator`` on ``device`` (the reference layout).
 
     ``random_()`` on int64 is a 64-bit generator output modulo 2⁶³ on the CPU (Mersenne Twister) and on
     CUDA (Philox): ATen's ``uniform_int``.
@@ -132,15 +148,178 @@ def _random_words(generator: torch.Generator, pairs: int, device: torch.device) 
     return torch.empty((WORDS_PER_PAIR, pairs), dtype=torch.int64, device=device).random_(generator=generator)
 
 
+# -- The lazy transform: two words per pair, a third only where it can change the result -------------------------
+#: A radius word below this (u < 2⁻⁹, radius > 3.53) is the only case where the low word changes u's float64 value.
+REFINE_BELOW = 1 << 54
+#: Pairs per block of the lazy sampler on the CPU: bounds its reusable buffers (about 10 MiB) for any model size.
+BLOCK_PAIRS = 1 << 17
+#: The refinement budget's overflow bound (Chernoff): the probability that a block of pairs needs more low words
+#: than :func:`refinement_words` draws for it is below this.
+REFINE_OVERFLOW_BOUND = 2.0**-149
+
+
+def refinement_words(pairs: int) -> int:
+    """The low radius words drawn with every block of ``pairs`` pairs: enough for all that need one but for
+    probability < :data:`REFINE_OVERFLOW_BOUND`.
+
+    A pair needs one with probability exactly 2⁻⁹ (its radius word < 2⁵⁴), so the count is Binomial(pairs, 2⁻⁹)
+    with mean μ = pairs/512; R = min(pairs, ⌈pairs/64⌉ + 96) ≥ 8μ, and Chernoff's P(X ≥ R) ≤ (eμ/R)^R ≤
+    (e/8)^96 < 2⁻¹⁴⁹ (R = pairs cannot overflow at all).
+    """
+    pairs = check_int("pairs", pairs, minimum=0)
+    return min(pairs, -(-pairs // 64) + 96)
+
+
+def normals_from_words_lazy(words: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """:func:`normals_from_words` bit for bit, from two words per pair and low words only for pairs that need one.
+
+    ``words`` is ``(2, pairs)`` int64: row 0 the angle word, row 1 the radius uniform's high word w₁ (rows 0 and 1
+    of the reference layout). ``low`` holds the low words w₂, one per pair whose w₁ < :data:`REFINE_BELOW` = 2⁵⁴, in
+    pair order; extra words are unused. The output equals ``normals_from_words`` of the three rows
+    ``(words[0], words[1], w₂)`` where each needing pair's w₂ is its ``low`` word and every other pair's w₂ is ANY
+    word, because for those it cannot change the result:
+
+    The reference computes u = fl(a + ℓ) with a = fl(w₁)·2⁻⁶³ (exact scaling of w₁ rounded to 53 bits) and
+    ℓ = fl(fl(w₂) + 1)·2⁻¹²⁶ ∈ (0, 2⁻⁶³]. If w₁ ≥ 2⁵⁴ then fl(w₁) ≥ 2⁵⁴ (rounding is monotone and 2⁵⁴ is a
+    float), so a ≥ 2⁻⁹, the spacing of floats at a is ≥ 2⁻⁶¹, and 0 < ℓ ≤ 2⁻⁶³ is below half of it: a + ℓ rounds
+    to a whatever w₂ is. So with independent uniform words the output has EXACTLY the reference's distribution (a
+    126-bit radius uniform on the 2⁻¹²⁶ grid, clamped at :data:`TAIL_MASS_PER_PAIR`, radius ≤ :data:`MAX_RADIUS`),
+    the same cut tail, the same δ term. (The boundary 2⁵⁴ rather than 2⁵³ matters: for 2⁵³ ≤ w₁ < 2⁵⁴ the spacing
+    is 2⁻⁶² and ℓ = 2⁻⁶³ is a tie that w₂ decides.)
+
+    Constant work: the needing pairs are gathered into ``len(low) + 1`` fixed slots (``nonzero_static``), so no
+    size depends on the words; only the refusal below (more needing pairs than ``low`` holds) does.
+
+    >>> top = 2**63 - 1
+    >>> z = normals_from_words_lazy(torch.tensor([[top], [0]]), torch.tensor([0]))  # the largest radius
+    >>> round(float(z.norm()), 4), round(MAX_RADIUS, 4)
+    (13.2164, 13.2164)
+    """
+    if words.dtype != torch.int64 or words.dim() != 2 or words.shape[0] != 2:
+        raise ValueError(f"words must be int64 of shape (2, pairs), got {words.dtype} {tuple(words.shape)}")
+    if low.dtype != torch.int64 or low.dim() != 1:
+        raise ValueError(f"low must be a 1-d int64 tensor, got {low.dtype} {tuple(low.shape)}")
+    out = torch.empty(2 * words.shape[1], dtype=torch.float64, device=words.device)
+    if _lazy_into(words, low, out):
+        need = int((words[1] < REFINE_BELOW).sum())
+        raise ValueError(f"low must hold a word for each of the {need} pairs whose radius word is below 2**54, "
+                         f"got {low.numel()}")  # fmt: skip
+    return out
+
+
+class _Scratch:
+    """Reusable CPU buffers for the transform, one set per noise source.
+
+    Why: on the CPU a fresh multi-megabyte tensor is a new mapping that is page-faulted in and unmapped again on
+    every call, which cost the old transform more than its arithmetic. The buffers hold secret words and noise
+    between calls, like the generator state the source already holds (the same process memory). Accelerators get
+    fresh tensors (their caching allocators already reuse memory). One source's buffers serve one call at a time,
+    as its generator does: a source is not for concurrent use from several threads.
+    """
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """An uninitialised 1-d tensor of ``n`` elements (a view of the buffer ``name`` on the CPU)."""
+        if device.type != "cpu":
+            return torch.empty(n, dtype=dtype, device=device)
+        buf = self._bufs.get(name)
+        if buf is None or buf.numel() < n or buf.dtype != dtype:
+            buf = self._bufs[name] = torch.empty(n, dtype=dtype)
+        return buf[:n]
+
+
+def _nonzero_static(mask: torch.Tensor, size: int, fill: int) -> torch.Tensor:
+    """The first ``size`` indices where ``mask`` holds, padded with ``fill``: ``torch.nonzero_static`` (fixed work),
+    or, where a device's torch lacks it (older CUDA builds), the same result from ``nonzero`` (work that grows with
+    the count, tiny next to the transform)."""
+    try:
+        return torch.nonzero_static(mask, size=size, fill_value=fill).view(-1)
+    except (NotImplementedError, RuntimeError):
+        idx = mask.nonzero().view(-1)[:size]
+        return torch.cat([idx, idx.new_full((size - idx.numel(),), fill)])
+
+
+def _lazy_into(words: torch.Tensor, low: torch.Tensor, out: torch.Tensor, scratch: _Scratch | None = None) -> int:
+    """:func:`normals_from_words_lazy` into ``out``; returns 0, or (``out`` left unwritten) ``len(low) + 1`` when
+    more pairs than ``low`` holds need a low word.
+
+    The same float64 operations, in the same order, as :func:`normals_from_words` for every value that reaches the
+    output. What is skipped: the low word's term for pairs whose radius word is ≥ 2⁵⁴ (it cannot change u, see
+    :func:`normals_from_words_lazy`) and the clamp at 2⁻¹²⁶ for them (u ≥ 2⁻⁹ there; elsewhere u ≥ ℓ ≥ 2⁻¹²⁶ already,
+    so the clamp never binds, but it is kept for the slots that can reach it). The needing pairs are found with
+    ``nonzero_static`` into ``len(low) + 1`` slots, padded with places past the end (one each): the work is the
+    same whatever the words (how many pairs need a word changes only which slots point past the end).
+    """
+    pairs, dev = words.shape[1], words.device
+    s = _Scratch() if scratch is None else scratch
+    slots = low.numel()
+    need = torch.lt(words[1], REFINE_BELOW, out=s.get("need", pairs, torch.bool, dev))
+    where = _nonzero_static(need, slots + 1, pairs)
+    if int(where[slots]) != pairs:
+        return slots + 1
+    # u for every pair, then one place per slot past the end: each padding slot lands on its own place there, so
+    # no index repeats (index_copy_ stays deterministic).
+    u = s.get("u", pairs + slots, torch.float64, dev)
+    u[:pairs].copy_(words[1]).mul_(2.0**-_WORD_BITS)
+    if slots:
+        at = where[:slots]
+        at = torch.where(at == pairs, pairs + torch.arange(slots, device=dev), at)
+        high = words[1].index_select(0, at.clamp(max=pairs - 1)).to(torch.float64).mul_(2.0**-_WORD_BITS)
+        ell = low.to(torch.float64).add_(1.0).mul_(2.0 ** -(2 * _WORD_BITS))
+        u.index_copy_(0, at, high.add_(ell).clamp_(min=TAIL_MASS_PER_PAIR))
+    radius = u[:pairs].log_().mul_(-2.0).sqrt_()
+    shifted = torch.bitwise_right_shift(words[0], _WORD_BITS - 53, out=s.get("i1", pairs, torch.int64, dev))
+    theta = s.get("f1", pairs, torch.float64, dev).copy_(shifted).mul_(2.0 * math.pi * 2.0**-53)
+    torch.cos(theta, out=out[:pairs]).mul_(radius)
+    torch.sin(theta, out=out[pairs:]).mul_(radius)
+    return 0
+
+
+def _draw_normals(
+    draw: Callable[[int], torch.Tensor], count: int, device: torch.device, scratch: _Scratch | None = None
+) -> torch.Tensor:
+    """``count`` float64 N(0, 1) draws from the 63-bit words ``draw(n)`` returns, block by block (lazy transform).
+
+    Each block of ``b`` pairs takes one draw of ``2b + refinement_words(b)`` words: the angle and high radius
+    words, then the low words. Only when a block needs more low words than that (probability < 2⁻¹⁴⁹,
+    :data:`REFINE_OVERFLOW_BOUND`) is a second draw of fresh low words made for it; the words are independent
+    uniforms, so the output's distribution is the reference transform's exactly either way. With ``scratch`` the
+    result is a view of its buffer, valid until the next call.
+    """
+    pairs = -(-count // 2)
+    s = _Scratch() if scratch is None else scratch
+    # Large outputs are fresh: a kept buffer would pin a model-sized float64 vector between steps.
+    if pairs <= 4 * BLOCK_PAIRS:
+        out = s.get("z", 2 * pairs, torch.float64, device)
+    else:
+        out = torch.empty(2 * pairs, dtype=torch.float64, device=device)
+    step = BLOCK_PAIRS if device.type == "cpu" else max(pairs, 1)  # one block on an accelerator: fewer launches
+    for start in range(0, pairs, step):
+        b = min(step, pairs - start)
+        words = draw(2 * b + refinement_words(b))
+        main, low = words[: 2 * b].view(2, b), words[2 * b :]
+        block = out[2 * start : 2 * (start + b)]
+        if _lazy_into(main, low, block, s):  # see REFINE_OVERFLOW_BOUND: the only branch on the words
+            main = main.clone()  # draw may refill the buffer that holds these words
+            _lazy_into(main, draw(int((main[1] < REFINE_BELOW).sum())), block, s)
+    return out[:count]
+
+
 def _add_in_float64(sums: dict[str, torch.Tensor], z: torch.Tensor, std: float) -> dict[str, torch.Tensor]:
-    """``sums`` + ``std``·``z`` (flat float64 normals, consumed), summed in float64, each rounded once to its dtype."""
+    """``sums`` + ``std``·``z`` (flat float64 normals, consumed), summed in float64, each rounded once to its dtype.
+
+    The results are new tensors: none shares memory with ``z`` or ``sums``.
+    """
     out: dict[str, torch.Tensor] = {}
     start = 0
     for k, v in sums.items():
         part = z[start : start + v.numel()].view(v.shape).to(v.device)
         start += v.numel()
         # The sum is widened first, so the only rounding to v's dtype happens after the noise is in.
-        out[k] = part.mul_(std).add_(v.to(torch.float64)).to(v.dtype)
+        # In-place add of v promotes each element to float64 exactly; the copy never aliases z (a reused buffer).
+        out[k] = part.mul_(std).add_(v).to(v.dtype, copy=True)
     return out
 
 
@@ -214,12 +393,16 @@ class ChaCha20Generator(Uncopyable):
         return (words >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
     def standard_normal(self, size: int) -> np.ndarray:
-        """``size`` independent N(0, 1) draws in float64: :func:`normals_from_words` of this stream's 63-bit words."""
+        """``size`` independent N(0, 1) draws in float64: the lazy transform (:func:`normals_from_words_lazy`,
+        block by block) of this stream's 63-bit words (:meth:`words`)."""
         size = check_int("size", size, minimum=0)
-        pairs = -(-size // 2)
-        raw = np.frombuffer(self.bytes(8 * WORDS_PER_PAIR * pairs), dtype="<u8") >> np.uint64(64 - _WORD_BITS)
-        words = torch.from_numpy(raw.astype(np.int64).reshape(WORDS_PER_PAIR, pairs))
-        return normals_from_words(words).numpy()[:size]
+        return _draw_normals(self.words, size, torch.device("cpu")).numpy()
+
+    def words(self, n: int) -> torch.Tensor:
+        """``n`` uniform 63-bit words (int64): this stream's 64-bit little-endian words shifted right by one."""
+        n = check_int("n", n, minimum=0)
+        raw = np.frombuffer(self.bytes(8 * n), dtype="<u8") >> np.uint64(64 - _WORD_BITS)
+        return torch.from_numpy(raw.astype(np.int64))
 
     def rekey(self) -> None:
         """A fresh key from ``os.urandom``: the bytes from here on are independent of every earlier state."""
@@ -292,6 +475,7 @@ class TorchNoise(NoiseSource):
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         self.generator = generator
+        self._scratch = _Scratch()
 
     def add(self, sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
         """``sums`` + N(0, std²): one flat draw for all tensors, summed in float64, each rounded once to its dtype."""
@@ -300,8 +484,15 @@ class TorchNoise(NoiseSource):
         if std == 0 or total == 0:
             return {k: v.clone() for k, v in sums.items()}
         device = next(iter(sums.values())).device
-        words = _random_words(self.generator, -(-total // 2), device)
-        return _add_in_float64(sums, normals_from_words(words), std)
+        return _add_in_float64(sums, _draw_normals(self._words(device), total, device, self._scratch), std)
+
+    def _words(self, device: torch.device) -> Callable[[int], torch.Tensor]:
+        """``n`` ↦ ``n`` uniform 63-bit words from the generator on ``device`` (see :func:`_random_words`)."""
+
+        def draw(n: int) -> torch.Tensor:
+            return self._scratch.get("words", n, torch.int64, device).random_(generator=self.generator)
+
+        return draw
 
     def state_dict(self) -> dict[str, Any]:
         """The torch generator's state."""
@@ -330,6 +521,7 @@ class SecureNoise(NoiseSource):
         self.generator = ChaCha20Generator() if generator is None else generator
         if not isinstance(self.generator, ChaCha20Generator):
             raise TypeError(f"generator must be a ChaCha20Generator, got {type(self.generator).__name__}")
+        self._scratch = _Scratch()
 
     def add(self, sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
         """``sums`` + float64 ChaCha20 Gaussians, added in float64 and only then rounded to the sums' dtype."""
@@ -337,7 +529,8 @@ class SecureNoise(NoiseSource):
         if std == 0:
             return {k: v.clone() for k, v in sums.items()}
         total = sum(int(v.numel()) for v in sums.values())
-        return _add_in_float64(sums, torch.from_numpy(self.generator.standard_normal(total)), std)
+        cpu = torch.device("cpu")
+        return _add_in_float64(sums, _draw_normals(self.generator.words, total, cpu, self._scratch), std)
 
     def state_dict(self) -> dict[str, Any]:
         """The ChaCha20 key and position (secret)."""
