@@ -267,8 +267,12 @@ class RunState:
             **({"record_sampler": self.record_sampler.state_dict()} if self.record_sampler is not None else {}),
         }  # fmt: skip
 
-    def load_state_dict(self, ck: dict[str, Any], model: nn.Module) -> None:
-        """Restore a checkpoint of the *same* run: format, plan, data and Ψ fingerprints must match."""
+    def load_state_dict(self, ck: dict[str, Any], model: nn.Module, *, rekey: bool = True) -> None:
+        """Restore a checkpoint of the *same* run: format, plan, data and Ψ fingerprints must match.
+
+        ``rekey`` (the default, every resume): the private streams then draw from fresh OS entropy
+        (:meth:`rekey_private`). Only the replay self-test passes ``False``, to restore a snapshot it took itself
+        in memory and replay one step with identical randomness; a checkpoint file is never loaded that way."""
         if ck.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(
                 f"the checkpoint has format {ck.get('format')!r}, this featuredp writes {CHECKPOINT_FORMAT}; it was "
@@ -314,7 +318,8 @@ class RunState:
         self.public_draws.set_state(ck["draws"]["public"])
         self.noise.load_state_dict(ck["noise"])
         self.averager.load_state_dict(ck["averager"])
-        self.rekey_private()
+        if rekey:
+            self.rekey_private()
 
     def rekey_private(self) -> None:
         """Draw every private random choice after a resume from fresh OS entropy, never from the saved state.

@@ -187,11 +187,11 @@ def replay_step(trainer: Any, data: Any, *, record: int, batch: Sequence[int],
         runs: list[_Run] = []
         draws = _Draws()
         for with_x in (True, False):  # with x first: its run's per-record draws are reused without x
-            state.load_state_dict(copy.deepcopy(snapshot), model)
+            state.load_state_dict(copy.deepcopy(snapshot), model, rekey=False)
             rows = [*base, record] if with_x else base
             runs.insert(0, _observed_step(trainer, state, split, batch_all, params, rows, draws, with_x))
         if swap is not None:  # x with another record's private part, the same draws as the run with x
-            state.load_state_dict(copy.deepcopy(snapshot), model)
+            state.load_state_dict(copy.deepcopy(snapshot), model, rekey=False)
             swapped = _observed_step(trainer, state, split, swap[0], params, [*base, record], draws, True,
                                      reuse=True)  # fmt: skip
     except _RefusedError as exc:
