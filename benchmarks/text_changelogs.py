@@ -37,6 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import featuredp.experiments.text_lm as text_lm
 from featuredp._io import atomic_write_json, atomic_write_text
 from featuredp.cli import main as featuredp_main
@@ -75,6 +77,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fresh", action="store_true", help="delete --out's compare cells first (so every model is "
                    "trained here and probed)")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=70)
+    p.add_argument("--file-order", action="store_true", help="train on the corpus in file order (packages "
+                   "alphabetically, entries newest first); default: a copy shuffled with the public seed 0, so that "
+                   "--text-train-size's first N texts are a uniform sample rather than the first packages")
     return p.parse_args(argv)
 
 
@@ -142,15 +147,15 @@ def probe(model: Any, data: text_lm.TextData, *, max_new_tokens: int) -> dict[st
 
 
 def run_compare(args: argparse.Namespace, data_path: Path, out: Path, n_train: int
-                ) -> tuple[dict[tuple[str, float | None], Any], Any]:  # fmt: skip
+                ) -> tuple[dict[tuple[str, float | None, float | None], Any], Any]:  # fmt: skip
     """``featuredp compare --task text`` in this process; the models its cells trained, and the data."""
-    models: dict[tuple[str, float | None], Any] = {}
+    models: dict[tuple[str, float | None, float | None], Any] = {}
     seen: dict[str, Any] = {}
     original = text_lm.train_text_cell
 
     def keep(*a: Any, **kw: Any) -> Any:
         row, model = original(*a, **kw)
-        models[(kw["method"], kw["epsilon"])] = model
+        models[(kw["method"], kw["epsilon"], kw.get("record_epsilon"))] = model
         seen["data"] = kw["data"]
         return row, model
 
@@ -227,14 +232,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"corpus {data_path}: {stats['records']:,} records, {stats['authors']:,} authors, largest "
           f"{stats['largest_author_records']:,}", file=sys.stderr, flush=True)
     n_train = args.train_size or (800 if args.quick else 2000)
+    if not args.file_order:  # a public permutation: the corpus is public Debian text, its order is no secret
+        lines = [ln for ln in data_path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        order = np.random.default_rng(0).permutation(len(lines))
+        data_path = data_path.with_name("changelogs-shuffled.jsonl")  # in the cache, beside the corpus
+        atomic_write_text(data_path, "".join(lines[int(i)] + "\n" for i in order))
     compare_out = out / "compare"
     if args.fresh and (compare_out / "cells").exists():
         shutil.rmtree(compare_out / "cells")
     models, data = run_compare(args, data_path, compare_out, n_train)
     summary = json.loads((compare_out / "results.json").read_text())
     probes: dict[str, Any] = {}
-    for (method, eps), model in models.items():
-        key = f"{method}@{eps if get_method(method).private else None}"
+    for (method, eps, backstop), model in models.items():
+        arm = "" if backstop is None else f"+E{backstop:g}"
+        key = f"{method}@{eps if get_method(method).private else None}{arm}"
         probes[key] = probe(model, data, max_new_tokens=args.max_new_tokens)
         print(f"probe {key}: names {probes[key]['names_matched']}, emails {probes[key]['emails_matched']}",
               file=sys.stderr, flush=True)
