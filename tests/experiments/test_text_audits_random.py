@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import pytest
 
 import featuredp.experiments.text_lm as text_lm
@@ -204,3 +205,28 @@ def test_test_data_is_the_held_out_set_and_the_training_file_is_used_whole(tmp_p
     assert generated.heldout["covered"] is True and "public generated" in generated.heldout["note"]
     with pytest.raises(ValueError, match="--test-data"):
         load_text_data(test=test_path, canary_repeats=())
+
+
+def test_span_targets_fit_the_scorer_whatever_the_candidates_length():
+    """Real records near the length limit: a candidate longer than the true value must not overflow the scorer
+    (it refused with "the suffix would be cut"); the continuation is cut alike for every candidate."""
+    from featuredp.data.text import ByteTokenizer, TextRecord
+    from featuredp.experiments.text_lm import span_targets
+    from featuredp.features.text import Span
+    from featuredp.lm import lm_scorer
+
+    names = ["Al", "Bo Li", "Christopher Alexander Montgomery-Smith", *[f"Name{i:02d} Surname" for i in range(12)]]
+    records = []
+    for nm in names:
+        text = f"Author: {nm}\n" + "x" * (150 - len(nm))
+        records.append(TextRecord(text, [Span(8, 8 + len(nm), "name")]))
+    tok, L = ByteTokenizer(), 160
+    drawn = span_targets(records, k=5, n=50, rng=np.random.default_rng(3), tokenizer=tok, max_len=L)
+    assert drawn.targets
+    for text, span, cands in drawn.targets:
+        for c in cands:
+            assert len(tok.encode(text[:span.start])) + len(tok.encode(c + text[span.end:])) <= L
+    model = torch.nn.Sequential(torch.nn.Embedding(tok.vocab_size, 8), torch.nn.Linear(8, tok.vocab_size))
+    score = lm_scorer(model, tok, L)
+    text, span, cands = drawn.targets[0]
+    assert len(score([text[:span.start]] * len(cands), [c + text[span.end:] for c in cands])) == len(cands)

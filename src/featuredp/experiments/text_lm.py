@@ -47,6 +47,7 @@ from featuredp.data.text import (
     Canary,
     TextDataset,
     TextRecord,
+    Tokenizer,
     insert_canaries,
     load_text_jsonl,
     split_records,
@@ -263,7 +264,8 @@ class SpanTargets:
 
 
 def span_targets(records: Sequence[TextRecord], *, k: int = 10, n: int = 200,
-                 rng: np.random.Generator | None = None) -> SpanTargets:  # fmt: skip
+                 rng: np.random.Generator | None = None, tokenizer: Tokenizer | None = None,
+                 max_len: int | None = None) -> SpanTargets:  # fmt: skip
     """Span-inference targets from ``records``: Ψ(x) with one span filled in, and k candidates for that span.
 
     Each target is one record, drawn at random (``rng``; default OS entropy — the draw is a function of the
@@ -280,6 +282,11 @@ def span_targets(records: Sequence[TextRecord], *, k: int = 10, n: int = 200,
     the others from p instead would make the posterior depend on the order of the draws; 1/k, the old
     baseline, is right only when every value is distinct and lets a model that merely prefers frequent values
     seem to beat the prior.) ``groups``: how many training records hold each target's true value.
+
+    With ``tokenizer`` and ``max_len`` (the scorer's), the text after the span is cut, the same for every
+    candidate, so that prefix + longest candidate + continuation fits in ``max_len`` tokens: a real record near the
+    length limit with a longer candidate would otherwise overflow the scorer. A target whose prefix and longest
+    candidate alone do not fit is dropped.
     """
     k = check_int("k", k, minimum=2)
     rng = rng if rng is not None else np.random.default_rng()
@@ -313,10 +320,28 @@ def span_targets(records: Sequence[TextRecord], *, k: int = 10, n: int = 200,
         cands = [true, *(others[int(j)] for j in rng.choice(len(others), k - 1, replace=False))]
         rng.shuffle(cands)
         text, moved = _placeholdered(r, span)
+        if tokenizer is not None and max_len is not None:
+            cut = _fit_continuation(text, moved, cands, tokenizer, max_len)
+            if cut is None:
+                continue
+            text = cut
         out.targets.append((text, moved, cands))
         out.priors.append([float(weight[span.type].get(c, 0)) for c in cands])
         out.groups.append(holders[span.type][true])
     return out
+
+
+def _fit_continuation(text: str, span: Span, cands: Sequence[str], tokenizer: Tokenizer, max_len: int) -> str | None:
+    """``text`` with the part after ``span`` cut (from its end) until the prefix plus any candidate plus that part
+    fit in ``max_len`` tokens; None when even the prefix and the longest candidate do not."""
+    prefix = len(tokenizer.encode(text[:span.start]))
+    longest = max(len(tokenizer.encode(c)) for c in cands)
+    rest = text[span.end:]
+    if prefix + longest > max_len:
+        return None
+    while rest and prefix + max(len(tokenizer.encode(c + rest)) for c in cands) > max_len:
+        rest = rest[: max(0, len(rest) - max(1, (prefix + longest + len(tokenizer.encode(rest)) - max_len)))]
+    return text[:span.end] + rest
 
 
 def extraction_targets(data: TextData, n: int, *, rng: np.random.Generator | None = None
@@ -389,7 +414,8 @@ def audit_text_model(model: torch.nn.Module, data: TextData, *, epsilon: float |
             str(r): extraction(generate, [(c.text, [_secret_span(c)]) for c in data.canaries if c.repeats == r]
                                )["rate"] for r in sorted({c.repeats for c in data.canaries})}  # fmt: skip
     if "span" in attacks:
-        drawn = span_targets(data.originals, k=k, n=int(audit.get("span_targets", 200)), rng=rng)
+        drawn = span_targets(data.originals, k=k, n=int(audit.get("span_targets", 200)), rng=rng, tokenizer=tok,
+                             max_len=L)  # fmt: skip
         out["span_inference"] = None if not drawn.targets else {
             **span_inference(score, drawn.targets, epsilon=epsilon, delta=delta, priors=drawn.priors,
                              groups=drawn.groups, seed=None),
