@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 import pytest
+import torch
 
 import featuredp.experiments.text_lm as text_lm
 from featuredp.attacks.text import span_inference
