@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+import featuredp.experiments.text_audits as text_audits
 import featuredp.experiments.text_lm as text_lm
 from featuredp.attacks.text import span_inference
 from featuredp.data.text import TextRecord, write_jsonl
@@ -91,7 +92,7 @@ def test_the_audits_extraction_targets_are_not_the_first_records(tmp_path: Path,
             return "x" * n
         return generate
 
-    monkeypatch.setattr(text_lm, "lm_generator", fake_generator)
+    monkeypatch.setattr(text_audits, "lm_generator", fake_generator)
     model = _tiny_model(data)
     audit = {"extraction": 20, "span_k": 5}
     drawn = []
