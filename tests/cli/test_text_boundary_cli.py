@@ -99,3 +99,39 @@ def test_the_group_bound_where_it_is_and_is_not_computed() -> None:
                          ({"relation": "replace-one"}, "add/remove")):  # fmt: skip
         g, lines = group_guarantee(_result(**kwargs), {"name": 3})
         assert g is not None and g["epsilon"] is None and says in lines[0], lines
+
+
+def _neighbour_file(path: Path, long_emails: bool) -> Path:
+    """60 records with distinct names and emails; the files differ only inside the email spans of records 0-4 (Ψ
+    is the same: a span is replaced whatever its length). The long ones would make those texts longer than
+    --max-len 64 if truncation were counted on the full text."""
+    lines = []
+    for i in range(60):
+        name = f"Vexmorin{i:02d} Talq"
+        email = f"kq{i:02d}.vault@mh.example"
+        if i < 5 and long_emails:
+            email = f"a.very.long.private.address.number{i}.of.someone@subdomain.mailhost.example"
+        text = f"T{i}: {name} at {email}."
+        spans = [{"start": text.index(name), "end": text.index(name) + len(name), "type": "name"},
+                 {"start": text.index(email), "end": text.index(email) + len(email), "type": "email"}]  # fmt: skip
+        lines.append(json.dumps({"text": text, "spans": spans}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_neighbours_with_the_same_psi_print_the_same_apart_from_the_model(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """An attacker who reads everything `train --task text --json` prints (and its text output) learns nothing
+    about one record's span beyond Ψ: two files that differ only inside one private span give identical output,
+    apart from what the model computes (held-out perplexities, covered or labelled as not covered) and timing."""
+    outs = []
+    for i in range(2):
+        path = _neighbour_file(tmp_path / f"n{i}.jsonl", long_emails=bool(i))
+        argv = ["train", "--task", "text", "--data", str(path), "--spans", "name,email", "--detect", "email",
+                "--method", "fdp", "--epsilon", "3", "--epochs", "1", "--max-len", "64", "--json"]  # fmt: skip
+        summary = _train(capsys, argv)
+        for key in ("perplexity", "public_perplexity", "train_wall_s"):
+            summary.pop(key)
+        summary["data"] = summary["data"].replace(f"n{i}.jsonl", "N.jsonl")
+        outs.append(summary)
+    assert outs[0] == outs[1]
