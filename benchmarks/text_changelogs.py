@@ -77,6 +77,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fresh", action="store_true", help="delete --out's compare cells first (so every model is "
                    "trained here and probed)")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=70)
+    p.add_argument("--render-only", action="store_true", help="rewrite changelogs.md from --out's changelogs.json")
     p.add_argument("--file-order", action="store_true", help="train on the corpus in file order (packages "
                    "alphabetically, entries newest first); default: a copy shuffled with the public seed 0, so that "
                    "--text-train-size's first N texts are a uniform sample rather than the first packages")
@@ -188,12 +189,12 @@ def render(corpus_path: Path, stats: dict[str, Any], summary: dict[str, Any], pr
              f"annotated); sha256 `{stats.get('sha256', '?')}`.",
              f"* Compare data: {summary['meta']['source']}. Private: {summary['meta']['disclosure']}.",
              f"* Command: `{command}` ({wall / 60:.1f} min).", "",
-             "| method | ε | ε spent | perplexity ↓ | extraction train / held-out | span inference (prior) | "
-             "`Author:` names matched | emails matched | name+email pairs | group sizes of matches | matched only "
-             "via private spans |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| method | ε | ε spent | replacement ε | record ε | perplexity ↓ | extraction train / held-out | span "
+             "inference (prior) | `Author:` names matched | emails matched | name+email pairs | group sizes of "
+             "matches | matched only via private spans |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
-        eps = r["epsilon"]
-        key = f"{r['method']}@{eps}"
+        eps, backstop = r["epsilon"], r.get("backstop")
+        key = f"{r['method']}@{eps}" + ("" if backstop is None else f"+E{backstop:g}")
         p = probes.get(key)
         ex = r["extraction"]
         si = r.get("span_inference") or {}
@@ -205,7 +206,10 @@ def render(corpus_path: Path, stats: dict[str, Any], summary: dict[str, Any], pr
             probe_cells = [f"{len(p['names_matched'])} of {p['prompts']}", str(len(p["emails_matched"])),
                            str(len(p["pairs_matched"])), ", ".join(map(str, p["group_sizes"])) or "—",
                            ", ".join(p["matched_only_in_private_spans"]) or "—"]  # fmt: skip
-        lines.append(f"| {LABELS.get(r['method'], r['method'])} | {'—' if eps is None else f'{eps:g}'} | {spent} | "
+        label = LABELS.get(r["method"], r["method"]) + ("" if backstop is None else f" + backstop E={backstop:g}")
+        extra = " | ".join("—" if r.get(k) is None else f"{r[k]:.3f}"
+                           for k in ("replacement_epsilon_spent", "record_epsilon"))  # fmt: skip
+        lines.append(f"| {label} | {'—' if eps is None else f'{eps:g}'} | {spent} | {extra} | "
                      f"{r['perplexity']:.2f} | {100 * (ex['rate'] or 0):.1f}% / {100 * (ex['heldout_rate'] or 0):.1f}%"
                      f" | {acc} | " + " | ".join(probe_cells) + " |")  # fmt: skip
     lines += ["", "Perplexity: held-out full texts. Extraction and span inference: compare's audits of the annotated "
@@ -227,6 +231,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
     out = Path(args.out)
+    if args.render_only:
+        saved = json.loads((out / "changelogs.json").read_text())
+        summary = json.loads((out / "compare" / "results.json").read_text())
+        corpus_info = dict(saved["corpus"])
+        text = render(Path(corpus_info.pop("path")), corpus_info, summary, saved["probes"], saved["command"],
+                      saved["wall_s"])  # fmt: skip
+        atomic_write_text(out / "changelogs.md", text)
+        print(text)
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     data_path, stats = corpus(args)
     print(f"corpus {data_path}: {stats['records']:,} records, {stats['authors']:,} authors, largest "
