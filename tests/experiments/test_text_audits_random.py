@@ -176,6 +176,8 @@ def test_the_exposure_audit_without_power_is_marked(nonprivate_100: float, no_po
     fdp_line = next(line for line in md.splitlines() if line.startswith("| FDP"))
     assert ("(no power)" in fdp_line) is no_power
     assert "perplexity ↓ (not covered by ε)" in md
+    table = [line for line in md.splitlines() if line.startswith("|")]
+    assert len({line.count("|") for line in table}) == 1  # header, separator and rows: one column count
 
 
 def test_a_gap_at_one_repeat_gives_no_power() -> None:

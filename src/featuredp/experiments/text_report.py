@@ -42,13 +42,13 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
         f"* Model: {meta['model'].get('kind')} (d = {meta['model'].get('d_model')}, {meta['model'].get('n_layers')} "
         f"layers, vocabulary {meta['model'].get('vocab_size')}, {meta['model'].get('max_len')} tokens); "
         f"δ = {meta['delta']:g}.",
-        f"* Held-out texts: {(meta.get('heldout') or {}).get('note', 'see the data line')}.",
+        f"* {_capitalised((meta.get('heldout') or {}).get('note', 'held-out texts: see the data line'))}.",
         f"* Command: `{meta['command']}`",
         "",
         f"| method | ε | ε spent | replacement ε | record ε | perplexity ↓{uncovered} | exposure 10× (bits) "
         "| exposure 100× "
         "| extraction train / held-out | span inference (prior, bound) | control: 100× canary extracted / inferred |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         label = METHODS[r["method"]].label if r["method"] in METHODS else r["method"]
@@ -140,3 +140,8 @@ def text_privacy_plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike
     atomic_save_png(fig, path)
     plt.close(fig)
     return drawn
+
+
+def _capitalised(text: str) -> str:
+    """``text`` with its first letter in upper case (a note that starts a bullet)."""
+    return text[:1].upper() + text[1:]
