@@ -73,15 +73,14 @@ from featuredp.accounting import (
     sampler_tail_delta,
     sampler_tail_mass,
 )
-from featuredp.batches import as_batch, evaluate, forward, gather, resolve_device, to_device
+from featuredp.batches import as_batch, evaluate, gather, resolve_device, to_device
 from featuredp.clipping import GradientStrategy, check_no_batch_mixing, get_strategy, trainable_parameters
-from featuredp.clipping.base import AutocastLoss, LossFn, check_precision
+from featuredp.clipping.base import check_precision
 from featuredp.config import PerformanceConfig, PrivacyConfig, ScheduleConfig, split_settings
 from featuredp.data.tabular import warn_record_level_statistics
 from featuredp.distributed import (
     DistContext,
     agree_across_ranks,
-    all_reduce_sum,
     broadcast_parameters,
     context,
     exact_float32,
@@ -95,6 +94,7 @@ from featuredp.noise import SecureNoise, TorchNoise
 from featuredp.plan import PrivacyPlan, TrainResult, inf_to_str
 from featuredp.run_state import ModelRuns, RunState, data_fingerprint, open_ledger, reserve, settle
 from featuredp.sampling import make_streams, random_seed_from, warn_private_seed
+from featuredp.step import StepCore, noised_coordinates, plain_cross_entropy
 from featuredp.testing import replay_step
 
 __all__ = [
@@ -229,7 +229,9 @@ class Trainer:
         self.plan: PrivacyPlan | None = None
         self.result: TrainResult | None = None
         self._state: RunState | None = None
-        self._nonfinite = [0, 0]  # records zeroed for a non-finite gradient, private steps with any (stderr only)
+        # The step's arithmetic, shared with PrivacyEngine's optimizer (featuredp.step): one engine, two loops.
+        self._core = StepCore(self.model, self.strategy, precision=self.performance.precision, device=self.device,
+                              dist=self.dist)  # fmt: skip
 
     def __getattr__(self, name: str) -> Any:
         """Read a setting by its flat name (``trainer.lr``, ``trainer.noise_multiplier``), as before the configs."""
@@ -422,7 +424,7 @@ class Trainer:
             assert delta is not None  # checked in __init__
             most = steps if budget is None else min(steps, budget)
             eps = p_cfg.target_epsilon if p_cfg.target_epsilon is not None else plan.epsilon(most)
-            check_sampler_tail(eps, delta, most, _noised_coordinates(self.model), noise_multiplier=sigma,
+            check_sampler_tail(eps, delta, most, noised_coordinates(self.model), noise_multiplier=sigma,
                                tail_mass_per_pair=(SecureNoise if p_cfg.secure_rng else TorchNoise).tail_mass_per_pair)
         return plan
 
@@ -714,7 +716,7 @@ class Trainer:
             # Correlated noise too (BandMF, BLT): the mechanism releases C x + z, and z comes from the same source,
             # the same number of fresh normals per step (dim), so the count and the per-pair mass are the same.
             noised = state.private_steps if plan.noise_multiplier else 0  # σ = 0 draws no noise
-            dim, mass = _noised_coordinates(self.model), state.noise.tail_mass_per_pair
+            dim, mass = noised_coordinates(self.model), state.noise.tail_mass_per_pair
             extra = sampler_tail_delta(eps, noised, dim, mass)
             report["noise_sampler"] = {
                 "transform": state.noise.description,
@@ -769,7 +771,7 @@ class Trainer:
             "backstop): every pre-training, public and private step is a Poisson-subsampled Gaussian, composed")
         assert plan.delta is not None and record_eps is not None
         noised = (state.private_steps if plan.noise_multiplier else 0) + pre + pub
-        dim, mass = _noised_coordinates(self.model), state.noise.tail_mass_per_pair
+        dim, mass = noised_coordinates(self.model), state.noise.tail_mass_per_pair
         report["record_level"] = {
             "record_epsilon": inf_to_str(record_eps),
             "target": plan.record_target_epsilon,
@@ -849,6 +851,7 @@ class Trainer:
         shown: dict[str, float] = {}
         plan = state.plan
         record = get_method(plan.method)
+        core = self._core
         if pre or record.public_steps:
             if split is None:
                 raise ValueError(f"method {plan.method!r} needs a public feature map")
@@ -856,37 +859,26 @@ class Trainer:
                 grads = self._record_gradient(state, split, data, pre=pre)
             else:
                 b = gather(data, state.public_shuffler.sample())
-                losses = self._amp(split.public_loss)(self.model, b, split.draws(b, state.public_draws))
                 total = plan.pretrain_batch if pre else self._public_total(plan)
-                grads, shown["public_loss"] = self._mean_gradient(losses, total, params)
+                grads, shown["public_loss"] = core.public_gradient(state, split, b, total)
             opt = state.pretrain_optimizer if pre else state.optimizer
         elif not record.private:
             b = gather(data, state.shuffler.sample())
             if split is not None:
-                losses = self._amp(split.loss)(self.model, b, split.draws(b, state.private_draws))
+                losses = core.amp(split.loss)(self.model, b, split.draws(b, state.private_draws))
             else:
-                losses = self._amp(_plain_cross_entropy)(self.model, b, {})
+                losses = core.amp(plain_cross_entropy)(self.model, b, {})
             total = min(plan.dataset_size, max(1, round(plan.expected_batch_size)))
-            grads, shown["loss"] = self._mean_gradient(losses, total, params)
+            grads, shown["loss"] = core.mean_gradient(losses, total)
             opt = state.optimizer
         else:
             grads = self._private_gradient(state, split, data, record)
-            if record.public_batch and plan.public_weight == 0:
-                # w = 0: no public batch is drawn or computed, so with α = 1 the run is fdp_dpsgd's, bit for bit.
-                grads = {k: plan.alpha * grads[k] for k in params}
-            elif record.public_batch:
+            public = None
+            if record.public_batch and plan.public_weight != 0:
                 if split is None:
                     raise ValueError(f"method {plan.method!r} needs a public feature map")
-                # Independent public batch: its own sampler stream and its own draws generator. It reads Ψ(S)
-                # only, so w scales a public quantity and no privacy event depends on it.
-                if plan.record_noise_multiplier is not None:  # the backstop: a record-level DP public batch
-                    gp = self._record_gradient(state, split, data, pre=False)
-                else:
-                    bp = gather(data, state.public_sampler.sample())
-                    lp = self._amp(split.public_loss)(self.model, bp, split.draws(bp, state.public_draws))
-                    gp, shown["public_loss"] = self._mean_gradient(lp, self._public_total(plan), params)
-                w = plan.public_weight
-                grads = {k: (gp[k] if w == 1 else w * gp[k]) + plan.alpha * grads[k] for k in params}
+                public = self._public_batch_gradient(state, split, data, shown)
+            grads = core.combine(plan, grads, public) if record.public_batch else grads
             opt = state.optimizer
         for k, p in params.items():
             p.grad = grads[k].detach().to(p.dtype)
@@ -902,92 +894,41 @@ class Trainer:
             state.averager.update(params, state.step - plan.pretrain_steps + 1)
         return shown
 
+    def _public_batch_gradient(self, state: RunState, split: LossSplit, data: Batch, shown: dict[str, float]
+                               ) -> Callable[[], dict[str, torch.Tensor]]:  # fmt: skip
+        """Algorithm 1's independent public batch, as a closure: its own sampler stream and its own draws
+        generator. It reads Ψ(S) only, so w scales a public quantity and no privacy event depends on it."""
+
+        def gradient() -> dict[str, torch.Tensor]:
+            if state.plan.record_noise_multiplier is not None:  # the backstop: a record-level DP public batch
+                return self._record_gradient(state, split, data, pre=False)
+            bp = gather(data, state.public_sampler.sample())
+            gp, shown["public_loss"] = self._core.public_gradient(state, split, bp, self._public_total(state.plan))
+            return gp
+
+        return gradient
+
     def _private_gradient(
         self, state: RunState, split: LossSplit | None, data: Batch, record: Method
     ) -> dict[str, torch.Tensor]:
         """(Σ_{i∈B} clip_C ∇ℓ_x(θ; x_i) + N(0, σ²C²)) / m for a Poisson batch B (ℓ_x = the method's clipped loss)."""
-        plan = state.plan
-        b = gather(data, state.private_sampler.sample())
-        loss_fn: Callable[[nn.Module, Batch, Batch], torch.Tensor]
-        if split is not None:
-            d = split.draws(b, state.private_draws)
-            loss_fn = _clipped_loss(split, record, plan.public_weight)
-        else:
-            d = {}
-            loss_fn = _plain_cross_entropy
-        if plan.noise_multiplier is None or plan.max_grad_norm is None:
-            raise ValueError(f"method {plan.method!r} has no noise multiplier in its plan")
-        sums, norms = self.strategy.clipped_sum(self.model, self._amp(loss_fn), b, d, plan.max_grad_norm)
-        self._tell_nonfinite(int((~torch.isfinite(norms)).sum()))
-        std = 0.0 if plan.noise_multiplier == 0 else plan.noise_multiplier * plan.max_grad_norm
-        if self.dist is None:
-            noisy = state.noise.add(sums, std)  # new tensors: safe to scale in place
-        else:
-            # Noise of total std σC exactly once: rank 0 adds it to its own clipped sum before the
-            # all-reduce, so every rank ends with the same noisy total (and no rank adds its own).
-            noisy = all_reduce_sum(state.noise.add(sums, std) if self.dist.is_main else sums)
-        # Divide by the EXPECTED batch size m = p·n (global); the realised batch size is private.
-        return {k: v.div_(plan.expected_batch_size) for k, v in noisy.items()}
+        return self._core.private_gradient(state, split, gather(data, state.private_sampler.sample()), record)
 
     def _record_gradient(self, state: RunState, split: LossSplit, data: Batch, *, pre: bool) -> dict[str, torch.Tensor]:
         """The backstop's public step: (Σ_{i∈B'} clip_C ∇ℓ_pub(θ; x_i) + N(0, σ_pub²C²)) / (q'·n) on a Poisson batch
         B' at rate q' (m'/n, or m_pre/n in pre-training) drawn from the secret ``record_sampling`` stream.
 
         It shows no public loss: the batch's members are secret now, and its mean loss is not noised."""
-        plan = state.plan
         sampler = state.record_pretrain_sampler if pre else state.record_sampler
-        if sampler is None or plan.record_noise_multiplier is None or plan.max_grad_norm is None:
-            raise ValueError("the record-level backstop needs its sampler, σ_pub and C in the plan")
-        b = gather(data, sampler.sample())
-        d = split.draws(b, state.public_draws)
-        sums, norms = self.strategy.clipped_sum(self.model, self._amp(split.public_loss), b, d, plan.max_grad_norm)
-        self._tell_nonfinite(int((~torch.isfinite(norms)).sum()))
-        noisy = state.noise.add(sums, plan.record_noise_multiplier * plan.max_grad_norm)
-        # Divide by the EXPECTED batch size q'·n; the realised size is secret like the private batch's.
-        return {k: v.div_(sampler.expected_batch_size) for k, v in noisy.items()}
+        if sampler is None:
+            raise ValueError("the record-level backstop needs its sampler in the run state")
+        return self._core.record_gradient(state, split, gather(data, sampler.sample()), sampler.expected_batch_size)
 
     def _tell_nonfinite(self, records: int | None) -> None:
-        """Tell the analyst (stderr only) about records whose gradient was not finite and contributed zero.
-
-        The first such step is told at once, the total at the end of ``fit`` (``records=None``). Which or how
-        many records were zeroed is private: it goes nowhere else (not run.json, the history or the bar).
-        """
-        seen = self._nonfinite
-        if records is None:
-            if seen[0]:
-                print(f"featuredp: {seen[0]} record(s) in {seen[1]} private step(s) had a non-finite gradient and "
-                      "contributed zero (this count is private: it is shown here only)", file=sys.stderr)  # fmt: skip
-                seen[0] = seen[1] = 0
-            return
-        if records:
-            if not seen[0]:
-                print(f"featuredp: {records} record(s) of a private batch had a non-finite gradient (NaN or inf in "
-                      "the data or an overflow) and contributed zero; check the data for NaN/inf", file=sys.stderr)
-            seen[0] += records
-            seen[1] += 1
-
-    def _amp(self, loss_fn: LossFn) -> LossFn:
-        """``loss_fn`` under bfloat16 autocast when ``precision="bf16"`` (the strategies keep norms in float32)."""
-        if self.performance.precision == "bf16":
-            return AutocastLoss(loss_fn, self.device.type)
-        return loss_fn
+        self._core.tell_nonfinite(records)
 
     def _public_total(self, plan: PrivacyPlan) -> int:
         return plan.public_batch_size or max(1, round(plan.expected_batch_size))
-
-    def _mean_gradient(
-        self, losses: torch.Tensor, total: int, params: dict[str, torch.Tensor]
-    ) -> tuple[dict[str, torch.Tensor], float]:
-        """∇ of the mean loss over the batch, and that mean. In a data-parallel run each rank holds a share
-        of the batch (``total`` records in all): the shares' sums are added up over the ranks."""
-        if self.dist is None:
-            loss = losses.mean()
-            return dict(zip(params, torch.autograd.grad(loss, list(params.values())))), float(loss.detach())
-        loss = losses.sum() / total
-        grads = dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
-        reduced = all_reduce_sum({**grads, "\0loss": loss.detach().reshape(1)})  # one collective for both
-        shown = float(reduced.pop("\0loss"))
-        return reduced, shown
 
 
 def _config(cls: Any, kind: str, given: Any, flat: dict[str, dict[str, Any]]) -> Any:
@@ -1002,49 +943,10 @@ def _config(cls: Any, kind: str, given: Any, flat: dict[str, dict[str, Any]]) ->
     return cls(**keys)
 
 
-def _clipped_loss(split: LossSplit, record: Method, weight: float) -> LossFn:
-    """The per-example loss whose gradient is clipped: ℓ, or for Algorithm 1 ℓ − w·ℓ_pub.
-
-    Whatever w, the strategy clips each example's whole gradient to C, so the sensitivity of the sum,
-    and with it the accounting, does not depend on w; ℓ_pub here reads the private batch's own records
-    and lies inside the clipped quantity.
-    """
-    if record.clipped_loss != "private_loss":
-        return split.loss
-    if weight == 1:
-        return split.private_loss  # the published algorithm, with its numerics unchanged
-    if weight == 0:
-        return split.loss  # ℓ itself, not ℓ − 0·ℓ_pub: no public forward, and fdp_dpsgd's numerics
-    return _WeightedPrivateLoss(split, weight)
-
-
-class _WeightedPrivateLoss:
-    """ℓ − w·ℓ_pub per example, with the same model and draws for both terms (as ``LossSplit.private_loss``)."""
-
-    def __init__(self, split: LossSplit, weight: float) -> None:
-        self.split = split
-        self.weight = weight
-
-    def __call__(self, model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
-        return self.split.loss(model, batch, draws) - self.weight * self.split.public_loss(model, batch, draws)
-
-    def __repr__(self) -> str:
-        return f"ℓ − {self.weight:g}·ℓ_pub of {type(self.split).__name__}"
-
-
-def _noised_coordinates(model: nn.Module) -> int:
-    """The coordinates the private sum has, each noised once per private step: the trainable parameters'."""
-    return sum(int(p.numel()) for p in trainable_parameters(model).values())
-
-
 def _model_device(model: nn.Module) -> torch.device:
     for t in (*model.parameters(), *model.buffers()):
         return t.device
     return torch.device("cpu")
-
-
-def _plain_cross_entropy(model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
-    return nn.functional.cross_entropy(forward(model, batch), batch["y"], reduction="none")
 
 
 @torch.no_grad()
