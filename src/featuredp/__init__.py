@@ -32,6 +32,7 @@ __version__ = "0.1.0"
 # Name -> module for the lazily loaded API: these pull in torch, which ``import featuredp`` must not.
 _LAZY = {
     "Trainer": "featuredp.engine",
+    "PrivacyEngine": "featuredp.privacy_engine",
     "PrivacyConfig": "featuredp.config",
     "ScheduleConfig": "featuredp.config",
     "PerformanceConfig": "featuredp.config",
@@ -75,6 +76,7 @@ __all__ = [
     "PerformanceConfig",
     "Pixelate",
     "PrivacyConfig",
+    "PrivacyEngine",
     "PrivacyLeakWarning",
     "PrivacyPlan",
     "PrivacyRiskWarning",

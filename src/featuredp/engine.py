@@ -589,6 +589,17 @@ class Trainer:
                     "new Trainer and count both runs' spends together (ledger=)"
                 )
             return state, self.loss_split
+        state, split = self._start_run(data, data_print, n, shard=shard, stacklevel=5)
+        saved = None if resume_from is None else self._load_rank_checkpoint(resume_from)
+        if saved is not None:
+            state.load_state_dict(saved, self.model)
+        return state, split
+
+    def _start_run(self, data: Any, data_print: str, n: int, *, shard: int | None = None, stacklevel: int = 4
+                   ) -> tuple[RunState, LossSplit | None]:  # fmt: skip
+        """A new run on ``n`` records: Ψ bound to ``data`` (a TabularDataset, or a dict that binds nothing), the
+        plan, the model's checks and a fresh :class:`RunState` (secret streams, samplers, noise source). The
+        Trainer's loop and :class:`featuredp.privacy_engine.PrivacyEngine` both start here."""
         split = self._resolve_split(data)
         if self.schedule.pretrain_epochs and isinstance(split, LabelDPSplit):
             warnings.warn(
@@ -603,18 +614,15 @@ class Trainer:
             check_no_batch_mixing(self.model)
         record = get_method(plan.method)
         if record.private and not record.needs_feature_map:  # record-level DP (dpsgd)
-            warn_record_level_statistics(data, "dpsgd", stacklevel=4)
+            warn_record_level_statistics(data, "dpsgd", stacklevel=stacklevel)
         elif plan.record_noise_multiplier is not None:  # the backstop's record-level guarantee excludes them too
-            warn_record_level_statistics(data, "the record-level backstop (record_epsilon)", stacklevel=4)
+            warn_record_level_statistics(data, "the record-level backstop (record_epsilon)", stacklevel=stacklevel)
         rank, world = (0, 1) if self.dist is None else (self.dist.rank, self.dist.world_size)
         state = RunState.start(
             plan, {"data": data_print, "psi": self._psi_fingerprint(split)},
             params=list(trainable_parameters(self.model).values()), privacy=self.privacy, schedule=self.schedule,
             device=self.device, rank=rank, world_size=world, shard_size=shard,
         )  # fmt: skip
-        saved = None if resume_from is None else self._load_rank_checkpoint(resume_from)
-        if saved is not None:
-            state.load_state_dict(saved, self.model)
         self._state = state
         _MODEL_RUNS.warn_if_trained_before(self.model, state)
         return state, split

@@ -49,7 +49,7 @@ from featuredp.clipping import trainable_parameters
 from featuredp.distributed import all_reduce_sum
 from featuredp.methods import get_method
 
-__all__ = ["ReplayCheck", "ReplayReport", "replay_step", "replay_votes", "verdict"]
+__all__ = ["ReplayCheck", "ReplayReport", "replay_engine_step", "replay_step", "replay_votes", "verdict"]
 
 # Float32 sums of |B| terms of norm <= C, computed on batches of different sizes, differ by rounding of about
 # |B|·2⁻²⁴·C; the rest of the tolerance is far below a bfloat16 rounding of a clip factor (2⁻⁹ = 2e-3 relative).
@@ -209,8 +209,74 @@ def replay_step(trainer: Any, data: Any, *, record: int, batch: Sequence[int],
     return report
 
 
+def replay_engine_step(engine: Any, data: Any, *, record: int, batch: Sequence[int],
+                       swap_with: int | None = None) -> ReplayReport:  # fmt: skip
+    """:func:`replay_step` through a :class:`featuredp.privacy_engine.PrivacyEngine`'s own loop: the wrapped
+    model called on the batch, the wrapped criterion, ``loss.backward()`` and ``optimizer.step()``, with the
+    private sampler replaced by the given batch and every stream restored between the runs. ``data``: a dict of
+    batch-first tensors with ``"x"`` (the model's input) and ``"y"`` (the target), or a TabularDataset; for the
+    FDP methods the engine's public batch draws from it. Call it on an engine whose run has not stepped yet."""
+    trainer, state, split = engine._trainer, engine._state, engine._split
+    if state is None or state.private_steps:
+        raise ValueError("replay_engine_step needs an engine after make_private and before its first step")
+    if getattr(trainer.privacy, "record_epsilon", None) is not None:
+        raise ValueError("replay_engine_step does not cover the record-level backstop (record_epsilon) yet")
+    batch_all = to_device(as_batch(data), trainer.device)
+    n = int(next(iter(batch_all.values())).shape[0])
+    base = sorted({int(i) for i in batch})
+    record = int(record)
+    if not 0 <= record < n or record in base or any(not 0 <= i < n for i in base):
+        raise ValueError(f"record={record} must be an index of data (0..{n - 1}) outside batch")
+    method = get_method(trainer.method)
+    dist = trainer.dist
+    world = 1 if dist is None else dist.world_size
+    report = ReplayReport(method.name, trainer.strategy.name, trainer.performance.precision,
+                          bool(trainer.privacy.secure_rng), world, "passed")  # fmt: skip
+    model = trainer.model
+    params = trainable_parameters(model)
+    saved_model = copy.deepcopy(model.state_dict())
+    inner = engine._optimizer.original_optimizer
+    saved_optimizer = copy.deepcopy(inner.state_dict())
+    snapshot = copy.deepcopy(state.state_dict(model))
+    swapped: _Run | None = None
+    try:
+        swap = _swapped(trainer.feature_map, batch_all, record, swap_with)
+        runs: list[_Run] = []
+        draws = _Draws()
+
+        def one(data_now: Any) -> Callable[[], Any]:
+            return lambda: engine._replay_step(data_now)
+
+        for with_x in (True, False):
+            state.load_state_dict(copy.deepcopy(snapshot), model, rekey=False)
+            inner.load_state_dict(copy.deepcopy(saved_optimizer))
+            rows = [*base, record] if with_x else base
+            runs.insert(0, _observed_step(trainer, state, split, batch_all, params, rows, draws, with_x,
+                                          step=one(batch_all), optimizer=inner))  # fmt: skip
+        if swap is not None:
+            state.load_state_dict(copy.deepcopy(snapshot), model, rekey=False)
+            inner.load_state_dict(copy.deepcopy(saved_optimizer))
+            swapped = _observed_step(trainer, state, split, swap[0], params, [*base, record], draws, True,
+                                     reuse=True, step=one(swap[0]), optimizer=inner)  # fmt: skip
+    except _RefusedError as exc:
+        cause = exc.__cause__
+        report.outcome = "refused"
+        report.refusal = f"{type(cause).__name__}: {str(cause).splitlines()[0][:300]}"
+        return report
+    finally:
+        state.load_state_dict(copy.deepcopy(snapshot), model, rekey=True)  # the run goes on with fresh noise keys
+        model.load_state_dict(saved_model)
+        inner.load_state_dict(saved_optimizer)
+    report.checks = _compare(state.plan, method.public_batch, state.noise, runs[0], runs[1])
+    if swap is not None and swapped is not None:
+        report.checks.append(_swap_check(state.plan, runs[1], swapped, swap[1]))
+    report.outcome = "passed" if all(c.ok for c in report.checks) else "failed"
+    return report
+
+
 def _observed_step(trainer: Any, state: Any, split: Any, batch_all: Any, params: dict[str, torch.Tensor],
-                   rows: list[int], draws: _Draws, with_x: bool, *, reuse: bool = False) -> _Run:  # fmt: skip
+                   rows: list[int], draws: _Draws, with_x: bool, *, reuse: bool = False,
+                   step: Callable[[], Any] | None = None, optimizer: Any = None) -> _Run:  # fmt: skip
     """One step of the engine with the private batch ``rows`` (this rank's share of them, x last), observed.
 
     The loss split's per-record draws of the private batch are coupled by record, not by position: a
@@ -261,9 +327,12 @@ def _observed_step(trainer: Any, state: Any, split: Any, batch_all: Any, params:
     strategy.clipped_sum, noise.add = clipped, noisy
     if split is not None:
         split.draws = coupled
-    hook = state.optimizer.register_step_pre_hook(grads)
+    hook = (state.optimizer if optimizer is None else optimizer).register_step_pre_hook(grads)
     try:
-        trainer._step(state, split, batch_all, params, False)
+        if step is None:
+            trainer._step(state, split, batch_all, params, False)
+        else:  # the PrivacyEngine's loop: model(x), criterion, loss.backward(), optimizer.step()
+            step()
     finally:
         hook.remove()
         del sampler.sample, strategy.clipped_sum, noise.add  # the instances' own methods again
