@@ -327,6 +327,10 @@ class PrivacyEngine:
         self._steps_allowed = planned if (planned is not None and (correlated or state.plan.budget_steps)) else None
         if state.plan.budget_steps is not None:
             self._steps_allowed = min(self._steps_allowed or state.plan.budget_steps, state.plan.budget_steps)
+        if trainer.dist is not None:  # every rank must hold the same plan, settings and model shapes
+            from featuredp.distributed import agree_across_ranks
+
+            agree_across_ranks(trainer._rank_settings(state, split, None, n))
         self._reservation = reserve(trainer.ledger, state)
         self._finalizer = weakref.finalize(self, _settle, self._reservation, state)
         self._model, self._optimizer = DPModule(module, self), DPOptimizer(optimizer, self)
