@@ -81,7 +81,8 @@ def main(epochs: float = 3.0, seeds: int = 3) -> list[dict[str, Any]]:
             runs[arm].append(train(arm, train_set, test_set, epochs=epochs, seed=seed))
     rows = []
     print(f"Adult ({len(train_set.y)} records), MLP 64, σ = {SIGMA}, C = {CLIP}, expected batch {BATCH} (rate "
-          f"1/{-(-len(train_set.y) // BATCH)}), {runs[arms[-1]][0]['steps']} steps ({epochs:g} epochs), {seeds} seed(s)")
+          f"1/{-(-len(train_set.y) // BATCH)}), {runs[arms[-1]][0]['steps']} steps ({epochs:g} epochs), "
+          f"{seeds} seed(s)")
     print(f"{'arm':<16}{'epsilon':>9}{'accuracy':>10}{'± sd':>8}{'samples/s':>11}")
     for arm in arms:
         r = runs[arm]
