@@ -36,11 +36,9 @@ user's own code reads (``loss.item()``) is the private batch's: it is not covere
 
 from __future__ import annotations
 
-import copy
-import math
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,20 +47,30 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
 from featuredp._io import atomic_save_torch, load_torch_safely
 from featuredp._validate import check_choice
 from featuredp.batches import Batch, to_device
 from featuredp.clipping import trainable_parameters
 from featuredp.clipping.safety import ForwardStateGuard
-from featuredp.errors import BudgetExceededError, PrivacyLeakWarning
+from featuredp.dp_wrappers import (
+    DPCriterion,
+    DPLoss,
+    DPModule,
+    DPOptimizer,
+    PerExampleLoss,
+    private_loader,
+    unwrap,
+)
+from featuredp.errors import BudgetExceededError
 from featuredp.losses import LossSplit
 from featuredp.methods import get_method
 from featuredp.plan import PrivacyPlan, TrainResult
 from featuredp.run_state import RunState, reserve, settle
 from featuredp.step import clipped_loss
 
+# The wrappers live in featuredp.dp_wrappers; they are re-exported here, where users meet them.
 __all__ = ["DPCriterion", "DPLoss", "DPModule", "DPOptimizer", "PlanAccountant", "PrivacyEngine"]
 
 GRAD_SAMPLE_MODES = ("ghost", "vmap")
@@ -228,7 +236,7 @@ class PrivacyEngine:
         inner = optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
         atomic_save_torch(path, {
             "featuredp_privacy_engine": 1,
-            "state": state.state_dict(_unwrap(module)),
+            "state": state.state_dict(unwrap(module)),
             "optimizer": None if inner is None else inner.state_dict(),
             "extra": checkpoint_dict or {},
         }, private=True)  # fmt: skip
@@ -241,7 +249,7 @@ class PrivacyEngine:
         ck = load_torch_safely(path, what="checkpoint")
         if not isinstance(ck, dict) or "featuredp_privacy_engine" not in ck:
             raise ValueError(f"{path} is not a checkpoint written by PrivacyEngine.save_checkpoint")
-        state.load_state_dict(ck["state"], _unwrap(module))
+        state.load_state_dict(ck["state"], unwrap(module))
         inner = optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
         if inner is not None and ck.get("optimizer") is not None:
             inner.load_state_dict(ck["optimizer"])
@@ -335,7 +343,7 @@ class PrivacyEngine:
         self._finalizer = weakref.finalize(self, _settle, self._reservation, state)
         self._model, self._optimizer = DPModule(module, self), DPOptimizer(optimizer, self)
         self._criterion = DPCriterion(criterion, self)
-        return self._model, self._optimizer, self._criterion, _private_loader(data_loader, state, batches)
+        return self._model, self._optimizer, self._criterion, private_loader(data_loader, state, batches)
 
     def _require_state(self) -> RunState:
         if self._state is None:
@@ -395,7 +403,7 @@ class PrivacyEngine:
         tensors.update({f"kw:{k}": v for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
         constants = ({k: v for k, v in zip(keys, args, strict=True) if not isinstance(v, torch.Tensor)},
                      {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)})  # fmt: skip
-        return {**tensors, "y": target}, _PerExampleLoss(loss.criterion, loss.transform, len(args), constants, tail)
+        return {**tensors, "y": target}, PerExampleLoss(loss.criterion, loss.transform, len(args), constants, tail)
 
     def _step(self, inner: torch.optim.Optimizer, closure: Any = None) -> Any:
         """Noise, Algorithm 1's public term, the count, then the user's optimizer step."""
@@ -462,250 +470,6 @@ class PrivacyEngine:
         return {"x": x, "y": y}
 
 
-class DPModule(nn.Module):
-    """The user's model, private: a call records its inputs for the engine and returns the output without a graph.
-
-    ``_module`` is the original model; its parameters are the ones trained.
-    """
-
-    _engine: PrivacyEngine
-
-    def __init__(self, module: nn.Module, engine: PrivacyEngine) -> None:
-        super().__init__()
-        self._module = module
-        object.__setattr__(self, "_engine", engine)  # not a submodule: never in state_dict()
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """The model's output on the batch (no graph: the gradient is the engine's, at ``loss.backward()``)."""
-        module: nn.Module = self._module
-        return self._engine._forward(module, args, kwargs)
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        """The original model's state dict (keys without a wrapper prefix)."""
-        return self._module.state_dict(*args, **kwargs)
-
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        """Load into the original model."""
-        return self._module.load_state_dict(*args, **kwargs)
-
-
-class DPCriterion:
-    """The user's criterion, private: returns a :class:`DPLoss` whose ``backward()`` is the engine's clipped sum."""
-
-    def __init__(self, criterion: Any, engine: PrivacyEngine) -> None:
-        if not hasattr(criterion, "reduction"):
-            raise TypeError(f"criterion must be a torch.nn loss module with a reduction (e.g. nn.CrossEntropyLoss()), "
-                            f"got {type(criterion).__name__}")  # fmt: skip
-        self.criterion = criterion
-        self._engine = engine
-
-    def __call__(self, output: Any, target: torch.Tensor) -> DPLoss:
-        """The loss of ``output`` (the private model's output, or a reshape of it) against ``target``."""
-        engine = self._engine
-        seen = engine._output
-        transform = _transform(output, seen)
-        with torch.no_grad():
-            value = self.criterion(output, target)
-        loss = DPLoss(value, engine, self.criterion, transform, engine._inputs, target)
-        engine._inputs, engine._output = None, None  # one loss per forward
-        return loss
-
-
-class DPLoss:
-    """A private batch's loss: ``backward()`` computes the clipped per-example gradient sum (not ``.grad`` of
-    this value). Reading the value (``item()``) reads the private batch: not covered by ε (warned once)."""
-
-    _warned = False
-
-    def __init__(self, value: torch.Tensor, engine: PrivacyEngine, criterion: Any, transform: Callable[[Any], Any],
-                 inputs: Any, target: torch.Tensor) -> None:  # fmt: skip
-        self.value = value
-        self._engine = engine
-        self.criterion = criterion
-        self.transform = transform
-        self.inputs = inputs
-        self.target = target
-
-    def backward(self, *args: Any, **kwargs: Any) -> None:
-        """Σ_i clip_C ∇ℓ_i over the batch, kept by the engine for ``optimizer.step()``."""
-        self._engine._backward(self)
-
-    def item(self) -> float:
-        """The batch's mean loss (the private batch's: not covered by ε)."""
-        if not DPLoss._warned:
-            DPLoss._warned = True
-            warnings.warn("loss.item() reads the loss of a private batch, which the guarantee does not cover: keep "
-                          "it out of anything you publish (the engine's public_loss is covered)",
-                          PrivacyLeakWarning, stacklevel=2)  # fmt: skip
-        return float(self.value)
-
-    def __float__(self) -> float:
-        return self.item()
-
-    def detach(self) -> torch.Tensor:
-        """The value, as a tensor without a graph."""
-        return self.value.detach()
-
-
-class DPOptimizer(torch.optim.Optimizer):
-    """The user's optimizer, private: ``step()`` adds the noise, divides by the expected batch size, adds the
-    public term, counts the step and applies the original optimizer. Exposes Opacus's ``noise_multiplier``,
-    ``max_grad_norm``, ``expected_batch_size`` and ``original_optimizer``."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, engine: PrivacyEngine) -> None:
-        # Not Optimizer.__init__: this object shares the original's param_groups and state.
-        self.original_optimizer = optimizer
-        self._engine = engine
-        plan = engine.plan
-        self.noise_multiplier = float(plan.noise_multiplier or 0.0)
-        self.max_grad_norm = float(plan.max_grad_norm or math.inf)
-        self.expected_batch_size = plan.expected_batch_size
-        self.defaults = optimizer.defaults
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        """The original optimizer's parameter groups (a learning-rate scheduler may edit them)."""
-        return self.original_optimizer.param_groups
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        """The original optimizer's state."""
-        return self.original_optimizer.state
-
-    def step(self, closure: Any = None) -> Any:
-        """One private step on the batch of the last ``loss.backward()``."""
-        return self._engine._step(self.original_optimizer, closure)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the gradients (the engine's pending sum is kept until ``step``)."""
-        self.original_optimizer.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The original optimizer's state dict."""
-        return self.original_optimizer.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load into the original optimizer."""
-        self.original_optimizer.load_state_dict(state_dict)
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Refused: the run's noise covers the parameters it was planned with."""
-        raise ValueError("add_param_group after make_private: the noise is planned for the original parameters")
-
-    def __repr__(self) -> str:
-        return f"DPOptimizer({self.original_optimizer!r}, σ={self.noise_multiplier:g}, C={self.max_grad_norm:g})"
-
-
-class _PerExampleLoss:
-    """ℓ_i of the user's criterion for each example: the model called as the user called it, the output reshaped
-    as the user reshaped it, the criterion at reduction ``"none"`` and each example's elements reduced alone."""
-
-    def __init__(self, criterion: Any, transform: Callable[[Any], Any], nargs: int,
-                 constants: tuple[dict[str, Any], dict[str, Any]], tail: tuple[int, ...]) -> None:  # fmt: skip
-        self.criterion = copy.copy(criterion)
-        self.tail = tail  # the target's shape after the first dimension, as the user passed it
-        self.mean = criterion.reduction == "mean"
-        self.criterion.reduction = "none"
-        self.transform = transform
-        self.nargs = nargs
-        self.constants = constants
-        self.ignore = getattr(criterion, "ignore_index", None)
-
-    def __call__(self, model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
-        args = [batch[f"arg{i}"] if f"arg{i}" in batch else self.constants[0][f"arg{i}"] for i in range(self.nargs)]
-        kwargs = {k[3:]: v for k, v in batch.items() if k.startswith("kw:")} | self.constants[1]
-        y = batch["y"]
-        size = int(y.shape[0])
-        per = self.criterion(self.transform(model(*args, **kwargs)), y.reshape(-1, *self.tail)).reshape(size, -1)
-        if not self.mean:
-            return per.sum(1)
-        if self.ignore is not None:  # a mean over each example's own counted elements
-            counted = (y.reshape(size, -1) != self.ignore).sum(1).clamp(min=1)
-            return per.sum(1) / counted
-        return per.mean(1)
-
-
-def _identity(out: Any) -> Any:
-    return out
-
-
-def _transform(output: Any, seen: Any) -> Callable[[Any], Any]:
-    """How the user turned the model's output into the criterion's input: itself, its ``logits``, or a reshape
-    (``logits.view(-1, V)``). Anything else is refused: the engine must be able to recompute it per example."""
-    if seen is None:
-        raise RuntimeError("the criterion was called without a fresh output of the private model: call "
-                           "criterion(model(x), y) with the model make_private returned")  # fmt: skip
-    if output is seen:
-        return _identity
-    base = getattr(seen, "logits", None)
-    source: Callable[[Any], Any] = _identity
-    if base is not None and isinstance(base, torch.Tensor):
-        source = _logits
-    else:
-        base = seen
-    if output is base:
-        return source
-    if isinstance(output, torch.Tensor) and isinstance(base, torch.Tensor) and output.numel() == base.numel() and (
-            output.data_ptr() == base.data_ptr()):  # fmt: skip
-        tail = tuple(output.shape[1:])
-        return _Reshape(source, tail)
-    raise TypeError("the criterion must get the private model's output, its .logits, or a reshape of either "
-                    "(e.g. logits.view(-1, V)); compute anything else (a shift, a slice) inside the criterion")
-
-
-def _logits(out: Any) -> Any:
-    return out.logits
-
-
-class _Reshape:
-    def __init__(self, source: Callable[[Any], Any], tail: tuple[int, ...]) -> None:
-        self.source, self.tail = source, tail
-
-    def __call__(self, out: Any) -> Any:
-        return self.source(out).reshape(-1, *self.tail)
-
-
-class _PlanSampler(Sampler[list[int]]):
-    """Batches from the run's secret sampler (Poisson at rate q, or BandMF/BLT's cyclic one), ``batches`` per
-    epoch as the original loader had."""
-
-    def __init__(self, state: RunState, batches: int) -> None:
-        self.state, self.batches = state, batches
-
-    def __len__(self) -> int:
-        return self.batches
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for _ in range(self.batches):
-            yield [int(i) for i in self.state.private_sampler.sample()]
-
-
-def _private_loader(loader: DataLoader, state: RunState, batches: int) -> DataLoader:
-    """The user's loader with its batches drawn by the run's sampler; an empty batch keeps the records' shape."""
-    dataset = loader.dataset
-    collate = loader.collate_fn
-
-    def collate_or_empty(items: list[Any]) -> Any:
-        if items:
-            return collate(items)
-        # The shape of one record is public (the schema); its values are not used.
-        one = collate([dataset[0]])
-        return _empty_like(one)
-
-    return DataLoader(dataset, batch_sampler=_PlanSampler(state, batches), collate_fn=collate_or_empty,
-                      num_workers=loader.num_workers, pin_memory=loader.pin_memory)  # fmt: skip
-
-
-def _empty_like(batch: Any) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch[:0]
-    if isinstance(batch, dict):
-        return {k: _empty_like(v) for k, v in batch.items()}
-    if isinstance(batch, list | tuple):
-        return type(batch)(_empty_like(v) for v in batch)
-    return batch
-
-
 def _check_opacus_options(options: dict[str, Any]) -> None:
     """Opacus options with one meaning here: accepted at their default, refused otherwise (one line each)."""
     if options.pop("clipping", "flat") != "flat":
@@ -731,13 +495,6 @@ def _as_dict(data: Any) -> Batch:
     from featuredp.batches import as_batch
 
     return as_batch(data)
-
-
-def _unwrap(module: nn.Module) -> nn.Module:
-    if isinstance(module, DPModule):
-        inner: nn.Module = module._module
-        return inner
-    return module
 
 
 def _settle(reservation: Any, state: RunState) -> None:
