@@ -345,7 +345,7 @@ def test_the_ledger_is_charged_the_planned_spend_and_settled_at_what_ran(tmp_pat
 def test_secure_mode_draws_noise_and_batches_from_the_csprng_and_replays():
     from featuredp.noise import SecureNoise
 
-    engine, (raw, model, optimizer, criterion, loader), (x, y) = _private(engine={"secure_mode": True})
+    engine, (_raw, _model, _optimizer, _criterion, _loader), (x, y) = _private(engine={"secure_mode": True})
     assert isinstance(engine._state.noise, SecureNoise)
     assert engine.result().privacy_report["randomness"]["secure_rng"] is True
     reports = engine.check_model({"x": x, "y": y}, records=1, batch_size=12)
@@ -353,7 +353,7 @@ def test_secure_mode_draws_noise_and_batches_from_the_csprng_and_replays():
 
 
 def test_bf16_steps_replay_within_the_bound():
-    engine, (raw, model, optimizer, criterion, loader), (x, y) = _private(precision="bf16")
+    engine, (_raw, model, optimizer, criterion, loader), (x, y) = _private(precision="bf16")
     reports = engine.check_model({"x": x, "y": y}, records=1, batch_size=12)
     assert reports[0].outcome == "passed" and reports[0].precision == "bf16", str(reports[0])
     _loop(model, optimizer, criterion, loader)
@@ -364,7 +364,7 @@ def test_a_seed_is_secret_it_is_never_written_out(tmp_path):
     from featuredp.errors import PrivacyRiskWarning
 
     with pytest.warns(PrivacyRiskWarning):
-        engine, (raw, model, optimizer, criterion, loader), _ = _private(engine={"seed": 12345})
+        engine, (_raw, model, optimizer, criterion, loader), _ = _private(engine={"seed": 12345})
     _loop(model, optimizer, criterion, loader)
     report = json.dumps(engine.result().to_dict(), default=str)
     assert "12345" not in report and "12345" not in json.dumps(engine.plan.to_dict())
