@@ -30,13 +30,16 @@ import atexit
 import contextlib
 import datetime
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from featuredp._io import atomic_save_torch, load_torch_safely
+from featuredp.errors import DataValidationError
 
 __all__ = [
     "DistContext",
@@ -45,8 +48,12 @@ __all__ = [
     "all_reduce_sum",
     "context",
     "exact_float32",
+    "load_rank_checkpoint",
+    "on_main_rank",
     "rank_checkpoint_path",
+    "save_rank_checkpoint",
     "shard_bounds",
+    "whole_size",
 ]
 
 # A rank that died must not leave the others waiting forever.
@@ -200,3 +207,79 @@ def agree_across_ranks(settings: dict[str, Any]) -> None:
             f"the {world} processes of this data-parallel run do not run the same plan: {shown}{more}; every rank "
             "must hold the same data (or its shard) and the same settings, or the reported epsilon is false"
         )
+
+
+def whole_size(ctx: DistContext | None, declared: int, local: int, device: torch.device) -> int:
+    """``declared``, the size of the whole dataset, checked against the sum of the ranks' ``local`` shard sizes;
+    every rank learns both sums, so every rank refuses together (no rank left waiting in a collective)."""
+    total, empty = local, int(local == 0)
+    if ctx is not None:
+        count = torch.tensor([local, empty], dtype=torch.float64, device=device)
+        dist.all_reduce(count)
+        total, empty = int(count[0].item()), int(count[1].item())
+    if empty:
+        raise DataValidationError(f"{empty} rank(s) got an empty shard: give every rank at least one record")
+    if total != declared:
+        raise DataValidationError(
+            f"dataset_size={declared} was declared but the ranks' shards hold {total} records in all"
+        )
+    return declared
+
+
+def on_main_rank(ctx: DistContext | None, action: Callable[[], Any]) -> Any:
+    """``action()`` on rank 0 alone (a ledger reservation); every rank learns whether it raised, and raises too."""
+    if ctx is None:
+        return action()
+    result, refusal = None, None
+    if ctx.is_main:
+        try:
+            result = action()
+        except Exception as exc:  # told to the other ranks, so that none waits in a collective
+            refusal = exc
+    told: list[Any] = [None if refusal is None else f"{type(refusal).__name__}: {refusal}"]
+    dist.broadcast_object_list(told, src=0)
+    if refusal is not None:
+        raise refusal
+    if told[0] is not None:
+        raise ValueError(f"rank 0 refused the run: {told[0]}")
+    return result
+
+
+def save_rank_checkpoint(ctx: DistContext | None, path: str | os.PathLike[str], state: dict[str, Any]) -> None:
+    """Write ``state`` owner-readable only (0600): one process's file, or in a data-parallel run each rank its own
+    (:func:`rank_checkpoint_path`). No rank ever receives another rank's sampler or noise state (ARCHITECTURE
+    rule 13)."""
+    if ctx is None:
+        atomic_save_torch(path, state, private=True)
+        return
+    mine = rank_checkpoint_path(path, ctx.rank)
+    atomic_save_torch(mine, {"world_size": ctx.world_size, "rank": ctx.rank, "state": state}, private=True)
+    dist.barrier()  # every rank's file is complete before any rank goes on
+
+
+def load_rank_checkpoint(ctx: DistContext | None, path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """This process's checkpoint state (None: none to resume from); a file of another number of processes is
+    refused."""
+    rank = 0 if ctx is None else ctx.rank
+    mine = Path(path) if ctx is None else rank_checkpoint_path(path, rank)
+    if not mine.exists():
+        if ctx is not None and Path(path).exists():
+            mine = Path(path)  # rank 0's file names the world size: the refusal below says what is wrong
+        else:
+            return None
+    ck = load_torch_safely(mine, what="checkpoint")
+    world = 1 if ctx is None else ctx.world_size
+    saved = int(ck.get("world_size", 1)) if "world_size" in ck else 1
+    if saved != world:
+        raise ValueError(
+            f"the checkpoint was written by a run of {saved} process(es) and this run has {world}: every rank's "
+            "private streams continue only on the same number of processes; resume with the same "
+            "--nproc-per-node (and nodes) or start a new run"
+        )
+    if "ranks" in ck:  # written by featuredp <= 0.3, which gathered every rank's state into one file
+        return dict(ck["ranks"][rank])
+    if "state" in ck:
+        if int(ck["rank"]) != rank:
+            raise ValueError(f"checkpoint {mine} holds rank {ck['rank']}'s state, not rank {rank}'s")
+        return dict(ck["state"])
+    return dict(ck)

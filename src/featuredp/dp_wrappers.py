@@ -13,7 +13,7 @@ import copy
 import math
 import warnings
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,8 +23,8 @@ from featuredp.batches import Batch
 from featuredp.errors import PrivacyLeakWarning
 from featuredp.run_state import RunState
 
-if TYPE_CHECKING:
-    from featuredp.privacy_engine import PrivacyEngine
+# The engine is typed Any here: this module is what featuredp.privacy_engine returns, and imports nothing back.
+PrivacyEngine = Any
 
 __all__ = ["DPCriterion", "DPLoss", "DPModule", "DPOptimizer", "PerExampleLoss", "private_loader", "unwrap"]
 

@@ -63,7 +63,6 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from featuredp import correlated
-from featuredp._io import atomic_save_torch, load_torch_safely
 from featuredp._validate import check_choice, check_delta, check_int
 from featuredp.accounting import (
     BudgetLedger,
@@ -84,7 +83,10 @@ from featuredp.distributed import (
     broadcast_parameters,
     context,
     exact_float32,
-    rank_checkpoint_path,
+    load_rank_checkpoint,
+    on_main_rank,
+    save_rank_checkpoint,
+    whole_size,
 )
 from featuredp.errors import DataValidationError, UnreachableTargetError
 from featuredp.features import Batch, PublicFeatureMap
@@ -554,18 +556,7 @@ class Trainer:
         declared = self.schedule.dataset_size
         if declared is None:
             raise ValueError("fit(sharded=True) needs dataset_size= (the number of records of the whole dataset)")
-        total, empty = local, int(local == 0)
-        if self.dist is not None:  # every rank learns both, so every rank refuses together (no rank left waiting)
-            count = torch.tensor([local, empty], dtype=torch.float64, device=self.device)
-            torch.distributed.all_reduce(count)
-            total, empty = int(count[0].item()), int(count[1].item())
-        if empty:
-            raise DataValidationError(f"{empty} rank(s) got an empty shard: give every rank at least one record")
-        if total != declared:
-            raise DataValidationError(
-                f"dataset_size={declared} was declared but the ranks' shards hold {total} records in all"
-            )
-        return declared
+        return whole_size(self.dist, declared, local, self.device)
 
     def _run_state(
         self, data: Any, batch_all: Batch, n: int, resume_from: str | Path | None, *, shard: int | None = None
@@ -651,59 +642,15 @@ class Trainer:
 
     def _reserve(self, state: RunState) -> Any:
         """The ledger reservation, made by rank 0 alone; every rank learns whether it was refused."""
-        if self.dist is None:
-            return reserve(self.ledger, state)
-        reservation, refusal = None, None
-        if self.dist.is_main:
-            try:
-                reservation = reserve(self.ledger, state)
-            except Exception as exc:  # told to the other ranks, so that none waits in a collective
-                refusal = exc
-        told: list[Any] = [None if refusal is None else f"{type(refusal).__name__}: {refusal}"]
-        torch.distributed.broadcast_object_list(told, src=0)
-        if refusal is not None:
-            raise refusal
-        if told[0] is not None:
-            raise ValueError(f"rank 0 refused the run: {told[0]}")
-        return reservation
+        return on_main_rank(self.dist, lambda: reserve(self.ledger, state))
 
     def _save_checkpoint(self, path: str | Path, state: RunState) -> None:
-        """Write the checkpoint, owner-readable only (0600): one process's state, or in a data-parallel run each
-        rank its own file (:func:`featuredp.distributed.rank_checkpoint_path`). No rank ever receives another
-        rank's sampler or noise state (ARCHITECTURE rule 13)."""
-        if self.dist is None:
-            atomic_save_torch(path, state.state_dict(self.model), private=True)
-            return
-        mine = rank_checkpoint_path(path, self.dist.rank)
-        atomic_save_torch(mine, {"world_size": self.dist.world_size, "rank": self.dist.rank,
-                                 "state": state.state_dict(self.model)}, private=True)  # fmt: skip
-        torch.distributed.barrier()  # every rank's file is complete before any rank goes on
+        """Write the checkpoint, owner-readable only (0600): one process's state, or each rank its own file."""
+        save_rank_checkpoint(self.dist, path, state.state_dict(self.model))
 
     def _load_rank_checkpoint(self, path: str | Path) -> dict[str, Any] | None:
         """This process's checkpoint state (None: none to resume from); another number of processes is refused."""
-        rank = 0 if self.dist is None else self.dist.rank
-        mine = Path(path) if self.dist is None else rank_checkpoint_path(path, rank)
-        if not mine.exists():
-            if self.dist is not None and Path(path).exists():
-                mine = Path(path)  # rank 0's file names the world size: the refusal below says what is wrong
-            else:
-                return None
-        ck = load_torch_safely(mine, what="checkpoint")
-        world = 1 if self.dist is None else self.dist.world_size
-        saved = int(ck.get("world_size", 1)) if "world_size" in ck else 1
-        if saved != world:
-            raise ValueError(
-                f"the checkpoint was written by a run of {saved} process(es) and this run has {world}: every rank's "
-                "private streams continue only on the same number of processes; resume with the same "
-                "--nproc-per-node (and nodes) or start a new run"
-            )
-        if "ranks" in ck:  # written by featuredp <= 0.3, which gathered every rank's state into one file
-            return ck["ranks"][rank]
-        if "state" in ck:
-            if int(ck["rank"]) != rank:
-                raise ValueError(f"checkpoint {mine} holds rank {ck['rank']}'s state, not rank {rank}'s")
-            return ck["state"]
-        return ck
+        return load_rank_checkpoint(self.dist, path)
 
     def _result(self, state: RunState, split: LossSplit | None, finished: bool) -> TrainResult:
         plan = state.plan

@@ -51,9 +51,10 @@ from torch.utils.data import DataLoader
 
 from featuredp._io import atomic_save_torch, load_torch_safely
 from featuredp._validate import check_choice
-from featuredp.batches import Batch, to_device
+from featuredp.batches import Batch, as_batch, gather, to_device
 from featuredp.clipping import trainable_parameters
 from featuredp.clipping.safety import ForwardStateGuard
+from featuredp.distributed import agree_across_ranks
 from featuredp.dp_wrappers import (
     DPCriterion,
     DPLoss,
@@ -63,12 +64,14 @@ from featuredp.dp_wrappers import (
     private_loader,
     unwrap,
 )
+from featuredp.engine import Trainer
 from featuredp.errors import BudgetExceededError
 from featuredp.losses import LossSplit
 from featuredp.methods import get_method
 from featuredp.plan import PrivacyPlan, TrainResult
 from featuredp.run_state import RunState, reserve, settle
 from featuredp.step import clipped_loss
+from featuredp.testing.replay import replay_engine_step
 
 # The wrappers live in featuredp.dp_wrappers; they are re-exported here, where users meet them.
 __all__ = ["DPCriterion", "DPLoss", "DPModule", "DPOptimizer", "PlanAccountant", "PrivacyEngine"]
@@ -269,12 +272,10 @@ class PrivacyEngine:
     def check_model(self, data: Any, *, records: int = 3, batch_size: int = 32) -> list[Any]:
         """The replay self-test through this engine's own loop (wrapped model, criterion, ``loss.backward()``,
         ``optimizer.step()``): see :func:`featuredp.testing.replay_engine_step`. Call it before training."""
-        from featuredp.testing.replay import replay_engine_step
-
         state = self._require_state()
         if state.private_steps:
             raise ValueError("check_model replays a step of a run that has not started; call it before training")
-        n = int(next(iter(_as_dict(data).values())).shape[0])
+        n = int(next(iter(as_batch(data).values())).shape[0])
         rng = np.random.default_rng()
         reports = []
         for _ in range(int(records)):
@@ -286,8 +287,6 @@ class PrivacyEngine:
     def _make(self, *, module: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader,
               criterion: nn.Module | None, poisson_sampling: bool, grad_sample_mode: str,
               **options: Any) -> tuple[DPModule, DPOptimizer, DPCriterion, DataLoader]:  # fmt: skip
-        from featuredp.engine import Trainer
-
         if self._state is not None:
             raise ValueError("this PrivacyEngine already made a run private: one engine is one run (build another)")
         if not isinstance(module, nn.Module):
@@ -336,8 +335,6 @@ class PrivacyEngine:
         if state.plan.budget_steps is not None:
             self._steps_allowed = min(self._steps_allowed or state.plan.budget_steps, state.plan.budget_steps)
         if trainer.dist is not None:  # every rank must hold the same plan, settings and model shapes
-            from featuredp.distributed import agree_across_ranks
-
             agree_across_ranks(trainer._rank_settings(state, split, None, n))
         self._reservation = reserve(trainer.ledger, state)
         self._finalizer = weakref.finalize(self, _settle, self._reservation, state)
@@ -449,8 +446,6 @@ class PrivacyEngine:
     def _replay_step(self, data: Batch) -> None:
         """One step of the user's loop on the batch the private sampler draws from ``data`` (the replay test's);
         Algorithm 1's public batch reads ``data`` too."""
-        from featuredp.batches import gather
-
         batch = gather(data, self._require_state().private_sampler.sample())
         own = self._public_batch
         self._public_batch = lambda idx: gather(data, idx)  # type: ignore[method-assign]
@@ -489,12 +484,6 @@ def _named(names: Any) -> Any:
     return SimpleNamespace(name="loader", feature_names=names, feature_sources=list(names), label_name="y",
                            statistics_from_data=None, statistics_warned=[], column_types=None,
                            default_private=[])  # fmt: skip
-
-
-def _as_dict(data: Any) -> Batch:
-    from featuredp.batches import as_batch
-
-    return as_batch(data)
 
 
 def _settle(reservation: Any, state: RunState) -> None:
