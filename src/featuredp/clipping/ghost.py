@@ -19,7 +19,7 @@ Embedding (padding_idx), EmbeddingBag (sum/mean, ragged bags, per-sample
 weights, padding_idx), Conv1d/Conv2d (any stride, dilation, groups, padding
 mode), LayerNorm, GroupNorm, RMSNorm. A parameter shared by supported layers
 (a token embedding tied to the output head) combines their contributions with
-the cross terms (:class:`featuredp.clipping.rules.Mixed`). Parameters of any
+the cross terms (:class:`featuredp.clipping.mixed.Mixed`). Parameters of any
 other layer, shared with one, or used outside a layer's call (a weight reused
 functionally, ``F.linear(h, emb.weight)``), fall back to torch.func per-example
 gradients for just those parameters; :attr:`GhostGradients.fallback_layers`
@@ -76,7 +76,9 @@ from featuredp.clipping.base import (
     slice_batch,
     trainable_parameters,
 )
-from featuredp.clipping.rules import Contribution, Dense, NormCache, NotPerExampleError, Rule, combine, rule_for
+from featuredp.clipping.contributions import Contribution, Dense, NormCache
+from featuredp.clipping.mixed import combine
+from featuredp.clipping.rules import NotPerExampleError, Rule, rule_for
 from featuredp.clipping.safety import AutogradHookGuard, ForwardStateGuard, check_no_batch_mixing
 from featuredp.errors import BatchMixingError
 from featuredp.features.base import Batch
