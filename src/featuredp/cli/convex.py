@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
                                  radius=50.0, public_batch_size=min(1024, len(Xtr)) if args.label_private else None,
                                  **common)
     else:
-        from featuredp.labeldp import LabelDPClassifier
+        from featuredp.mechanisms.labeldp import LabelDPClassifier
 
         if args.delta not in (None, 0.0):
             raise ValueError(f"--delta must be 0 for {args.method} (pure epsilon-label-DP), got {args.delta}")

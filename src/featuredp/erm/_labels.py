@@ -8,7 +8,7 @@ difference is visible with certainty, ε = ∞ for that record, whatever noise i
 afterwards. The cure is to declare the class set up front (``classes=[...]``), from
 knowledge that is not the private labels (a schema, a data dictionary, the task).
 
-Shared by :mod:`featuredp.erm` and :mod:`featuredp.labeldp`.
+Shared by :mod:`featuredp.erm` and :mod:`featuredp.mechanisms.labeldp`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ If the mechanism raises part-way, the reservation is settled at the reserved amo
 ledger's context manager does this): the data may already have been touched, so the
 conservative choice is to count it.
 
-Shared by :mod:`featuredp.erm` and :mod:`featuredp.labeldp`.
+Shared by :mod:`featuredp.erm` and :mod:`featuredp.mechanisms.labeldp`.
 """
 
 from __future__ import annotations

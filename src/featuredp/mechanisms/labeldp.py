@@ -38,7 +38,7 @@ from featuredp._validate import check_choice, check_int, check_open_unit, check_
 from featuredp.erm._labels import resolve_classes
 from featuredp.erm._ledger import open_ledger, reserved, same_ledger
 from featuredp.errors import DataValidationError, PrivacyLeakWarning
-from featuredp.mechanisms import RandomizedResponse
+from featuredp.mechanisms.classic import RandomizedResponse
 from featuredp.sampling import make_streams, warn_private_seed
 
 METHODS = ("rr", "rr-prior", "lp-2st")
