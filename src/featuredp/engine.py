@@ -77,7 +77,6 @@ from featuredp.batches import as_batch, evaluate, forward, gather, resolve_devic
 from featuredp.clipping import GradientStrategy, check_no_batch_mixing, get_strategy, trainable_parameters
 from featuredp.clipping.base import AutocastLoss, LossFn, check_precision
 from featuredp.config import PerformanceConfig, PrivacyConfig, ScheduleConfig, split_settings
-from featuredp.data.tabular import warn_record_level_statistics
 from featuredp.distributed import (
     DistContext,
     agree_across_ranks,
@@ -87,7 +86,7 @@ from featuredp.distributed import (
     exact_float32,
     rank_checkpoint_path,
 )
-from featuredp.errors import DataValidationError, UnreachableTargetError
+from featuredp.errors import DataValidationError, UnreachableTargetError, warn_record_level_statistics
 from featuredp.features import Batch, PublicFeatureMap
 from featuredp.losses import LabelDPSplit, LossSplit, default_split
 from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS, Method, get_method

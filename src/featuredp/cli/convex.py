@@ -72,7 +72,7 @@ def _data(name: str, options: dict[str, Any] | None = None) -> tuple[Any, Any, A
 
     if name not in ("breast_cancer", "digits"):
         from featuredp.data import load_dataset
-        from featuredp.data.tabular import warn_record_level_statistics
+        from featuredp.errors import warn_record_level_statistics
 
         train, test = load_dataset(name, **(options or {}))
         warn_record_level_statistics(train, "featuredp convex (DP-ERM or label-DP)")

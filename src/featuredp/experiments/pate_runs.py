@@ -34,7 +34,7 @@ from featuredp.aggregation import VoteAggregator, vote_histogram
 from featuredp.data import load_dataset
 from featuredp.data.cache import CACHE_ENV, cache_dir
 from featuredp.data.images import load_fashion_mnist
-from featuredp.data.tabular import warn_record_level_statistics
+from featuredp.errors import warn_record_level_statistics
 from featuredp.experiments.train_one import train_one
 from featuredp.mechanisms.labeldp import LabelDPClassifier
 from featuredp.mechanisms.pate import PATE, assign_teachers, collect_votes, fit_student, teacher_parts
