@@ -13,6 +13,10 @@ and the other systems featuredp compares against or offers next to it:
 * :mod:`~featuredp.mechanisms.cloak` — Cloak, inference-time feature suppression with learned
   noise (**no formal guarantee**).
 
+``_labels`` (declared class sets) and ``_ledger`` (reserve-before-fit) are the plumbing of the
+sklearn-style private estimators, label-DP's here and :mod:`featuredp.erm`'s, which builds on this
+package (never the reverse).
+
 Import from the module (``from featuredp.mechanisms.pate import PATE``): the package itself imports
 nothing, so ``featuredp.mechanisms.classic`` stays numpy-only and Cloak's torch is loaded only by
 those who use it.
