@@ -57,13 +57,13 @@ from torch import nn
 from torch.nn import functional as nnf
 
 from featuredp.clipping.contributions import Contribution, Dense, Outer, Rows
-from featuredp.models.layers import ColumnLinear
 
 __all__ = [
     "RULES",
     "LayerRule",
     "NotPerExampleError",
     "Rule",
+    "linear_rule",
     "register_rule",
     "rule_for",
 ]
@@ -149,10 +149,15 @@ def _input(args: tuple[Any, ...], kwargs: dict[str, Any], layer: str, key: str =
     return x
 
 
-@register_rule(nn.Linear, ColumnLinear)
-def _linear(
+@register_rule(nn.Linear)
+def linear_rule(
     m: nn.Linear, args: tuple[Any, ...], kwargs: dict[str, Any], grad: torch.Tensor, B: int, name: str
 ) -> dict[str, Contribution]:
+    """The rule of ``nn.Linear`` and of Linear layers called with a column subset (``columns=``, the second argument).
+
+    :class:`featuredp.models.layers.ColumnLinear` registers it for itself: the models build on clipping, never the
+    reverse.
+    """
     x = _input(args, kwargs, name)
     columns = args[1] if len(args) > 1 else kwargs.get("columns")  # ColumnLinear's column subset
     if x.dim() < 2:
