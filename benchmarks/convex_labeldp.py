@@ -3,7 +3,7 @@
 Every method is ε-label-DP (δ = 0) or (ε, δ = 1e-5)-label-DP under the *replace-one*
 relation (neighbours differ in one label), so the numbers are comparable:
 
-* RR / LP-2ST (``featuredp.labeldp.LabelDPClassifier``): noisy labels, then scikit-learn
+* RR / LP-2ST (``featuredp.mechanisms.labeldp.LabelDPClassifier``): noisy labels, then scikit-learn
   logistic regression (C = 10) on them (post-processing).
 * RR-with-prior (class prior): 10% of ε buys a Laplace-noised class histogram (sensitivity 2
   under replace-one), its normalisation is the prior of RR-with-prior at 90% of ε (sequential
@@ -60,7 +60,7 @@ def run(datasets: list[str], epsilons: list[float], seeds: int) -> pd.DataFrame:
     from sklearn.linear_model import LogisticRegression
 
     from featuredp.erm import NoisySGDClassifier
-    from featuredp.labeldp import LabelDPClassifier
+    from featuredp.mechanisms.labeldp import LabelDPClassifier
 
     rows = []
     for name in datasets:

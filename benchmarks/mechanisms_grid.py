@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from featuredp.mechanisms import GaussianMechanism, LaplaceMechanism, analytic_gaussian_sigma
+from featuredp.mechanisms.classic import GaussianMechanism, LaplaceMechanism, analytic_gaussian_sigma
 
 N = 20_000
 COUNT = 1234.0

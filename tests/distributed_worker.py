@@ -48,7 +48,7 @@ def _record_batches(sampler: type = PoissonSampler) -> list[np.ndarray]:
     return seen
 
 
-def main(scenario: str, out: Path) -> None:
+def main(scenario: str, out: Path) -> None:  # noqa: C901  (one branch per scenario)
     rank = int(os.environ["RANK"])
     data = make_tabular(200, seed=3)
     if scenario == "sum":

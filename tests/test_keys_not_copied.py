@@ -22,8 +22,8 @@ from featuredp.aggregation import VoteAggregator, aggregation_event, query_event
 from featuredp.errors import BudgetExceededError
 from featuredp.icl import DPICLClassifier
 from featuredp.icl.predictors import KNNPredictor
+from featuredp.mechanisms.pate import PATE
 from featuredp.noise import ChaCha20Generator, SecureNoise
-from featuredp.pate import PATE
 
 fork_only = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 

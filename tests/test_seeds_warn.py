@@ -17,19 +17,19 @@ import numpy as np
 import pytest
 
 from featuredp.aggregation import VoteAggregator, gnmax, lnmax, noisy_max_passes
-from featuredp.cloak import Cloak
 from featuredp.erm import NoisySGDClassifier, ObjectivePerturbationClassifier, OutputPerturbationClassifier
 from featuredp.errors import PrivacyRiskWarning
 from featuredp.icl import DPICLClassifier, KNNPredictor
-from featuredp.labeldp import LabelDPClassifier, randomized_response, rr_with_prior
-from featuredp.mechanisms import (
+from featuredp.mechanisms.classic import (
     CoinFlipSurvey,
     GaussianMechanism,
     LaplaceMechanism,
     RandomizedResponse,
     VectorMechanism,
 )
-from featuredp.pate import PATE
+from featuredp.mechanisms.cloak import Cloak
+from featuredp.mechanisms.labeldp import LabelDPClassifier, randomized_response, rr_with_prior
+from featuredp.mechanisms.pate import PATE
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED_MESSAGE = r"(rng|random_state|seed)=\d+ makes the private randomness"

@@ -8,6 +8,23 @@ Importing ``featuredp`` stays light (no torch import) so that
 ``featuredp.accounting`` can be used on its own; the training API
 (``from featuredp import Trainer``) is loaded on first use.
 
+The stable library (documented in ``docs/``, what user code imports):
+
+* training — :mod:`~featuredp.engine` (``Trainer``), ``featuredp.privacy_engine`` (``PrivacyEngine``),
+  :mod:`~featuredp.config`, :mod:`~featuredp.plan`, :mod:`~featuredp.methods`;
+* privacy — :mod:`~featuredp.accounting`, :mod:`~featuredp.clipping`, :mod:`~featuredp.noise`,
+  :mod:`~featuredp.sampling`, :mod:`~featuredp.mechanisms`, :mod:`~featuredp.aggregation`,
+  :mod:`~featuredp.testing` (the replay self-test);
+* data and models — :mod:`~featuredp.features` (Ψ), :mod:`~featuredp.losses`, :mod:`~featuredp.data`
+  (loaders), :mod:`~featuredp.models`, :mod:`~featuredp.diffusion`, :mod:`~featuredp.lm`;
+  other learners :mod:`~featuredp.erm`, :mod:`~featuredp.icl`;
+* auditing — :mod:`~featuredp.attacks`, :mod:`~featuredp.metrics`.
+
+The experiments, built on the library and free to change with the measurements:
+:mod:`~featuredp.experiments` (grids, presets, the paper's and the systems' runs) and
+:mod:`~featuredp.cli` (the ``featuredp`` command). Library modules never import them
+(``tests/test_architecture.py``).
+
 >>> import featuredp
 >>> featuredp.PrivacyPlan.__name__
 'PrivacyPlan'

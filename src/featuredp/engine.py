@@ -76,7 +76,6 @@ from featuredp.batches import as_batch, evaluate, gather, resolve_device, to_dev
 from featuredp.clipping import GradientStrategy, check_no_batch_mixing, get_strategy, trainable_parameters
 from featuredp.clipping.base import check_precision
 from featuredp.config import PerformanceConfig, PrivacyConfig, ScheduleConfig, split_settings
-from featuredp.data.tabular import warn_record_level_statistics
 from featuredp.distributed import (
     DistContext,
     agree_across_ranks,
@@ -88,7 +87,7 @@ from featuredp.distributed import (
     save_rank_checkpoint,
     whole_size,
 )
-from featuredp.errors import DataValidationError, UnreachableTargetError
+from featuredp.errors import DataValidationError, UnreachableTargetError, warn_record_level_statistics
 from featuredp.features import Batch, PublicFeatureMap
 from featuredp.losses import LabelDPSplit, LossSplit, default_split
 from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS, Method, get_method

@@ -1,10 +1,16 @@
-"""The one exception and warning taxonomy of featuredp.
+"""The one exception and warning taxonomy of featuredp, and the warnings shared across layers.
 
 Errors about a value are also ``ValueError`` (and type errors ``TypeError``), so
 callers that catch the built-in classes keep working.
+
+:func:`warn_record_level_statistics` lives here, at the bottom of the package, because the
+engine, the data loaders and the record-level mechanisms all raise it: it reads only the
+``statistics_from_data`` attribute a dataset carries.
 """
 
 from __future__ import annotations
+
+import warnings
 
 
 class FeatureDPError(Exception):
@@ -42,3 +48,23 @@ class SmallSampleWarning(UserWarning):
 
 class PrivacyRiskWarning(UserWarning):
     """A setting is legal but weak, e.g. delta >= 1/n allows releasing a whole record."""
+
+
+def warn_record_level_statistics(data: object, mechanism: str, *, stacklevel: int = 3) -> None:
+    """Warn (``PrivacyLeakWarning``) that a mechanism protecting whole records (DP-SGD, PATE, DP-ICL, DP-ERM)
+    is trained on encoding statistics read from the data: *every* column's escape its guarantee (for FDP only the
+    private columns' do; ``Columns.bind`` checks those).
+
+    ``data`` is anything with a ``statistics_from_data`` mapping (column -> what was computed), such as
+    :class:`featuredp.data.tabular.TabularDataset`; without one there is nothing to warn about.
+    """
+    from_data = getattr(data, "statistics_from_data", None) or {}
+    if from_data:
+        listed = ", ".join(f"{col} ({what})" for col, what in sorted(from_data.items()))
+        warnings.warn(
+            f"{mechanism} protects whole records, but these encoding statistics were computed from the training "
+            f"data and are outside its guarantee: {listed}; declare them in a schema (featuredp data schema, "
+            "docs/own-data.md) or pass public bounds=/categories=/classes= to the loader",
+            PrivacyLeakWarning,
+            stacklevel=stacklevel,
+        )

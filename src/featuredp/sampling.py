@@ -29,7 +29,7 @@ import torch
 
 from featuredp._validate import check_int, check_positive, check_sampling_rate
 
-# defined with the light checks so that numpy-only modules (featuredp.mechanisms) warn without importing torch
+# defined with the light checks so that numpy-only modules (featuredp.mechanisms.classic) warn without importing torch
 from featuredp._validate import warn_private_seed as warn_private_seed
 from featuredp.noise import ChaCha20Generator
 

@@ -11,8 +11,8 @@ import pytest
 
 from featuredp.cli import main
 from featuredp.cli.cloak import NO_GUARANTEE
-from featuredp.cloak import GUARANTEE
 from featuredp.errors import PrivacyRiskWarning
+from featuredp.mechanisms.cloak import GUARANTEE
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cloak.md"
 

@@ -36,7 +36,7 @@ def test_convex_cli_rejects_bad_epsilon(capsys):
 _TRAINING = {
     "output": ("featuredp.erm.perturbation", "OutputPerturbationClassifier", "_fit_private"),
     "noisy-sgd": ("featuredp.erm.noisy_sgd", "NoisySGDClassifier", "_train"),
-    "rr": ("featuredp.labeldp", None, "randomized_response"),
+    "rr": ("featuredp.mechanisms.labeldp", None, "randomized_response"),
 }
 
 
@@ -71,7 +71,7 @@ def test_convex_cli_declares_the_dataset_class_list(dataset, method, n_classes, 
     # The class list is the dataset's definition (public), so no PrivacyLeakWarning and a fixed shape.
     from featuredp.erm import OutputPerturbationClassifier
     from featuredp.errors import PrivacyLeakWarning
-    from featuredp.labeldp import LabelDPClassifier
+    from featuredp.mechanisms.labeldp import LabelDPClassifier
 
     cls = LabelDPClassifier if method == "rr" else OutputPerturbationClassifier
     seen: list = []

@@ -97,7 +97,7 @@ def test_bad_flags_exit_2_with_one_line_before_any_work(flags, message, capsys, 
 
 
 def test_too_many_teachers_or_queries_fail_before_any_teacher(capsys, monkeypatch):
-    import featuredp.pate as pate
+    import featuredp.mechanisms.pate as pate
 
     def boom(*args, **kwargs):
         raise AssertionError("a teacher was trained")

@@ -18,7 +18,9 @@ import torch
 from torch import nn
 
 from featuredp.clipping import GhostGradients, VmapGradients, register_rule
-from featuredp.clipping.rules import RULES, Dense, Outer, Rows, combine, rule_for
+from featuredp.clipping.contributions import Dense, Outer, Rows
+from featuredp.clipping.mixed import combine
+from featuredp.clipping.rules import RULES, rule_for
 
 RTOL = 1e-5
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from featuredp.clipping import GhostGradients, ghost
+from featuredp.clipping import GhostGradients, ghost_checks
 from featuredp.errors import BatchMixingError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))
@@ -32,8 +32,8 @@ def marker_batch(B: int, seed: int) -> dict[str, torch.Tensor]:
 def stated_detection(rate: float, B: int) -> float:
     """Per step: the chunk check runs (rate) and its chunk holds the marker row (chunk/B), or the every-step
     check's two rows include it (2/B); the two draws are independent."""
-    chunk = min(ghost._CHUNK_CHECK_EXAMPLES, B)
-    return 1 - (1 - rate * chunk / B) * (1 - ghost._SEPARABILITY_EXAMPLES / B)
+    chunk = min(ghost_checks._CHUNK_CHECK_EXAMPLES, B)
+    return 1 - (1 - rate * chunk / B) * (1 - ghost_checks._SEPARABILITY_EXAMPLES / B)
 
 
 def count_refusals(strategy: GhostGradients, B: int, steps: int) -> int:
@@ -49,7 +49,7 @@ def count_refusals(strategy: GhostGradients, B: int, steps: int) -> int:
 
 def test_the_stated_rate_is_at_least_one_step_in_ten():
     assert GhostGradients._chunk_check_rate >= 0.1
-    assert ghost._CHUNK_CHECK_EXAMPLES >= 8
+    assert ghost_checks._CHUNK_CHECK_EXAMPLES >= 8
 
 
 def test_the_chunk_check_catches_the_marker_row_whenever_it_is_in_the_chunk():

@@ -19,9 +19,10 @@ from test_ghost import assert_matches, double, single
 from torch import nn
 from torch.nn import functional as nnf
 
-from featuredp.clipping import GhostGradients, rules
+from featuredp.clipping import GhostGradients, contributions
 from featuredp.clipping import ghost as ghost_module
-from featuredp.clipping.rules import Dense, Mixed, Outer, Passes, Rows, combine
+from featuredp.clipping.contributions import Dense, Outer, Passes, Rows
+from featuredp.clipping.mixed import Mixed, combine
 from featuredp.models import CausalTransformer
 
 V, D = 13, 6
@@ -302,7 +303,7 @@ def test_rows_crossed_with_single_token_passes():
 
 def test_pairs_without_a_formula_are_materialised_in_blocks(monkeypatch):
     """Dense × Outer has no cross-term formula: per-example gradients, a block of examples at a time."""
-    monkeypatch.setattr(rules, "_BLOCK_ELEMENTS", 3 * V * D)  # blocks of one example
+    monkeypatch.setattr(contributions, "_BLOCK_ELEMENTS", 3 * V * D)  # blocks of one example
     B = 5
     _, o = _parts(B)
     d = Dense(torch.randn(B, V, D))

@@ -23,11 +23,11 @@ from sklearn.exceptions import NotFittedError
 
 import featuredp.erm.noisy_sgd as noisy_sgd_module
 import featuredp.erm.perturbation as perturbation_module
-import featuredp.labeldp as labeldp_module
+import featuredp.mechanisms.labeldp as labeldp_module
 from featuredp.accounting import BudgetLedger
 from featuredp.erm import NoisySGDClassifier, ObjectivePerturbationClassifier, OutputPerturbationClassifier
 from featuredp.errors import BudgetExceededError, DataValidationError, PrivacyLeakWarning
-from featuredp.labeldp import LabelDPClassifier
+from featuredp.mechanisms.labeldp import LabelDPClassifier
 
 ALL = (OutputPerturbationClassifier, ObjectivePerturbationClassifier, NoisySGDClassifier, LabelDPClassifier)
 ERM = ALL[:3]
@@ -286,7 +286,7 @@ def test_missing_ledger_path_is_refused(tmp_path):
 
 
 def test_randomized_response_without_n_classes_warns_that_k_comes_from_the_labels():
-    from featuredp.labeldp import randomized_response
+    from featuredp.mechanisms.labeldp import randomized_response
 
     y = np.array([0, 1, 1, 0, 3])  # the single 3 sets K = 4; without it K would be 2
     with pytest.warns(PrivacyLeakWarning, match="n_classes"):

@@ -224,7 +224,8 @@ def test_conv1d_rule_is_registered_once_and_lazily():
     assert Conv1D in RULES
     # featuredp never imports transformers at import time: only inside load_causal_lm / register_hf_rules.
     src = Path(__file__).resolve().parents[2] / "src" / "featuredp"
-    for path in (src / "models" / "hf.py", src / "models" / "lora.py", src / "clipping" / "rules.py"):
+    for path in (src / "models" / "hf.py", src / "models" / "lora.py", src / "clipping" / "rules.py",
+                 src / "clipping" / "contributions.py", src / "clipping" / "mixed.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         top = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
         names = [a.name for n in top if isinstance(n, ast.Import) for a in n.names]

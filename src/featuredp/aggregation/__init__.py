@@ -1,6 +1,6 @@
 """Private aggregation of votes: GNMax, LNMax, Confident-GNMax, with accounting and a budget stop.
 
-Used by PATE (:mod:`featuredp.pate`: teachers trained on disjoint partitions vote on public
+Used by PATE (:mod:`featuredp.mechanisms.pate`: teachers trained on disjoint partitions vote on public
 queries) and by DP in-context learning (one prompt per member). The guarantee rests on one
 fact: a private record lives in exactly one member, so adding, removing or replacing it changes
 at most one member's vote — the histogram moves by at most L1 = 2, L2 = √2, L∞ = 1.

@@ -72,7 +72,7 @@ def _data(name: str, options: dict[str, Any] | None = None) -> tuple[Any, Any, A
 
     if name not in ("breast_cancer", "digits"):
         from featuredp.data import load_dataset
-        from featuredp.data.tabular import warn_record_level_statistics
+        from featuredp.errors import warn_record_level_statistics
 
         train, test = load_dataset(name, **(options or {}))
         warn_record_level_statistics(train, "featuredp convex (DP-ERM or label-DP)")
@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
                                  radius=50.0, public_batch_size=min(1024, len(Xtr)) if args.label_private else None,
                                  **common)
     else:
-        from featuredp.labeldp import LabelDPClassifier
+        from featuredp.mechanisms.labeldp import LabelDPClassifier
 
         if args.delta not in (None, 0.0):
             raise ValueError(f"--delta must be 0 for {args.method} (pure epsilon-label-DP), got {args.delta}")

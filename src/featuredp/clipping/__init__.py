@@ -4,7 +4,9 @@
   torch.func per-example gradient helper;
 * :mod:`~featuredp.clipping.vmap` — :class:`VmapGradients`, exact per-example gradients (the reference);
 * :mod:`~featuredp.clipping.ghost` — :class:`GhostGradients`, ghost-norm clipping with per-layer rules
-  (:mod:`~featuredp.clipping.rules`: one rule per layer type, added with :func:`register_rule`);
+  (:mod:`~featuredp.clipping.rules`: one rule per layer type, added with :func:`register_rule`; the
+  contributions they return and their algebra: :mod:`~featuredp.clipping.contributions`,
+  :mod:`~featuredp.clipping.mixed`);
 * :mod:`~featuredp.clipping.safety` — refusal of layers that mix the batch and of forwards with side effects.
 
 Strategies are chosen by name (``Trainer(strategy="ghost")``); :func:`register_strategy` adds one, which

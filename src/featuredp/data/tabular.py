@@ -501,19 +501,3 @@ def seeded_split(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, n
     if n_test >= n:
         raise DataValidationError(f"cannot split {n} rows with test_fraction={test_fraction}")
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
-
-
-def warn_record_level_statistics(data: object, mechanism: str, *, stacklevel: int = 3) -> None:
-    """Warn (``PrivacyLeakWarning``) that a mechanism protecting whole records (DP-SGD, PATE, DP-ICL, DP-ERM)
-    is trained on encoding statistics read from the data: *every* column's escape its guarantee (for FDP only the
-    private columns' do; ``Columns.bind`` checks those)."""
-    from_data = getattr(data, "statistics_from_data", None) or {}
-    if from_data:
-        listed = ", ".join(f"{col} ({what})" for col, what in sorted(from_data.items()))
-        warnings.warn(
-            f"{mechanism} protects whole records, but these encoding statistics were computed from the training "
-            f"data and are outside its guarantee: {listed}; declare them in a schema (featuredp data schema, "
-            "docs/own-data.md) or pass public bounds=/categories=/classes= to the loader",
-            PrivacyLeakWarning,
-            stacklevel=stacklevel,
-        )

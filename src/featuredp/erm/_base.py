@@ -43,9 +43,9 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from featuredp._validate import check_choice, check_int, check_nonnegative, check_positive
-from featuredp.erm._labels import resolve_classes
-from featuredp.erm._ledger import same_ledger
 from featuredp.errors import DataValidationError, PrivacyLeakWarning
+from featuredp.mechanisms._labels import resolve_classes
+from featuredp.mechanisms._ledger import same_ledger
 from featuredp.sampling import warn_private_seed
 
 LOSSES = ("logistic", "huber")

@@ -16,13 +16,13 @@ import numpy as np
 
 from featuredp._validate import check_int, check_positive
 from featuredp.accounting import calibrate_noise_multiplier
-from featuredp.mechanisms import VectorMechanism
+from featuredp.mechanisms.classic import VectorMechanism
 
 
 def sample_vector_laplace(dim: int, beta: float, rng: np.random.Generator, size: int | None = None) -> np.ndarray:
     """Draw b ∈ R^dim with density ∝ exp(−beta·‖b‖); shape (dim,) or (size, dim).
 
-    Delegates to :class:`featuredp.mechanisms.VectorMechanism` (rate β = ε/Δ₂, here Δ₂ = 1).
+    Delegates to :class:`featuredp.mechanisms.classic.VectorMechanism` (rate β = ε/Δ₂, here Δ₂ = 1).
     """
     dim = check_int("dim", dim, minimum=1)
     beta = check_positive("beta", beta)

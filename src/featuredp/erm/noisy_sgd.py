@@ -42,8 +42,8 @@ from tqdm.auto import tqdm
 from featuredp._validate import check_choice, check_int, check_nonnegative, check_positive
 from featuredp.accounting import calibrate_noise_multiplier, dpsgd_event, epsilon_for
 from featuredp.erm._base import LOSSES, NORM_POLICIES, PrivateLinearClassifier, check_data_norm, check_random_state
-from featuredp.erm._ledger import ledger_composes, open_ledger, reserved
 from featuredp.erm._losses import make_loss
+from featuredp.mechanisms._ledger import ledger_composes, open_ledger, reserved
 from featuredp.sampling import PoissonSampler, Streams, UniformSampler, make_streams
 
 MULTI_CLASS = ("auto", "ovr", "multinomial")

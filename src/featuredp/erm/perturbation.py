@@ -42,9 +42,9 @@ from scipy import optimize
 from sklearn.exceptions import ConvergenceWarning
 
 from featuredp.erm._base import PrivateLinearClassifier, ovr_split
-from featuredp.erm._ledger import open_ledger, reserved
 from featuredp.erm._losses import MarginLoss, make_loss
 from featuredp.erm._noise import gaussian_noise_multiplier, sample_vector_laplace
+from featuredp.mechanisms._ledger import open_ledger, reserved
 from featuredp.sampling import make_streams
 
 _GTOL = 1e-10

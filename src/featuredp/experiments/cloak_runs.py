@@ -2,7 +2,7 @@
 
 ``featuredp cloak`` calls :func:`run_cloak`. It trains the classifier f through
 :func:`~featuredp.experiments.train_one.train_one` (non-private; Adult: the preset's MLP 64;
-Fashion-MNIST: an MLP 784→256→10 on pixels in [0, 1]), fits one :class:`~featuredp.cloak.Cloak`
+Fashion-MNIST: an MLP 784→256→10 on pixels in [0, 1]), fits one :class:`~featuredp.mechanisms.cloak.Cloak`
 per λ on the training split and measures on the test split:
 
 * the suppression ratio and the accuracy loss (clean accuracy − accuracy on cloaked inputs);
@@ -40,11 +40,11 @@ from featuredp._validate import check_choice, check_int, check_positive
 from featuredp.attacks.attribute import ImputationBaseline, score_attack
 from featuredp.attacks.report import markdown_table
 from featuredp.attacks.tabular import attribute_audit, attribute_block
-from featuredp.cloak import GUARANTEE, Cloak
 from featuredp.data import load_dataset
 from featuredp.data.images import load_fashion_mnist
 from featuredp.data.tabular import TabularDataset
 from featuredp.experiments.train_one import train_one
+from featuredp.mechanisms.cloak import GUARANTEE, Cloak
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt
@@ -150,7 +150,8 @@ def fit_cloak(
     public_seed: int | None = None,
     **cloak_options: Any,
 ) -> Cloak:
-    """A :class:`~featuredp.cloak.Cloak` with the training split's std as scale, fitted to ``model`` at λ = ``lam``."""
+    """A :class:`~featuredp.mechanisms.cloak.Cloak` with the training split's std as scale, fitted to ``model`` at
+    λ = ``lam``."""
     return Cloak.from_data(train.X, **cloak_options).fit(model, train.X, train.y, lam=lam, epochs=epochs,
                                                          public_seed=public_seed)  # fmt: skip
 

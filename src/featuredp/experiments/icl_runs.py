@@ -47,8 +47,7 @@ from featuredp._io import atomic_save_png, atomic_write_text
 from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
 from featuredp.attacks.metrics import membership_advantage, roc_auc
 from featuredp.data import load_dataset
-from featuredp.data.tabular import warn_record_level_statistics
-from featuredp.errors import PrivacyRiskWarning
+from featuredp.errors import PrivacyRiskWarning, warn_record_level_statistics
 from featuredp.icl import DPICLClassifier, KNNPredictor, LogisticPredictor, Predictor, predict_many
 from featuredp.plan import inf_to_str
 from featuredp.sampling import warn_private_seed

@@ -34,10 +34,10 @@ from featuredp.aggregation import VoteAggregator, vote_histogram
 from featuredp.data import load_dataset
 from featuredp.data.cache import CACHE_ENV, cache_dir
 from featuredp.data.images import load_fashion_mnist
-from featuredp.data.tabular import warn_record_level_statistics
+from featuredp.errors import warn_record_level_statistics
 from featuredp.experiments.train_one import train_one
-from featuredp.labeldp import LabelDPClassifier
-from featuredp.pate import PATE, assign_teachers, collect_votes, fit_student, teacher_parts
+from featuredp.mechanisms.labeldp import LabelDPClassifier
+from featuredp.mechanisms.pate import PATE, assign_teachers, collect_votes, fit_student, teacher_parts
 from featuredp.sampling import make_streams
 
 matplotlib.use("Agg")  # files only, never a window
@@ -464,7 +464,7 @@ def write_comparison(rows: Sequence[dict[str, Any]], out: str | os.PathLike[str]
         "on the Q public inputs and their aggregated labels.",
         "* Alg. 1: featuredp's label-DP split (Ψ(x, y) = x), logistic regression, the `adult` preset with the "
         "label-DP defaults, PLD accounting under replace-one.",
-        "* RR / LP-2ST: `featuredp.labeldp.LabelDPClassifier` + logistic regression on all private rows.",
+        "* RR / LP-2ST: `featuredp.mechanisms.labeldp.LabelDPClassifier` + logistic regression on all private rows.",
         f"* Command: `featuredp pate --dataset adult --compare {flags} --out {out}`; wall time {wall:.0f} s "
         "(2-core shared machine).",
         "",

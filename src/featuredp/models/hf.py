@@ -31,16 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from featuredp.clipping.rules import (
-    RULES,
-    Contribution,
-    Dense,
-    NotPerExampleError,
-    Outer,
-    _input,
-    _lead,
-    register_rule,
-)
+from featuredp.clipping.contributions import Contribution, Dense, Outer
+from featuredp.clipping.rules import RULES, NotPerExampleError, _input, _lead, register_rule
 
 __all__ = ["HFCausalLM", "HFTokenizer", "load_causal_lm", "register_hf_rules"]
 

@@ -6,6 +6,8 @@ import torch
 from torch import nn
 from torch.nn import functional as nnf
 
+from featuredp.clipping.rules import linear_rule, register_rule
+
 __all__ = ["ColumnLinear"]
 
 
@@ -33,3 +35,8 @@ class ColumnLinear(nn.Linear):
                 f"ColumnLinear: input has {input.shape[-1]} columns but columns lists {columns.numel()}"
             )
         return nnf.linear(input, self.weight.index_select(1, columns), self.bias)
+
+
+# Ghost clipping's Linear rule reads the column subset; registered here, where the layer is defined, so that
+# clipping never imports the models.
+register_rule(ColumnLinear)(linear_rule)

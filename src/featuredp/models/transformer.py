@@ -5,7 +5,7 @@ multi-head self-attention and a GELU MLP, a final LayerNorm and an output head t
 embedding. It is built only from ``nn.Embedding``, ``nn.Linear`` and ``nn.LayerNorm``, so ghost
 clipping (``featuredp.clipping.rules``) computes its per-example gradient norms without per-example
 gradients; the tied head and token embedding share one parameter, whose norm ghost clipping combines
-exactly from the two layers' contributions (``featuredp.clipping.rules.Mixed``).
+exactly from the two layers' contributions (``featuredp.clipping.mixed.Mixed``).
 
 Every operation acts on each example alone: attention runs over the positions of one sequence with an
 explicit causal mask, positions are looked up with an index tensor of shape (B, L), and there is no

@@ -35,10 +35,10 @@ from sklearn.utils import get_tags
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
-from featuredp.erm._labels import resolve_classes
-from featuredp.erm._ledger import open_ledger, reserved, same_ledger
 from featuredp.errors import DataValidationError, PrivacyLeakWarning
-from featuredp.mechanisms import RandomizedResponse
+from featuredp.mechanisms._labels import resolve_classes
+from featuredp.mechanisms._ledger import open_ledger, reserved, same_ledger
+from featuredp.mechanisms.classic import RandomizedResponse
 from featuredp.sampling import make_streams, warn_private_seed
 
 METHODS = ("rr", "rr-prior", "lp-2st")

@@ -14,7 +14,8 @@ If the mechanism raises part-way, the reservation is settled at the reserved amo
 ledger's context manager does this): the data may already have been touched, so the
 conservative choice is to count it.
 
-Shared by :mod:`featuredp.erm` and :mod:`featuredp.labeldp`.
+Shared by the sklearn-style private estimators: :mod:`featuredp.mechanisms.labeldp` and :mod:`featuredp.erm`
+(which imports it from here, so that the mechanisms never import the estimators built on them).
 """
 
 from __future__ import annotations

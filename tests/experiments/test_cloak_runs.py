@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from featuredp.cloak import GUARANTEE, Cloak
 from featuredp.data import load_dataset
 from featuredp.data.tabular import TabularDataset
 from featuredp.experiments import cloak_runs as cr
+from featuredp.mechanisms.cloak import GUARANTEE, Cloak
 
 
 def _set_noise(cloak: Cloak, nu: list[float]) -> Cloak:

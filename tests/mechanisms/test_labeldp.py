@@ -1,4 +1,4 @@
-"""Tests of featuredp.labeldp: RR keep probability, RR-with-prior's exact law and ε bound, LP-2ST."""
+"""Tests of featuredp.mechanisms.labeldp: RR keep probability, RR-with-prior's exact law and ε bound, LP-2ST."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from sklearn.preprocessing import Normalizer
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from featuredp.errors import DataValidationError
-from featuredp.labeldp import (
+from featuredp.mechanisms.labeldp import (
     LabelDPClassifier,
     optimal_top_k,
     randomized_response,

@@ -8,7 +8,8 @@ difference is visible with certainty, ε = ∞ for that record, whatever noise i
 afterwards. The cure is to declare the class set up front (``classes=[...]``), from
 knowledge that is not the private labels (a schema, a data dictionary, the task).
 
-Shared by :mod:`featuredp.erm` and :mod:`featuredp.labeldp`.
+Shared by the sklearn-style private estimators: :mod:`featuredp.mechanisms.labeldp` and :mod:`featuredp.erm`
+(which imports it from here, so that the mechanisms never import the estimators built on them).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from featuredp.mechanisms import (
+from featuredp.mechanisms.classic import (
     CoinFlipSurvey,
     GaussianMechanism,
     LaplaceMechanism,
@@ -294,7 +294,7 @@ def test_the_discrete_noise_has_the_continuous_scale_and_a_two_thirds_scale_fail
 
 
 def test_the_discrete_gaussian_delta_is_exact_and_the_calibration_tight():
-    from featuredp._discrete import discrete_gaussian_delta
+    from featuredp.mechanisms._discrete import discrete_gaussian_delta
 
     mech = GaussianMechanism(1.0, 1e-5)
     sens, sigma_z = math.ceil(1.0 / mech.grid), mech.sigma / mech.grid

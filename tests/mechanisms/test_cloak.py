@@ -1,4 +1,5 @@
-"""Cloak (featuredp.cloak): what the learned noise must do, on synthetic tasks with known relevant features."""
+"""Cloak (featuredp.mechanisms.cloak): what the learned noise must do, on synthetic tasks with known relevant
+features."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from featuredp.cloak import GUARANTEE, Cloak
 from featuredp.errors import DataValidationError, PrivacyRiskWarning
+from featuredp.mechanisms.cloak import GUARANTEE, Cloak
 
 # Feature j's weight halves with j: a graded notion of "how much the label needs feature j".
 GRADED = torch.tensor([4.0 * 2.0**-j for j in range(8)])

@@ -13,8 +13,8 @@ value back: it is for tests only and warns (``PrivacyRiskWarning``).
   ε) or ``"classic"`` (σ = Δ₂·sqrt(2 ln(1.25/δ))/ε, valid only for ε < 1), δ the discrete Gaussian's own.
 
 The two additive mechanisms release multiples of a power-of-two grid with noise drawn exactly (integer arithmetic,
-:mod:`featuredp._discrete`): the floating-point result fl(value + noise) of the textbook versions leaks the value
-through its low bits (Mironov 2012).
+:mod:`featuredp.mechanisms._discrete`): the floating-point result fl(value + noise) of the textbook versions leaks the
+value through its low bits (Mironov 2012).
 * :class:`VectorMechanism` — noise with density ∝ exp(−β‖b‖), β = ε/Δ₂ (Chaudhuri et al. 2011).
 """
 
@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 from scipy import optimize
 
-from featuredp._discrete import Bits, discrete_gaussian_delta, round_up, zcdp_delta
 from featuredp._validate import check_int, check_nonnegative, check_open_unit, check_positive, warn_private_seed
 from featuredp.accounting._gaussian import gaussian_delta
+from featuredp.mechanisms._discrete import Bits, discrete_gaussian_delta, round_up, zcdp_delta
 
 __all__ = [
     "CoinFlipSurvey",

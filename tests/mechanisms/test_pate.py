@@ -13,7 +13,7 @@ import pytest
 from featuredp.accounting import BudgetLedger
 from featuredp.aggregation import VoteAggregator
 from featuredp.errors import BudgetExceededError, DataValidationError, PrivacyRiskWarning
-from featuredp.pate import PATE, assign_teachers, collect_votes, teacher_parts
+from featuredp.mechanisms.pate import PATE, assign_teachers, collect_votes, teacher_parts
 
 
 def _data(n_private=600, n_public=200, d=5, seed=0):

@@ -1,0 +1,490 @@
+"""The checks that ghost clipping's gradients are per-example: the separability cross-check and the chunk check.
+
+Ghost norms are only right if row i of every recorded tensor belongs to example i alone. Layers known
+to mix the batch are refused statically (:func:`featuredp.clipping.check_no_batch_mixing`); mixing by
+parameter-free code (``x - x.mean(0)``, attention over the wrong axis) is caught here, on every call
+of :class:`~featuredp.clipping.ghost.GhostGradients`:
+
+* the *separability cross-check* recomputes a few secretly chosen examples' gradients on their own
+  (a forward and backward of each example alone) and compares them, and their norms, with the ghost
+  ones;
+* the *chunk check*, on a secret share of the steps, compares ghost's clipped sum over a secret
+  random chunk of rows with the same rows' clipped sum from torch.func per-example gradients.
+
+A mismatch that float rounding does not explain raises :class:`featuredp.errors.BatchMixingError`.
+The checks are a mixin of :class:`~featuredp.clipping.ghost.GhostGradients` (its private methods,
+unchanged), kept apart so that the strategy's own module is the forward, the rules and the sums.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from featuredp.clipping.base import (
+    AutocastLoss,
+    LossFn,
+    add_up,
+    clip_factors,
+    per_example_grads,
+    slice_batch,
+    trainable_parameters,
+)
+from featuredp.clipping.contributions import Contribution
+from featuredp.clipping.ghost_plan import GhostPlan
+from featuredp.clipping.safety import AutogradHookGuard
+from featuredp.errors import BatchMixingError
+from featuredp.features.base import Batch
+
+__all__ = ["GhostChecks", "Inspect"]
+
+
+def _has_randomness(model: nn.Module) -> list[str]:
+    return [
+        n or type(model).__name__
+        for n, m in model.named_modules()
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0
+    ]
+
+
+@contextlib.contextmanager
+def _dropout_off(model: nn.Module) -> Iterator[None]:
+    """Dropout modules in eval mode (identity) for the duration: the cross-check compares two computations of
+    the same gradients, which only agree if both see the same (no) dropout masks."""
+    active = [m for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.training]
+    for m in active:
+        m.training = False
+    try:
+        yield
+    finally:
+        for m in active:
+            m.training = True
+
+
+# Parameter-free modules that act on each example alone (elementwise or per-row); any other parameter-free leaf
+# module is named as a suspect when the separability cross-check fails.
+_PER_EXAMPLE = (
+    nn.Identity,
+    nn.Flatten,
+    nn.Unflatten,
+    nn.modules.dropout._DropoutNd,
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.PReLU,
+    nn.ELU,
+    nn.SELU,
+    nn.CELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Mish,
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.Hardtanh,
+    nn.Hardswish,
+    nn.Hardsigmoid,
+    nn.Softplus,
+    nn.Softsign,
+    nn.Tanhshrink,
+    nn.Upsample,
+    nn.PixelShuffle,
+    nn.PixelUnshuffle,
+    nn.modules.pooling._MaxPoolNd,
+    nn.modules.pooling._AvgPoolNd,
+    nn.modules.pooling._AdaptiveAvgPoolNd,
+    nn.modules.pooling._AdaptiveMaxPoolNd,
+    nn.modules.padding._ConstantPadNd,
+    nn.modules.padding._ReflectionPadNd,
+    nn.modules.padding._ReplicationPadNd,
+)
+
+
+def _acts_per_example(m: nn.Module) -> bool:
+    if isinstance(m, (nn.Softmax, nn.LogSoftmax, nn.Softmin)):
+        return m.dim not in (None, 0)  # over dim 0 (or an implicit dim on 2-d input) it normalises across examples
+    return isinstance(m, _PER_EXAMPLE)
+
+# The separability cross-check's look at one chunk: (combined contributions, the per-call parts, norms).
+Inspect = Callable[[dict[str, Contribution], dict[str, list[Contribution]], torch.Tensor], None]
+
+# Separability cross-check tolerance. Per example and parameter, the ghost gradient g and the batch-of-one
+# gradient r must satisfy ‖g − r‖ ≤ RTOL·‖r‖ + TERM_TOL·b + SCALE_TOL·max b, where b bounds the norm without
+# cancellation (Σ_t ‖a_t‖‖g_t‖, see term_bounds). Both are float32 computations of the same quantity on
+# different batch shapes; they differ by rounding of ~1e-7 of the terms (a few ulps after depth and
+# reductions). The ghost norm's float64 recomputation under cancellation shows up relative to ‖r‖. Mixing
+# examples changes gradients by a sizeable fraction of their terms (x − mean(x) at B = 4: by ~1/4 or more).
+_SEPARABILITY_RTOL = 1e-3
+_SEPARABILITY_TERM_TOL = 1e-4
+_SEPARABILITY_SCALE_TOL = 1e-6
+_SEPARABILITY_CLIP_TOL = 1e-6
+# A failed comparison is retried allowing this many times each example's own float32 rounding (float32 against
+# float64, alone): two float32 evaluations differ by at most about twice it.
+_SEPARABILITY_NOISE_FACTOR = 8.0
+_SEPARABILITY_EXAMPLES = 2
+# The chunk check: on a secret share of the steps (OS entropy, never a seed), a secret random chunk of the checked
+# physical chunk (up to this many rows) is recomputed per example with torch.func, and its clipped sum compared
+# with ghost's. One row that mixes only itself with the batch (a marker row) is in the chunk with probability
+# chunk/B, so a run of T steps catches it with probability at least 1 − (1 − rate·chunk/B)^T (docs/engine.md).
+_CHUNK_CHECK_RATE = 0.125
+_CHUNK_CHECK_EXAMPLES = 32
+# Tolerance of the chunk's clipped sums: relative to Σ_i ‖c_i g_i‖ (rounding scales with the terms, not the sum),
+# plus a floor of 1e-6·C per row. A mismatch is confirmed example by example (batch-of-one autograd, with the
+# every-step check's tolerances and rounding retry) before the step is refused.
+_CHUNK_RTOL = 1e-3
+
+
+def _owner(model: nn.Module) -> str:
+    return f"GhostGradients ({type(model).__name__})"
+
+
+def _example_gradient(
+    model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, params: dict[str, torch.Tensor], i: int
+) -> list[torch.Tensor]:
+    """The gradient of example ``i`` alone (a batch of one with its own batch and draws rows), per parameter of
+    ``params`` in order; zeros where no gradient reaches a parameter."""
+    one, one_d = slice_batch(batch, slice(i, i + 1)), slice_batch(draws, slice(i, i + 1))
+    tensors = list(params.values())
+    with AutogradHookGuard(_owner(model)):
+        losses = loss_fn(model, one, one_d)
+    gs = torch.autograd.grad(losses.sum(), tensors, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g.detach() for g, t in zip(gs, tensors)]
+
+
+class GhostChecks:
+    """The every-call checks of :class:`~featuredp.clipping.ghost.GhostGradients` (a mixin; see the module docstring).
+
+    The host class provides the secret generator, the switches and the physical chunk computation.
+    """
+
+    physical_batch_size: int | None
+    _secret: np.random.Generator
+    _check_separability: bool
+    _chunk_check_rate: float
+
+    def _chunk(
+        self,
+        plan: GhostPlan,
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        C: float,
+        params: dict[str, torch.Tensor],
+        inspect: Inspect | None = None,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """One physical chunk's clipped sums and norms (the host's)."""
+        raise NotImplementedError
+
+    def _separability_check(
+        self,
+        plan: GhostPlan,
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        params: dict[str, torch.Tensor],
+        n: int,
+        chunk: int,
+        C: float = math.inf,
+    ) -> tuple[int, Inspect | None]:
+        """Arrange this step's check that ghost gradients are per-example: the physical chunk to check and the
+        callback that checks it (``(-1, None)`` when nothing can mix or checking is off).
+
+        A forward computed over B examples at once is only a set of B per-example computations if no operation
+        mixes rows; parameter-free code that does (centring over the batch, trimming padding to the batch's
+        longest sequence, attention over the batch axis) is invisible to the layer hooks, and may do so only
+        on some batches. So on **every** call, one physical chunk (the chunk of a uniformly random example)
+        and a few of its examples are chosen with secret randomness (OS entropy: the model cannot know which
+        rows are compared), and those examples' gradients are recomputed alone (batch of one, through the
+        same ``loss_fn`` with their own batch and draws rows) and compared with what ghost clipping derived
+        for them from the whole chunk, before any of the step's result leaves the strategy. Physical chunks
+        of one are separate forwards: nothing can mix, and nothing needs checking.
+        """
+        if plan.whole_model_fallback or not self._check_separability or self.physical_batch_size == 1:
+            return -1, None
+        sizes = [min(chunk, n - start) for start in range(0, n, chunk)]
+        weights = np.array([size if size >= 2 else 0 for size in sizes], dtype=np.float64)
+        if weights.sum() == 0:
+            return -1, None
+        index = int(self._secret.choice(len(sizes), p=weights / weights.sum()))
+        start = index * chunk
+        part_b = slice_batch(batch, slice(start, start + sizes[index]))
+        part_d = slice_batch(draws, slice(start, start + sizes[index]))
+        exact = loss_fn.loss_fn if isinstance(loss_fn, AutocastLoss) else loss_fn
+
+        # Decided before the forward, from OS entropy: the model cannot tell which steps are checked.
+        chunk_check = bool(self._secret.random() < self._chunk_check_rate)
+
+        def inspect(
+            combined: dict[str, Contribution], parts: dict[str, list[Contribution]], norms: torch.Tensor
+        ) -> None:
+            self._compare_with_alone(plan, model, exact, part_b, part_d, params, combined, parts, norms, C)
+            if chunk_check:
+                self._compare_chunk(plan, model, exact, part_b, part_d, params, combined, parts, norms, C)
+
+        if not _has_randomness(model) and exact is loss_fn:
+            return index, inspect  # checked on the step's own chunk: no extra forward
+        # Dropout draws different masks in every forward; the comparison needs one deterministic forward of the
+        # chunk (an extra one) with dropout off, for the ghost side as for the reference. Under bfloat16 a
+        # batch and a batch of one round differently, so that extra forward runs in float32 and the check keeps
+        # float32's tolerance (a mixing layer moves a gradient by multiples of C, not 2⁻⁸).
+        with _dropout_off(model):
+            self._chunk(plan, model, exact, part_b, part_d, math.inf, params, inspect)
+        return -1, None
+
+    def _compare_with_alone(
+        self,
+        plan: GhostPlan,
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        params: dict[str, torch.Tensor],
+        combined: dict[str, Contribution],
+        parts: dict[str, list[Contribution]],
+        norms: torch.Tensor,
+        C: float = math.inf,
+        picked: np.ndarray | None = None,
+    ) -> None:
+        """Raise BatchMixingError if the ghost gradients or norms of a few secretly chosen examples (or those
+        ``picked``) differ from theirs computed alone."""
+        # Rows with a non-finite gradient contribute zero and would make every comparison false: choose among
+        # the others (if none is left there is nothing this step could leak through mixing that is summed).
+        if picked is None:
+            picked = self._pick(norms)
+        if picked is None:
+            return
+        k = len(picked)
+        rows = torch.as_tensor(picked, dtype=torch.int64, device=norms.device)
+        alone = self._alone(model, loss_fn, batch, draws, params, picked, twice=not plan.deterministic)
+        plan.deterministic = True
+        with torch.no_grad():
+            # One comparison per example over all parameters at once: the sensitivity is about a whole example's
+            # gradient, and one (k, P) difference keeps this every-step check to a few operations (per-parameter
+            # differences are computed only to name the layers once a check has failed). The differences are in
+            # the gradients' own dtype (float32 rounding is ~1e-7 of the terms, far inside the tolerances).
+            diffs, refs, bounds = [], [], []
+            for pname in params:
+                ref = alone[pname].reshape(k, -1)
+                refs.append(ref)
+                if pname in combined:
+                    diffs.append(combined[pname].examples(rows).reshape(k, -1).to(ref.dtype) - ref)
+                    # Bound the terms over the separate calls (passes), whose sum is where cancellation happens.
+                    bounds.append(add_up([c.term_bounds(rows) for c in parts.get(pname) or [combined[pname]]]))
+                else:  # no gradient reached it through the ghost path
+                    diffs.append(-ref)
+            err = torch.linalg.vector_norm(torch.cat(diffs, dim=1), dim=1).to(torch.float64)
+            ref_norms = torch.linalg.vector_norm(torch.cat(refs, dim=1), dim=1).to(torch.float64)
+            bound = ref_norms if not bounds else torch.maximum(torch.stack(bounds).pow(2).sum(0).sqrt(), ref_norms)
+            # The absolute floor follows the chunk's largest gradient, not only the two checked rows': a saturated
+            # model has rows whose gradients are ~1e-21, where float32 Gram norms lose whole digits (their squares
+            # are denormal) and a comparison relative to those rows alone would refuse an ordinary model.
+            finite = norms[torch.isfinite(norms)]
+            scale = torch.maximum(bound.max(), finite.max().to(torch.float64)) if finite.numel() else bound.max()
+            tol = _SEPARABILITY_RTOL * ref_norms + _SEPARABILITY_TERM_TOL * bound + _SEPARABILITY_SCALE_TOL * scale
+            if math.isfinite(C):
+                # Differences below 1e-6·C move a clipped contribution by at most that: far inside the
+                # sensitivity, and the level of float32 noise in a model whose whole batch is saturated (every
+                # gradient ~1e-22, where Gram norms lose whole digits).
+                tol = tol + _SEPARABILITY_CLIP_TOL * C
+            norm_off = (norms[rows].to(torch.float64) - ref_norms).abs()
+
+            def fails(limit: torch.Tensor) -> bool:
+                # The gradients, and the norms that set the clip factors (float64 Gram forms, fallback included),
+                # against the same computed alone; a NaN computed alone makes every comparison false: a failure.
+                return bool(((err > limit) | (norm_off > limit) | ~torch.isfinite(ref_norms)).any())
+
+            failed = fails(tol)
+        if failed:
+            # Before calling it mixing: an ill-conditioned forward (a diverged model's logits in the thousands)
+            # moves an example's float32 gradient by ~0.1% between any two summation orders. Measure how far
+            # rounding moves each checked example's own gradient (float32 alone against float64 alone, which no
+            # other example enters) and allow a few times that; mixing moves gradients far more.
+            noise = self._rounding_noise(model, loss_fn, batch, draws, params, picked, alone)
+            if noise is not None:
+                failed = fails(tol + _SEPARABILITY_NOISE_FACTOR * noise)
+        if failed:
+            bad = [pname for pname, d, r in zip(params, diffs, refs)
+                   if bool((torch.linalg.vector_norm(d, dim=1) > _SEPARABILITY_RTOL * torch.linalg.vector_norm(r, dim=1)
+                            + _SEPARABILITY_TERM_TOL * bound.to(d.dtype)).any())]  # fmt: skip
+            raise BatchMixingError(self._mixing_message(plan, model, bad))
+
+    def _compare_chunk(
+        self,
+        plan: GhostPlan,
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        params: dict[str, torch.Tensor],
+        combined: dict[str, Contribution],
+        parts: dict[str, list[Contribution]],
+        norms: torch.Tensor,
+        C: float,
+    ) -> None:
+        """Raise BatchMixingError if ghost's clipped sum over a secret random chunk of rows differs from the same
+        rows' clipped sum from torch.func per-example gradients (each example alone)."""
+        finite = torch.isfinite(norms).nonzero().flatten().cpu().numpy()
+        if len(finite) == 0:
+            return
+        picked = np.sort(self._secret.choice(finite, size=min(_CHUNK_CHECK_EXAMPLES, len(finite)), replace=False))
+        rows = torch.as_tensor(picked, dtype=torch.int64, device=norms.device)
+        sub_b = {k: v[rows.to(v.device)] for k, v in batch.items()}
+        sub_d = {k: v[rows.to(v.device)] for k, v in draws.items()}
+        names = list(params)
+        try:
+            ref = per_example_grads(model, loss_fn, sub_b, sub_d, names)
+        except Exception:  # a model torch.func cannot vmap (dynamic shapes): one example at a time
+            ref = self._alone(model, loss_fn, sub_b, sub_d, params, np.arange(len(picked)), twice=False)
+        k = len(picked)
+        with torch.no_grad():
+            # The (k, P) gradients stay in their dtype (float32 norms of k rows: ~1e-6 relative, far inside the
+            # tolerance); only the P-vectors' difference is taken in float64. Few passes: this runs on a share of
+            # all steps.
+            ref2d = {n: ref[n].reshape(k, -1) for n in names}
+            ref_sq = add_up([torch.linalg.vector_norm(r, dim=1).to(torch.float64).square() for r in ref2d.values()])
+            ref_factors = clip_factors(ref_sq.sqrt(), C)
+            factors = clip_factors(norms[rows].to(torch.float64), C)
+            diff_sq = torch.zeros((), dtype=torch.float64, device=norms.device)
+            mine2d: dict[str, torch.Tensor] = {}
+            for n in names:
+                theirs = (ref_factors.to(ref2d[n].dtype) @ ref2d[n]).to(torch.float64)
+                if n in combined:
+                    mine2d[n] = combined[n].examples(rows).reshape(k, -1)
+                    mine = (factors.to(mine2d[n].dtype) @ mine2d[n]).to(torch.float64)
+                    diff_sq += (mine - theirs).square().sum()
+                else:
+                    diff_sq += theirs.square().sum()
+            scale = float((ref_factors * ref_sq.sqrt()).nan_to_num(posinf=0.0).sum())
+            tol = _CHUNK_RTOL * scale + _SEPARABILITY_CLIP_TOL * (C if math.isfinite(C) else scale) * k
+            failed = not (float(diff_sq.sqrt()) <= tol)
+        if failed:
+            # Confirm on the rows that differ most, with the every-step comparison (its tolerances, its rounding
+            # retry): it raises, naming the layers, unless float rounding explains the difference.
+            with torch.no_grad():
+                row_sq = add_up([torch.linalg.vector_norm((mine2d[n].to(r.dtype) - r) if n in mine2d else r, dim=1)
+                                 .to(torch.float64).square() for n, r in ref2d.items()])  # fmt: skip
+            worst = picked[np.sort(torch.argsort(row_sq, descending=True)[:_SEPARABILITY_EXAMPLES].cpu().numpy())]
+            self._compare_with_alone(plan, model, loss_fn, batch, draws, params, combined, parts, norms, C, worst)
+
+    @staticmethod
+    def _rounding_noise(
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        params: dict[str, torch.Tensor],
+        picked: np.ndarray,
+        alone: dict[str, torch.Tensor],
+    ) -> torch.Tensor | None:
+        """Per checked example, ‖its float32 gradient alone − its float64 gradient alone‖ (float64, shape (k,)):
+        how far float32 rounding alone moves it. None when the model or the loss cannot run in float64 (the
+        comparison then stands as it is)."""
+        names = list(params)
+        try:
+            wide = copy.deepcopy(model).double()
+            wide_params = trainable_parameters(wide)
+            if list(wide_params) != names:
+                return None
+            b64 = {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
+            d64 = {k: v.double() if v.is_floating_point() else v for k, v in draws.items()}
+            out = []
+            for j, i in enumerate(picked.tolist()):
+                exact = _example_gradient(wide, loss_fn, b64, d64, wide_params, i)
+                out.append(torch.cat([(alone[n][j].to(torch.float64) - g).flatten() for n, g in zip(names, exact)])
+                           .norm())  # fmt: skip
+            return torch.stack(out)
+        except (RuntimeError, TypeError, ValueError):
+            return None
+
+    def _pick(self, norms: torch.Tensor) -> np.ndarray | None:
+        """Up to ``_SEPARABILITY_EXAMPLES`` distinct rows with finite norms, uniformly at random (secret)."""
+        n, k = len(norms), min(_SEPARABILITY_EXAMPLES, len(norms))
+        for _ in range(8):  # the common case, every row finite: a few draws, no pass over the batch
+            picked = np.unique(self._secret.integers(0, n, size=k))
+            if len(picked) == k and bool(torch.isfinite(norms[torch.as_tensor(picked, device=norms.device)]).all()):
+                return picked
+        finite = torch.isfinite(norms).nonzero().flatten().cpu().numpy()
+        if len(finite) == 0:
+            return None
+        return np.sort(self._secret.choice(finite, size=min(k, len(finite)), replace=False))
+
+    @staticmethod
+    def _alone(
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        params: dict[str, torch.Tensor],
+        picked: np.ndarray,
+        *,
+        twice: bool,
+    ) -> dict[str, torch.Tensor]:
+        """Gradients of the examples ``picked``, each from a forward and backward of that example alone.
+
+        A plain loop of batch-of-one autograd calls rather than torch.func: it works for every model ghost
+        clipping accepts (ragged bags with boolean masks and other dynamic shapes cannot be vmapped), and k is
+        small. With ``twice`` (a model's first check) each example is computed twice: a forward that draws
+        random numbers outside nn.Dropout modules would make the comparison meaningless, and is refused with
+        its own message (one that starts doing so later fails the comparison instead: refused all the same).
+        """
+        names = list(params)
+        rows: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+
+        def grads(i: int) -> list[torch.Tensor]:
+            return _example_gradient(model, loss_fn, batch, draws, params, i)
+
+        for i in picked.tolist():
+            for n, g in zip(names, grads(i)):
+                rows[n].append(g)
+        for j, i in enumerate(picked.tolist() if twice else []):
+            for n, g in zip(names, grads(i)):
+                first = rows[n][j]
+                if g.numel() and float((g - first).abs().max()) > 1e-5 * float(first.abs().max()) + 1e-12:
+                    raise ValueError(
+                        "GhostGradients checks on every step that the model treats examples separately, by "
+                        "recomputing a few examples' gradients on their own; that needs a forward that is "
+                        "deterministic given (batch, draws) apart from nn.Dropout modules, but two identical calls "
+                        "gave different "
+                        f"gradients for {n!r}; take random numbers from the loss split's draws, or use "
+                        "strategy='vmap'"
+                    )
+        return {n: torch.stack(r) for n, r in rows.items()}
+
+    @staticmethod
+    def _mixing_message(plan: GhostPlan, model: nn.Module, bad: list[str]) -> str:
+        layers = []
+        for layer in plan.layers:
+            if any(p in bad for p in layer.params.values()):
+                layers.append(f"{layer.name or '<root>'!r} ({type(layer.module).__name__})")
+        suspects = [
+            f"{n!r} ({type(m).__name__})"
+            for n, m in model.named_modules()
+            if n
+            and not any(True for _ in m.children())
+            and not any(True for _ in m.parameters(recurse=False))
+            and not _acts_per_example(m)
+        ]
+        if len(suspects) > 6:
+            suspects = [*suspects[:6], f"and {len(suspects) - 6} more"]
+        where = f"the gradients of {', '.join(layers)} differ" if layers else "the per-example norms differ"
+        culprit = (
+            f"likely culprits: the parameter-free modules {', '.join(suspects)}"
+            if suspects
+            else "likely culprit: parameter-free code in a forward (a reduction or attention over the first "
+            "dimension, e.g. x - x.mean(0))"
+        )
+        return (
+            f"GhostGradients: the model ({type(model).__name__}) mixes examples across the batch — computed from "
+            "the whole batch, "
+            f"{where} from each example's gradient computed on its own ({culprit}), so per-example clipping "
+            "would not bound one record's influence and the reported ε would be false; make every layer "
+            "per-example (batch_first=True for attention, GroupNorm/LayerNorm instead of batch statistics, no "
+            "reductions over the batch dimension) or use strategy='vmap'"
+        )
