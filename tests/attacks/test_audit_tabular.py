@@ -172,7 +172,7 @@ def test_run_bound_of_a_bandmf_run_is_that_of_its_accounted_mechanism():
     # bound computed from the raw (σ, p, T) would be the bound of another mechanism (here a far smaller one).
     from featuredp.accounting import epsilon_for
     from featuredp.attacks.tabular import run_bound
-    from featuredp.bandmf import banded_toeplitz_strategy, sensitivity
+    from featuredp.noise.bandmf import banded_toeplitz_strategy, sensitivity
 
     coeffs = tuple(float(c) for c in banded_toeplitz_strategy(200, 4))
     plan = PrivacyPlan("dpsgd", 1000, 16, 0.016, 200, noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5,
@@ -192,7 +192,7 @@ def test_run_bound_of_a_blt_run_is_that_of_its_single_gaussian():
     # bound of the raw (σ, p, T) would be that of an amplified mechanism it is not.
     from featuredp.accounting import epsilon_for
     from featuredp.attacks.tabular import run_bound
-    from featuredp.blt import blt_sensitivity, optimize_blt
+    from featuredp.noise.blt import blt_sensitivity, optimize_blt
 
     theta, omega = optimize_blt(30, 10)
     params = (*theta.tolist(), *omega.tolist())

@@ -92,7 +92,7 @@ def test_bandmf_is_timed_beside_independent_noise_in_the_same_rounds(capsys):
     # median of within-round ratios to independent noise; the BandMF arm really steps with the banded noise.
     import json
 
-    from featuredp.bandmf import BandedNoise
+    from featuredp.noise.bandmf import BandedNoise
     from featuredp.experiments import throughput
     from featuredp.sampling import BMinSepSampler
 
@@ -123,7 +123,7 @@ def test_blt_is_timed_beside_independent_noise_and_bandmf_in_the_same_rounds(cap
     # with BLT's buffered noise over the cyclic sampler, for a strategy of several epochs (not DP-SGD's C = I).
     import json
 
-    from featuredp.blt import BLTNoise
+    from featuredp.noise.blt import BLTNoise
     from featuredp.experiments import throughput
     from featuredp.sampling import BMinSepSampler
 

@@ -132,5 +132,5 @@ def test_a_real_grid_with_blt_reports_it_as_its_own_arm(tmp_path, capsys) -> Non
     assert "noise blt" in cell["guarantee"] and "no amplification" in cell["guarantee"]
     md = (out / "summary.md").read_text()
     assert "BLT: d <= 4 buffers optimised for the run's workload, one Gaussian at the min-sep sensitivity, no " \
-           "amplification: featuredp.blt" in md
+           "amplification: featuredp.noise.blt" in md
     assert "BLT's σ is likewise the std of z" in md

@@ -89,7 +89,7 @@ def register(subparsers: Any) -> None:
                    help="tabular and image-classification: comma-separated noises of the private methods, each its "
                    "own arm: independent (DP-SGD's fresh Gaussian each step, default), bandmf (banded "
                    "matrix-factorization correlated noise; docs/accounting.md) and/or blt (buffered linear Toeplitz "
-                   "correlated noise, its buffers chosen per cell; featuredp.blt), e.g. independent,bandmf,blt; the "
+                   "correlated noise, its buffers chosen per cell; featuredp.noise.blt), e.g. independent,bandmf,blt; the "
                    "references run once")
     p.add_argument("--bands", type=int, default=None, metavar="B",
                    help="--noise with bandmf: BandMF's bands b in every BandMF cell (at most the private steps and "

@@ -57,7 +57,7 @@ def register(subparsers: Any) -> None:
                    "bandmf (banded matrix-factorization correlated noise with cyclic Poisson sampling: less noise at "
                    "the same epsilon for larger epsilon; docs/accounting.md) or blt (buffered linear Toeplitz "
                    "correlated noise, d <= 4 buffers chosen for the run, cyclic sampling over epochs of n/m steps, "
-                   "one Gaussian at the min-sep sensitivity, no amplification; featuredp.blt)")
+                   "one Gaussian at the min-sep sensitivity, no amplification; featuredp.noise.blt)")
     p.add_argument("--bands", type=whole_number, default=None, metavar="B",
                    help="--noise bandmf only (blt chooses its own strategy): the number of bands b (at most the "
                    "private steps, and n/m). Default: the b of 1, 2, 4, ..., 64 with the least noise at --epsilon "

@@ -223,7 +223,7 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
     if "blt" in correlated:
         lines += ["", "BLT's σ is likewise the std of z in C x + z, not comparable with DP-SGD's: its ε is that of one "
                   "Gaussian release with multiplier σ / Δ, Δ the min-sep sensitivity of C over epochs of ⌊n/m⌋ steps, "
-                  "without amplification by sampling (featuredp.blt)."]  # fmt: skip
+                  "without amplification by sampling (featuredp.noise.blt)."]  # fmt: skip
     total = sum(float(r["wall_s"]) for r in rows)
     total_cpu = sum(float(r.get("cpu_s") or 0.0) for r in rows)
     lines += [
@@ -242,7 +242,7 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
     if "bandmf" in (meta.get("noises") or []):
         chosen = (f"b = {meta['bands']} in every BandMF cell" if meta.get("bands") else
                   "b chosen per cell by the engine at its ε: the b of 1, 2, 4, ... (at most the steps and n/m) with "
-                  "the least noise RMSE for the run's momentum workload (featuredp.bandmf.best_bands)")
+                  "the least noise RMSE for the run's momentum workload (featuredp.noise.bandmf.best_bands)")
         lines.append("* Noise: each private method runs with independent Gaussian noise and with BandMF (banded "
                      f"matrix-factorization correlated noise, cyclic Poisson sampling over b partitions; {chosen}), "
                      "at the same ε and δ with the same hyperparameters (with tuning: each arm tuned alike); σ is "
@@ -251,7 +251,7 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
     if "blt" in (meta.get("noises") or []):
         lines.append("* Noise, the BLT arm: buffered linear Toeplitz correlated noise with cyclic sampling over epochs "
                      "of ⌊n/m⌋ steps (BLT: d <= 4 buffers optimised for the run's workload, one Gaussian at the "
-                     "min-sep sensitivity, no amplification: featuredp.blt), at the same ε and δ with the same "
+                     "min-sep sensitivity, no amplification: featuredp.noise.blt), at the same ε and δ with the same "
                      "hyperparameters as the other arms (with tuning: each arm tuned alike); σ is calibrated for each.")
     if meta.get("tuned"):
         lines += [

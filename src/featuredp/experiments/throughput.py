@@ -41,7 +41,7 @@ from featuredp.features import Columns
 from featuredp.losses import default_split
 from featuredp.methods import get_method
 from featuredp.models import build_model, spec_for
-from featuredp.noise import NoiseSource
+from featuredp.noise.sources import NoiseSource
 
 __all__ = [
     "BenchmarkResult",

@@ -56,7 +56,7 @@ from featuredp.experiments.runs import RUN_JSON, data_files_fingerprint, record_
 from featuredp.experiments.train_one import TrainedModel, ledger_summary, references, resolved_params, train_one
 from featuredp.features import Columns
 from featuredp.methods import get_method
-from featuredp.noise import ChaCha20Generator
+from featuredp.noise.sources import ChaCha20Generator
 from featuredp.plan import PrivacyPlan
 from featuredp.run_state import open_ledger
 
