@@ -68,7 +68,7 @@ class PrivacyConfig:
     seed: int | None = None
     public_seed: int | None = None
     secure_rng: bool = False
-    noise: NoisePlan | str = Independent()
+    noise: NoisePlan | str = Independent()  # noqa: RUF009 - frozen, hashable
     bands: int | None = None
     record_epsilon: float | None = None
 

@@ -203,7 +203,8 @@ class Trainer:
         if record.private and self.privacy.delta is None:
             raise ValueError(f"method {self.method!r} needs delta=")
         if self.privacy.noise_plan != Independent() and not record.private:
-            raise ValueError(f"noise={self.privacy.noise_plan.kind!r} is for the private methods {list(PRIVATE_METHODS)}, got "
+            raise ValueError(f"noise={self.privacy.noise_plan.kind!r} is for the private methods "
+                             f"{list(PRIVATE_METHODS)}, got "
                              f"method={self.method!r}")  # fmt: skip
         if self.privacy.record_epsilon is not None and not (record.private or record.public_steps):
             raise ValueError(f"record_epsilon (the record-level backstop) is for methods that read a record with "

@@ -139,7 +139,7 @@ class PrivacyPlan:
     budget_steps: int | None = None
     relation: str = "add-remove"
     accountant: str = "pld"
-    noise: NoisePlan = Independent()
+    noise: NoisePlan = Independent()  # noqa: RUF009 - frozen, hashable
     record_target_epsilon: float | None = None
     record_noise_multiplier: float | None = None
 
@@ -371,7 +371,8 @@ class PrivacyPlan:
         if isinstance(noise, Mapping):
             values["noise"] = noise_plan_from_dict(noise)
         else:
-            values["noise"] = noise_plan(noise or Independent.kind, **{k: v for k, v in legacy.items() if v is not None})
+            given = {k: v for k, v in legacy.items() if v is not None}
+            values["noise"] = noise_plan(noise or Independent.kind, **given)
         return cls(**values)
 
     def guarantee(

@@ -14,6 +14,7 @@ ledger reservation made before the first private step and settled with what ran,
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import math
@@ -343,10 +344,8 @@ def _noise_of(plan: Any) -> tuple[str, Any]:
     plan written before correlated noise existed, or unreadable, used independent noise."""
     noise: NoisePlan = Independent()
     if isinstance(plan, dict):
-        try:
+        with contextlib.suppress(TypeError, ValueError):
             noise = PrivacyPlan.from_dict(plan).noise
-        except (TypeError, ValueError):
-            pass
     return (noise.kind, noise.settings().get("bands"))
 
 

@@ -12,8 +12,8 @@ sampler draws its coins from a ChaCha20 keystream
 (:class:`featuredp.noise.ChaCha20Generator`).
 
 :class:`BMinSepSampler` is the cyclic Poisson sampler of the correlated-noise mechanisms (BandMF,
-:mod:`featuredp.noise.bandmf`; BLT, :mod:`featuredp.noise.blt`): a secret partition of the records, each part sampled at the
-steps of one residue class, so that a record's participations are at least b steps apart.
+:mod:`featuredp.noise.bandmf`; BLT, :mod:`featuredp.noise.blt`): a secret partition of the records, each part sampled
+at the steps of one residue class, so that a record's participations are at least b steps apart.
 
 The dataset size and sampling rate are explicit arguments: nothing is read from
 a DataLoader.

@@ -15,6 +15,7 @@ from featuredp.attacks import feature_canaries, feature_canary_scores, one_run_a
 from featuredp.attacks import torch_adapter as ta
 from featuredp.attacks.tabular import attribute_audit, membership_audit
 from featuredp.data.tabular import TabularDataset
+from featuredp.noise import BLT, BandMF
 from featuredp.plan import PrivacyPlan
 
 
@@ -176,7 +177,7 @@ def test_run_bound_of_a_bandmf_run_is_that_of_its_accounted_mechanism():
 
     coeffs = tuple(float(c) for c in banded_toeplitz_strategy(200, 4))
     plan = PrivacyPlan("dpsgd", 1000, 16, 0.016, 200, noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5,
-                       noise="bandmf", bands=4, noise_coeffs=coeffs)  # fmt: skip
+                       noise=BandMF(bands=4, coeffs=coeffs))  # fmt: skip
     terms = (1.0 / sensitivity(coeffs, 200), 0.064, 50)
     assert plan.dpsgd_terms(200) == pytest.approx(terms)
     eps = plan.epsilon(200)
@@ -197,7 +198,7 @@ def test_run_bound_of_a_blt_run_is_that_of_its_single_gaussian():
     theta, omega = optimize_blt(30, 10)
     params = (*theta.tolist(), *omega.tolist())
     plan = PrivacyPlan("dpsgd", 1000, 100, 0.1, 30, noise_multiplier=4.0, max_grad_norm=1.0, delta=1e-5,
-                       noise="blt", noise_coeffs=params)  # fmt: skip
+                       noise=BLT(coeffs=params))  # fmt: skip
     terms = (4.0 / blt_sensitivity(params, 100, 1000, 30), 1.0, 1)
     assert plan.dpsgd_terms(30) == pytest.approx(terms) and terms[0] < 4.0 / 1.7
     eps = plan.epsilon(30)

@@ -49,6 +49,7 @@ from featuredp.features import Columns
 from featuredp.losses import GaussianPadding, LabelDPSplit, LossSplit, default_split
 from featuredp.methods import get_method
 from featuredp.models import build_model, spec_for
+from featuredp.noise import DEFAULT_NOISE
 from featuredp.plan import TrainResult
 
 __all__ = ["TrainedModel", "ledger_summary", "references", "resolved_params", "retrain_like", "train_cell", "train_one",
@@ -106,7 +107,7 @@ def train_one(
     keep_checkpoint: bool = False,
     progress: bool = True,
     baselines: bool = False,
-    noise: str = "independent",
+    noise: str = DEFAULT_NOISE,
     bands: int | None = None,
     record_epsilon: float | None = None,
     **params: Any,
@@ -202,7 +203,7 @@ def train_one(
             raise ValueError(f"method {record.name!r} needs --epsilon (a target) or --noise-multiplier")
         kwargs["target_epsilon"] = epsilon
         kwargs["delta"] = delta
-    if noise != "independent" or bands is not None:
+    if noise != DEFAULT_NOISE or bands is not None:
         # Not through the preset's parameters: a non-private method given correlated noise is refused, never
         # dropped.
         kwargs.update(noise=noise, bands=bands)
@@ -250,7 +251,7 @@ def train_one(
         "relation": plan.relation,
         "delta": result.delta,
         "noise_multiplier": plan.noise_multiplier,
-        "noise": plan.noise,
+        "noise": plan.noise.kind,
         "bands": plan.bands,
         # the privacy report's block of a correlated-noise run (BLT's buffers and epoch, BandMF's coefficients, the
         # sensitivity its ε is accounted at); None for independent noise

@@ -23,6 +23,9 @@ from featuredp.noise.blt_plan import BLT
 from featuredp.noise.independent import Independent
 from featuredp.noise.plans import NOISE_PLANS, NoisePlan, noise_plan, noise_plan_from_dict, register_noise_plan
 
+#: the kind of the default noise (DP-SGD's independent Gaussian): what a run without ``noise=`` uses
+DEFAULT_NOISE: str = Independent.kind
+
 if TYPE_CHECKING:
     from featuredp.noise.sources import (
         MAX_RADIUS,
@@ -58,14 +61,27 @@ _TORCH_MODULES = frozenset({"sources", "bandmf", "blt"})
 
 __all__ = [
     "BLT",
+    "DEFAULT_NOISE",
+    # the sources (loaded on first use)
+    "MAX_RADIUS",
     "NOISE_PLANS",
+    "TAIL_MASS_PER_PAIR",
+    "WORDS_PER_PAIR",
     "BandMF",
+    "ChaCha20Generator",
+    "CorrelatedNoise",
     "Independent",
     "NoisePlan",
+    "NoiseSource",
+    "SecureNoise",
+    "TorchNoise",
+    "add_noise",
     "noise_plan",
     "noise_plan_from_dict",
+    "normals_from_words",
+    "normals_from_words_lazy",
+    "refinement_words",
     "register_noise_plan",
-    *_SOURCES,
 ]
 
 for _module in pkgutil.iter_modules(__path__):

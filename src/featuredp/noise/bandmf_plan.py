@@ -10,7 +10,7 @@ from featuredp._validate import check_int
 from featuredp.accounting.bandmf import bandmf_sampling_rate, bandmf_terms, calibrate_bandmf_noise, sensitivity
 from featuredp.accounting.calibrate import calibrate_steps
 from featuredp.errors import UnreachableTargetError
-from featuredp.noise.plans import NoisePlan, PlanView, NoisePlanBase, float_tuple, register_noise_plan
+from featuredp.noise.plans import NoisePlan, NoisePlanBase, PlanView, float_tuple, register_noise_plan
 
 if TYPE_CHECKING:
     from featuredp.noise.sources import NoiseSource
@@ -40,6 +40,23 @@ class BandMF(NoisePlanBase):
     order: ClassVar[int] = 1
     correlated: ClassVar[bool] = True
     takes_bands: ClassVar[bool] = True
+    line_style: ClassVar[str] = "-."
+    sigma_note: ClassVar[str] = (
+        "BandMF's σ is the std of z in the released C x + z (C's first coefficient 1), not comparable with DP-SGD's: "
+        "its ε is that of DP-SGD with multiplier σ / (max column norm of C), sampling rate m·b/n and ⌈T/b⌉ steps "
+        "(docs/accounting.md, \"Correlated noise (BandMF)\")."
+    )
+
+    @classmethod
+    def grid_note(cls, bands: int | None) -> str:
+        """The BandMF arm, with the grid's b or how each cell chooses it."""
+        chosen = (f"b = {bands} in every BandMF cell" if bands else
+                  "b chosen per cell by the engine at its ε: the b of 1, 2, 4, ... (at most the steps and n/m) with "
+                  "the least noise RMSE for the run's momentum workload (featuredp.noise.bandmf.best_bands)")
+        return ("Noise: each private method runs with independent Gaussian noise and with BandMF (banded "
+                f"matrix-factorization correlated noise, cyclic Poisson sampling over b partitions; {chosen}), "
+                "at the same ε and δ with the same hyperparameters (with tuning: each arm tuned alike); σ is "
+                "calibrated for each (docs/accounting.md, \"Correlated noise (BandMF)\").")  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.bands is not None:

@@ -17,7 +17,7 @@ from featuredp.accounting.blt import (
     split_blt_params,
 )
 from featuredp.errors import UnreachableTargetError
-from featuredp.noise.plans import NoisePlan, PlanView, NoisePlanBase, float_tuple, register_noise_plan
+from featuredp.noise.plans import NoisePlan, NoisePlanBase, PlanView, float_tuple, register_noise_plan
 
 if TYPE_CHECKING:
     from featuredp.noise.sources import NoiseSource
@@ -43,6 +43,20 @@ class BLT(NoisePlanBase):
     label: ClassVar[str] = "BLT"
     order: ClassVar[int] = 2
     correlated: ClassVar[bool] = True
+    line_style: ClassVar[str] = ":"
+    sigma_note: ClassVar[str] = (
+        "BLT's σ is likewise the std of z in C x + z, not comparable with DP-SGD's: its ε is that of one Gaussian "
+        "release with multiplier σ / Δ, Δ the min-sep sensitivity of C over epochs of ⌊n/m⌋ steps, without "
+        "amplification by sampling (featuredp.noise.blt)."
+    )
+
+    @classmethod
+    def grid_note(cls, bands: int | None) -> str:
+        """The BLT arm."""
+        return ("Noise, the BLT arm: buffered linear Toeplitz correlated noise with cyclic sampling over epochs "
+                "of ⌊n/m⌋ steps (BLT: d <= 4 buffers optimised for the run's workload, one Gaussian at the "
+                "min-sep sensitivity, no amplification: featuredp.noise.blt), at the same ε and δ with the same "
+                "hyperparameters as the other arms (with tuning: each arm tuned alike); σ is calibrated for each.")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "coeffs", float_tuple(self.coeffs))

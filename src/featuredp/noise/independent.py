@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from featuredp.accounting import calibrate_noise_multiplier, calibrate_steps
-from featuredp.noise.plans import NoisePlan, PlanView, NoisePlanBase, register_noise_plan
+from featuredp.noise.plans import NoisePlan, NoisePlanBase, PlanView, register_noise_plan
 
 if TYPE_CHECKING:
     from featuredp.noise.sources import NoiseSource

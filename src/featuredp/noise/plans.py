@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
+from featuredp._validate import check_choice
 from featuredp.accounting import DpEvent, dpsgd_event
 
 if TYPE_CHECKING:
@@ -66,6 +67,15 @@ class NoisePlan(Protocol):
     correlated: ClassVar[bool]
     #: whether it takes a ``bands`` setting (BandMF)
     takes_bands: ClassVar[bool]
+    #: what a results table must say about its σ (empty: DP-SGD's noise multiplier)
+    sigma_note: ClassVar[str]
+    #: the matplotlib line style of its arm in a privacy-utility plot (its method's colour)
+    line_style: ClassVar[str]
+
+    @classmethod
+    def grid_note(cls, bands: int | None) -> str:
+        """How a comparison grid's summary describes its arm (``bands``: the grid's, None: chosen per cell)."""
+        ...
 
     @property
     def is_planned(self) -> bool:
@@ -149,9 +159,7 @@ def register_noise_plan(cls: _P) -> _P:
 
 def _check_kind(name: object) -> type[NoisePlan]:
     """The registered class called ``name``; a one-line error naming ``noise`` otherwise."""
-    if not isinstance(name, str) or name not in NOISE_PLANS:
-        raise ValueError(f"noise must be one of {list(NOISE_PLANS)}, got {name!r}")
-    return NOISE_PLANS[name]
+    return NOISE_PLANS[check_choice("noise", name, tuple(NOISE_PLANS))]
 
 
 def noise_plan(name: str | NoisePlan, **params: Any) -> NoisePlan:
@@ -190,6 +198,13 @@ class NoisePlanBase:
     order: ClassVar[int] = 9
     correlated: ClassVar[bool] = False
     takes_bands: ClassVar[bool] = False
+    sigma_note: ClassVar[str] = ""
+    line_style: ClassVar[str] = "--"
+
+    @classmethod
+    def grid_note(cls, bands: int | None) -> str:
+        """No note."""
+        return ""
 
     def terms(self, plan: PlanView, steps: int) -> tuple[float, float, int]:  # pragma: no cover - abstract
         """(σ_eff, q, T) of ``steps`` private steps (:class:`NoisePlan`)."""
