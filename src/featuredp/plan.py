@@ -357,7 +357,7 @@ class PrivacyPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (∞ written as the string "inf"; the noise plan as its nested dict)."""
-        out = {f.name: inf_to_str(getattr(self, f.name)) for f in fields(self)}
+        out: dict[str, Any] = {f.name: inf_to_str(getattr(self, f.name)) for f in fields(self)}
         out["noise"] = self.noise.to_dict()
         return out
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast, runtime_checkable
 
 from featuredp._validate import check_choice
 from featuredp.accounting import DpEvent, dpsgd_event
@@ -174,7 +174,7 @@ def noise_plan(name: str | NoisePlan, **params: Any) -> NoisePlan:
             raise ValueError(f"give settings {sorted(params)} in the noise plan {name!r} itself")
         return name
     cls = _check_kind(name)
-    accepted = {f.name for f in fields(cls)} if hasattr(cls, "__dataclass_fields__") else set()
+    accepted = {f.name for f in fields(cast(Any, cls))}  # the init fields (not the ClassVars)
     unknown = sorted(set(params) - accepted)
     if unknown:
         raise ValueError(f"{unknown[0]} is not a setting of noise={name!r} (its settings: {sorted(accepted)})")
