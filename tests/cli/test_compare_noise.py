@@ -95,11 +95,19 @@ def test_a_real_grid_with_both_noises_reports_both(tmp_path, capsys) -> None:
     assert "different grid" in capsys.readouterr().err
 
 
-def test_the_clis_copy_of_the_noise_kinds_matches_the_config():
-    from featuredp.cli._flags import NOISES
-    from featuredp.config import NOISE_KINDS
+def test_the_clis_noise_choices_are_the_registry_read_when_parsing():
+    import subprocess
+    import sys
 
-    assert NOISES == NOISE_KINDS
+    from featuredp.cli._flags import NOISES
+    from featuredp.noise import NOISE_PLANS
+
+    assert list(NOISES) == list(NOISE_PLANS) and "blt" in NOISES and "gaussian" not in NOISES
+    # building the parser (featuredp --help) still imports no accountant: the choices are read on first use
+    code = ("import sys; from featuredp.cli import build_parser; build_parser(); "
+            "print('featuredp.accounting' in sys.modules, 'featuredp.noise' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "False"]
 
 
 @pytest.mark.filterwarnings("ignore::featuredp.errors.PrivacyLeakWarning")  # the tiny CSV has no schema
