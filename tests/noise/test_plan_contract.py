@@ -16,8 +16,8 @@ from typing import ClassVar
 import numpy as np
 import pytest
 import torch
-from _fdp_synth import make_tabular
 
+from _fdp_synth import make_tabular
 from featuredp import Trainer
 from featuredp.accounting import compute_epsilon, dpsgd_event
 from featuredp.accounting.bandmf import bandmf_epsilon
