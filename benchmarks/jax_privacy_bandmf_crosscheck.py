@@ -2,7 +2,7 @@
 
 featuredp accounts a b-banded BandMF run with cyclic Poisson sampling (Choquette-Choo et al. 2023, Theorem 4) as
 DP-SGD with rate q = m·b/n, noise multiplier σ / (max column norm of C) and ceil(T/b) steps
-(:func:`featuredp.bandmf.bandmf_epsilon`). This script asks jax_privacy the same question three ways, with nothing
+(:func:`featuredp.noise.bandmf.bandmf_epsilon`). This script asks jax_privacy the same question three ways, with nothing
 from featuredp imported, and records the answers; ``tests/test_bandmf_crosscheck.py`` compares featuredp to them.
 
 Runs in a separate venv only (jax_privacy is not a featuredp dependency)::

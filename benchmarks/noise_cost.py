@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from featuredp.experiments.throughput import engine_runner, synthetic_purchase
-from featuredp.noise import NoiseSource, _random_words, normals_from_words
+from featuredp.noise.sources import NoiseSource, _random_words, normals_from_words
 
 torch.set_num_threads(1)
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 15

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from featuredp import correlated, sampling
+from featuredp import sampling
 from featuredp.data import TabularDataset
 from featuredp.losses import LossSplit, forward
 from featuredp.noise import ChaCha20Generator, SecureNoise, TorchNoise
@@ -110,5 +110,5 @@ def record_cyclic(monkeypatch: Any) -> list[np.ndarray]:
             rec.append(idx.copy())
             return idx
 
-    monkeypatch.setattr(correlated, "BMinSepSampler", Recording)
+    monkeypatch.setattr(sampling, "BMinSepSampler", Recording)
     return rec

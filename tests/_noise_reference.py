@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from featuredp.noise import REFINE_BELOW, normals_from_words
+from featuredp.noise.sources import REFINE_BELOW, normals_from_words
 
 
 def reference_normals(stream: torch.Tensor, pairs: int) -> torch.Tensor:

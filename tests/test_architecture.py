@@ -28,7 +28,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "featuredp"
 # The deprecated re-exports of the first redesign (featuredp.privatize, privatize_ghost, image_features, runs,
 # train_tabular) were kept for one release and are gone; none may come back as a stray module.
 REMOVED_SHIMS = ("featuredp.privatize", "featuredp.privatize_ghost", "featuredp.image_features", "featuredp.runs",
-                 "featuredp.train_tabular")  # fmt: skip
+                 "featuredp.train_tabular", "featuredp.correlated", "featuredp.bandmf", "featuredp.blt")  # fmt: skip
 APPLICATION = ("featuredp.experiments", "featuredp.cli")
 ENTRY_POINTS = {"featuredp.__main__"}  # ``python -m featuredp`` runs the CLI: it is the top, not a building block
 
@@ -116,13 +116,18 @@ def test_no_import_cycles():
     assert cycles == [], f"import cycles: {cycles}"
 
 
+# The noise plans stay torch-free at import (so that the plan, the configs and the accountant load without torch)
+# and build their sampler and noise source, which need torch, on first use: those imports are inside functions.
+LAZY_TORCH_IMPORTS = {"featuredp.noise.sources", "featuredp.noise.bandmf", "featuredp.noise.blt", "featuredp.sampling"}
+
+
 def test_no_package_imports_inside_functions_outside_the_cli():
     found = [
         f"{m}:{line} imports {t}"
         for m in MODULES
         if not _in(m, ("featuredp.cli",))
         for t, inside, line in _imports(m)
-        if inside
+        if inside and not (_in(m, ("featuredp.noise",)) and t in LAZY_TORCH_IMPORTS)
     ]
     assert found == [], "\n".join(found)
 
@@ -207,7 +212,7 @@ def test_no_module_is_longer_than_800_lines():
 
 
 @pytest.mark.parametrize("module", ["featuredp", "featuredp.accounting", "featuredp.plan", "featuredp.methods",
-                                    "featuredp.config"])
+                                    "featuredp.config", "featuredp.noise", "featuredp.noise.plans"])
 def test_light_modules_do_not_import_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
@@ -238,7 +243,7 @@ RAW_ACCOUNTING = {"epsilon_for", "dpsgd_event", "calibrate_noise_multiplier", "c
 RAW_ACCOUNTING_ALLOWED = {
     "plan.py": "the one source: PrivacyPlan's terms",
     "accounting/": "the accountant itself",
-    "correlated.py": "BandMF/BLT calibration on their own amplified terms (accounting.bandmf_terms / blt_terms)",
+    "noise/": "the noise plans: each owns its terms, calibration and budget stop (PrivacyPlan delegates to them)",
     "cli/account.py": "`featuredp account`: σ, p, T typed by the user, no run",
     "cli/calibrate.py": "`featuredp calibrate`: σ or T from the user's numbers, no run",
     "experiments/protocols.py": "the paper's published constants (σ, p), not a run's plan",
@@ -280,3 +285,75 @@ def test_the_one_source_rule_sees_a_stray_call(tmp_path):
     old = tmp_path / "engine.py"
     old.write_text("sigma = accounting.calibrate_noise_multiplier(eps, delta, p, steps)\n")
     assert _raw_accounting_calls(old) == ["calibrate_noise_multiplier (line 1)"]
+
+
+# -- one owner per noise kind (issue 36, item 1) ---------------------------------------------------------------
+
+# Every noise-kind decision belongs to its noise plan (featuredp.noise): the rest of the package asks the plan
+# object or class (plan.noise.correlated, cls.takes_bands, cls.label, ...) and never compares with a kind's name,
+# keys a dict by it or lists it in an `in` tuple, so that a new kind is one new file.
+NOISE_OWNER = "noise/"
+
+
+def _noise_kinds() -> set[str]:
+    from featuredp.noise import NOISE_PLANS
+
+    return set(NOISE_PLANS)
+
+
+def _kind_literals(node: ast.AST, kinds: set[str]) -> list[str]:
+    """The kind names written as string literals in ``node`` itself or a tuple/list/set literal it is."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in kinds:
+        return [node.value]
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return [k for elt in node.elts for k in _kind_literals(elt, kinds)]
+    return []
+
+
+def _noise_kind_switches(source: str, kinds: set[str]) -> list[str]:
+    """Where ``source`` compares with a noise kind's name (==, !=, in, not in, is), keys a dict by one, or reads
+    one from a dict (``d.get("bandmf")``, ``d["blt"]``)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        found: list[str] = []
+        if isinstance(node, ast.Compare):
+            for operand in (node.left, *node.comparators):
+                found += _kind_literals(operand, kinds)
+        elif isinstance(node, ast.Dict):
+            for key in node.keys:
+                if key is not None:
+                    found += _kind_literals(key, kinds)
+        elif isinstance(node, ast.Subscript):
+            found += _kind_literals(node.slice, kinds)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            found += [k for a in node.args[:1] for k in _kind_literals(a, kinds)]
+        elif isinstance(node, ast.match_case):
+            found += [k for n in ast.walk(node.pattern) for k in _kind_literals(n, kinds)]
+        out += [f"{k!r} (line {node.lineno})" for k in found if hasattr(node, "lineno")]
+    return out
+
+
+def test_no_noise_kind_switches_outside_the_noise_plans():
+    kinds = _noise_kinds()
+    assert {"independent", "bandmf", "blt"} <= kinds
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith(NOISE_OWNER):
+            continue
+        bad += [f"{rel}: {hit}" for hit in _noise_kind_switches(path.read_text(encoding="utf-8"), kinds)]
+    assert not bad, "ask the noise plan (featuredp.noise) instead of comparing with a kind's name: " + "; ".join(bad)
+
+
+@pytest.mark.parametrize("stray", [
+    'if plan.noise == "bandmf":\n    pass\n',
+    'x = noise != "independent"\n',
+    'ok = noise in ("bandmf", "blt")\n',
+    'LABELS = {"blt": " + BLT"}\n',
+    'label = LABELS.get("bandmf")\n',
+    'style = STYLES["blt"]\n',
+    'ok = "bandmf" not in noises\n',
+])  # fmt: skip
+def test_the_noise_kind_rule_sees_a_stray_switch(stray):
+    assert _noise_kind_switches(stray, {"independent", "bandmf", "blt"})
+    assert not _noise_kind_switches('noise: str = "independent"\nprint("bandmf")\n', {"independent", "bandmf", "blt"})

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from _fdp_synth import secure_source, torch_source
-from featuredp import bandmf as bm
 from featuredp.accounting import calibrate_noise_multiplier, compute_epsilon, dpsgd_event
+from featuredp.noise import bandmf as bm
 
 # ----------------------------------------------------------------------------- strategy
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from _fdp_synth import secure_source, torch_source
-from featuredp import blt
 from featuredp.accounting import compute_epsilon
 from featuredp.accounting.events import gaussian_event
 from featuredp.errors import UnreachableTargetError
+from featuredp.noise import blt
 
 VALID = [([0.9], [0.5]), ([0.95, 0.4], [0.3, 0.25]), ([0.99, 0.8, 0.2], [0.1, 0.3, 0.4]), ([0.0], [1.0])]
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from featuredp import blt
 from featuredp.accounting import compute_epsilon
 from featuredp.accounting.events import gaussian_event
+from featuredp.noise import blt
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "jax_privacy_blt.json"
 SETTINGS = json.loads(FIXTURE.read_text())["settings"]

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as nnf
 
 from _fdp_synth import ZeroSplit, make_tabular
-from featuredp import accounting, engine, run_state
+from featuredp import accounting, engine, run_state, sampling
 from featuredp.clipping import VmapGradients
 from featuredp.engine import Trainer, evaluate
 from featuredp.errors import DataValidationError
@@ -168,7 +168,7 @@ def _record_samplers(monkeypatch):
             rec["public"].append(idx.copy())
             return idx
 
-    monkeypatch.setattr(run_state, "PoissonSampler", RecPoisson)
+    monkeypatch.setattr(sampling, "PoissonSampler", RecPoisson)  # the private sampler: the noise plan builds it
     monkeypatch.setattr(run_state, "UniformSampler", RecUniform)
     return rec
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from _fdp_synth import make_tabular
-from featuredp import engine, run_state
+from featuredp import engine, run_state, sampling
 from featuredp.batches import as_batch, to_device
 from featuredp.engine import Trainer
 from featuredp.errors import UnreachableTargetError
@@ -84,7 +84,8 @@ def _count_draws(monkeypatch) -> dict[str, int]:
             return super().sample()
 
     monkeypatch.setattr(TorchNoise, "add", counting_add)
-    monkeypatch.setattr(run_state, "PoissonSampler", CountingPoisson)
+    monkeypatch.setattr(run_state, "PoissonSampler", CountingPoisson)  # the backstop's samplers
+    monkeypatch.setattr(sampling, "PoissonSampler", CountingPoisson)  # the private one (the noise plan's)
     return counts
 
 

@@ -17,13 +17,14 @@ import torch
 from torch.nn import functional as nnf
 
 from _fdp_synth import LinearSplit, ZeroSplit, make_tabular, record_cyclic, record_noise
-from featuredp import accounting, bandmf, correlated, run_state, sampling
+from featuredp import accounting, run_state, sampling
 from featuredp.accounting import BudgetLedger
 from featuredp.cli import main
 from featuredp.engine import Trainer
 from featuredp.experiments.runs import save_run
 from featuredp.features import Columns, LabelPrivate
 from featuredp.models import LogisticRegression
+from featuredp.noise import bandmf
 
 
 def _model(init: int = 1, d: int = 7, k: int = 2) -> LogisticRegression:
@@ -52,7 +53,7 @@ def test_sigma_zero_without_clipping_is_plain_sgd_on_the_cyclic_poisson_batches(
     model = copy.deepcopy(base)
     res = Trainer(model, "dpsgd", steps=16, batch_size=20, noise_multiplier=0.0, max_grad_norm=math.inf, lr=0.1,
                   momentum=0.9, noise="bandmf", bands=4, seed=3, progress=False).fit(data)  # fmt: skip
-    assert res.plan.noise == "bandmf" and res.plan.bands == 4 and len(rec) == 16
+    assert res.plan.noise.kind == "bandmf" and res.plan.bands == 4 and len(rec) == 16
     # The sampler the run used is the b-min-separated one: a record only ever joins steps of one class mod b.
     classes: dict[int, set[int]] = {}
     for t, idx in enumerate(rec):
@@ -81,7 +82,7 @@ def test_one_band_is_the_independent_run_bit_for_bit(secure_rng, budget):
     ra = a.fit(data)
     b = _fdp(_model(), seed=5, secure_rng=secure_rng, noise="bandmf", bands=1, **budget)
     rb = b.fit(data)
-    assert rb.plan.noise == "bandmf" and rb.plan.noise_coeffs == (1.0,)
+    assert rb.plan.noise.kind == "bandmf" and rb.plan.noise_coeffs == (1.0,)
     assert rb.plan.noise_multiplier == ra.plan.noise_multiplier and rb.epsilon == ra.epsilon
     assert _same(a.model.state_dict(), b.model.state_dict())
     # Teeth: two bands on the same seed are another run.
@@ -156,7 +157,7 @@ def test_reported_epsilon_is_bandmf_epsilon_for_the_plan_and_the_ledger_records_
     save_run(tmp_path / "run", t, res, model_spec={"kind": "logreg"})
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["config"]["noise"] == "bandmf" and info["config"]["bands"] == 4
-    assert info["plan"]["noise"] == "bandmf" and info["plan"]["bands"] == 4
+    assert info["plan"]["noise"]["kind"] == "bandmf" and info["plan"]["noise"].get("bands") == 4
     assert "noise bandmf" in info["result"]["guarantee"]
 
 
@@ -264,7 +265,7 @@ def test_replay_neighbours_differ_only_through_the_strategys_sensitivity(monkeyp
             idx = super().sample()
             return np.append(idx, n) if self.with_record and t in extra_steps else idx
 
-    monkeypatch.setattr(correlated, "BMinSepSampler", Replay)
+    monkeypatch.setattr(sampling, "BMinSepSampler", Replay)
     sums, noises = record_noise(monkeypatch, bandmf.BandedNoise)
 
     def run(data):
@@ -380,7 +381,7 @@ def test_train_bandmf_end_to_end_names_noise_and_bands(capsys, tmp_path):
     assert "noise bandmf" in out["guarantee"] and "2 bands" in out["guarantee"]
     info = json.loads((run / "run.json").read_text())
     assert info["config"]["noise"] == "bandmf" and info["config"]["bands"] == 2
-    assert info["plan"]["noise"] == "bandmf" and info["plan"]["bands"] == 2
+    assert info["plan"]["noise"]["kind"] == "bandmf" and info["plan"]["noise"].get("bands") == 2
     assert main([*_TINY, "--noise", "bandmf", "--bands", "2"]) == 0
     text = capsys.readouterr().out
     assert "bandmf, 2 bands" in text

@@ -18,13 +18,14 @@ import torch
 from torch.nn import functional as nnf
 
 from _fdp_synth import LinearSplit, ZeroSplit, make_tabular, record_cyclic, record_noise
-from featuredp import accounting, bandmf, blt, correlated, sampling
+from featuredp import accounting, sampling
 from featuredp.accounting import BudgetLedger
 from featuredp.engine import Trainer
 from featuredp.errors import UnreachableTargetError
 from featuredp.experiments.runs import save_run
 from featuredp.features import Columns, LabelPrivate
 from featuredp.models import LogisticRegression
+from featuredp.noise import bandmf, blt
 
 
 def _model(init: int = 1, d: int = 7, k: int = 2) -> LogisticRegression:
@@ -55,7 +56,7 @@ def test_sigma_zero_without_clipping_is_plain_sgd_on_the_epochs_of_secret_partit
     model = copy.deepcopy(base)
     res = Trainer(model, "dpsgd", steps=25, batch_size=20, noise_multiplier=0.0, max_grad_norm=math.inf, lr=0.1,
                   momentum=0.9, noise="blt", seed=3, progress=False).fit(data)  # fmt: skip
-    assert res.plan.noise == "blt" and res.plan.bands is None and len(rec) == 25
+    assert res.plan.noise.kind == "blt" and res.plan.bands is None and len(rec) == 25
     # b = ⌊200/20⌋ = 10 partitions taken whole (rate m·b/n = 1): each record once per epoch, in one class mod 10.
     seen: dict[int, list[int]] = {}
     for t, idx in enumerate(rec):
@@ -98,7 +99,7 @@ def test_reported_epsilon_is_the_single_gaussian_at_the_minsep_sensitivity(tmp_p
     assert res.plan.dpsgd_terms(24) == (4.0 / sens, 1.0, 1)
     save_run(tmp_path / "run", t, res, model_spec={"kind": "logreg"})
     info = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert info["config"]["noise"] == "blt" and info["plan"]["noise"] == "blt"
+    assert info["config"]["noise"] == "blt" and info["plan"]["noise"]["kind"] == "blt"
     assert "noise blt" in info["result"]["guarantee"]
 
 
@@ -203,7 +204,7 @@ def test_replay_neighbours_differ_only_through_the_minsep_sensitivity(monkeypatc
             idx = super().sample()
             return np.append(idx, n) if self.with_record and t in extra_steps else idx
 
-    monkeypatch.setattr(correlated, "BMinSepSampler", Replay)
+    monkeypatch.setattr(sampling, "BMinSepSampler", Replay)
     sums, noises = record_noise(monkeypatch, blt.BLTNoise)
 
     def run(data):

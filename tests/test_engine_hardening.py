@@ -132,7 +132,7 @@ def test_public_seed_fixes_only_public_randomness(monkeypatch):
 
 
 def test_secure_mode_keys_come_from_the_os(monkeypatch):
-    import featuredp.noise as noise_mod
+    import featuredp.noise.sources as noise_mod
 
     calls = []
     real = noise_mod.os.urandom

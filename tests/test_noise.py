@@ -10,11 +10,11 @@ import pytest
 import torch
 from scipy import integrate, stats
 
-import featuredp.noise as noise_mod
+import featuredp.noise.sources as noise_mod
 from _noise_reference import reference_normals
 from featuredp.accounting import bounded_sampler_delta
 from featuredp.engine import Trainer
-from featuredp.noise import (
+from featuredp.noise.sources import (
     MAX_RADIUS,
     TAIL_MASS_PER_PAIR,
     ChaCha20Generator,

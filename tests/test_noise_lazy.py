@@ -11,10 +11,10 @@ import pytest
 import torch
 from scipy import stats
 
-import featuredp.noise as noise_mod
+import featuredp.noise.sources as noise_mod
 from _noise_reference import reference_normals
 from featuredp.accounting import sampler_tail_delta
-from featuredp.noise import (
+from featuredp.noise.sources import (
     MAX_RADIUS,
     REFINE_BELOW,
     REFINE_OVERFLOW_BOUND,

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from _fdp_synth import make_tabular
-from featuredp import engine, run_state
+from featuredp import engine, run_state, sampling
 from featuredp.cli import main
 from featuredp.config import PrivacyConfig, ScheduleConfig
 from featuredp.engine import Trainer
@@ -134,7 +134,7 @@ def _record_samplers(monkeypatch):
 
         return Rec
 
-    monkeypatch.setattr(run_state, "PoissonSampler", recording(PoissonSampler, "private"))
+    monkeypatch.setattr(sampling, "PoissonSampler", recording(PoissonSampler, "private"))  # the noise plan builds it
     monkeypatch.setattr(run_state, "UniformSampler", recording(UniformSampler, "public"))
     monkeypatch.setattr(run_state, "EpochShuffler", recording(EpochShuffler, "shuffled"))
     return rec

@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from featuredp._validate import (
@@ -32,14 +32,9 @@ from featuredp._validate import (
     check_sampling_rate,
 )
 from featuredp.accounting.events import check_accountant, check_relation
+from featuredp.noise import NOISE_PLANS, Independent, NoisePlan, noise_plan
 
-__all__ = ["CORRELATED_NOISES", "NOISE_KINDS", "PerformanceConfig", "PrivacyConfig", "ScheduleConfig", "split_settings"]
-
-#: the noise of the private steps: DP-SGD's independent Gaussian, or correlated noise: BandMF's (featuredp.bandmf)
-#: or BLT's (featuredp.blt)
-NOISE_KINDS = ("independent", "bandmf", "blt")
-#: the correlated kinds: their strategy's parameters are in the plan (noise_coeffs) and their sampler is cyclic
-CORRELATED_NOISES = ("bandmf", "blt")
+__all__ = ["PerformanceConfig", "PrivacyConfig", "ScheduleConfig", "split_settings"]
 
 
 @dataclass(frozen=True)
@@ -51,11 +46,12 @@ class PrivacyConfig:
     algorithm; w = 0 clips ∇ℓ and draws no public batch (with α = 1: ``fdp_dpsgd``).
     ``seed`` (secret, research only) seeds every stream; ``public_seed`` only the public ones;
     ``secure_rng`` draws the noise and the private sampling from ChaCha20 (see ``docs/engine.md``).
-    ``noise``: ``"independent"`` (DP-SGD's fresh Gaussian noise every step, the default) or ``"bandmf"``
-    (banded matrix-factorization correlated noise with ``bands`` bands and cyclic Poisson sampling,
-    :mod:`featuredp.bandmf`; ``bands=None`` lets the plan choose) or ``"blt"`` (buffered-linear-Toeplitz correlated
-    noise over epochs of ⌊n/m⌋ steps, accounted without amplification: :mod:`featuredp.blt`). ``bands`` is only for
-    ``"bandmf"``.
+    ``noise``: the noise plan of the private steps (:mod:`featuredp.noise`), an instance (``BandMF(bands=4)``) or
+    a registered name (:data:`featuredp.noise.NOISE_PLANS`): ``"independent"`` (DP-SGD's fresh Gaussian noise every
+    step, the default), ``"bandmf"`` (banded matrix-factorization correlated noise with cyclic Poisson sampling) or
+    ``"blt"`` (buffered-linear-Toeplitz correlated noise over epochs of ⌊n/m⌋ steps, accounted without
+    amplification); it is held as the (unplanned) plan object, which the Trainer plans for the run. ``bands``:
+    BandMF's bands (None lets the plan choose), folded into the plan; only for a plan that takes bands.
     ``record_epsilon`` (E, default None: no backstop): make the whole run also (E, δ)-DP for whole records —
     every step that reads the public view Ψ(S) is Poisson-sampled from a secret stream, clipped and noised
     (docs/engine.md, "The record-level backstop"); what Ψ misses is otherwise public and not covered.
@@ -72,7 +68,7 @@ class PrivacyConfig:
     seed: int | None = None
     public_seed: int | None = None
     secure_rng: bool = False
-    noise: str = "independent"
+    noise: NoisePlan | str = Independent()  # noqa: RUF009 - frozen, hashable
     bands: int | None = None
     record_epsilon: float | None = None
 
@@ -90,15 +86,27 @@ class PrivacyConfig:
                                                                                  minimum=0))
         if not isinstance(self.secure_rng, bool):
             raise TypeError(f"secure_rng must be True or False, got {self.secure_rng!r}")
-        _set(self, "noise", check_choice("noise", self.noise, NOISE_KINDS))
+        noise = noise_plan(self.noise)
         if self.bands is not None:
             _set(self, "bands", check_int("bands", self.bands, minimum=1))
-            if self.noise != "bandmf":
-                raise ValueError(f"bands is for noise='bandmf', got bands={self.bands!r} with noise={self.noise!r}")
+            if not type(noise).takes_bands:
+                takes = " or ".join(repr(k) for k, c in NOISE_PLANS.items() if c.takes_bands)
+                raise ValueError(f"bands is for noise={takes}, got bands={self.bands!r} with noise={noise.kind!r}")
+            given = noise.settings().get("bands")
+            if given is not None and given != self.bands:
+                raise ValueError(f"bands={self.bands!r} disagrees with the noise plan's bands={given!r}")
+            noise = replace(noise, bands=self.bands)  # type: ignore[type-var]
+        _set(self, "noise", noise)
         _set(self, "record_epsilon", _opt(check_positive, "record_epsilon", self.record_epsilon))
-        if self.record_epsilon is not None and self.noise != "independent":
-            raise ValueError(f"record_epsilon (the record-level backstop) is not supported with noise={self.noise!r} "
-                             "yet; use noise='independent'")  # fmt: skip
+        if self.record_epsilon is not None and noise.correlated:
+            raise ValueError(f"record_epsilon (the record-level backstop) is not supported with noise={noise.kind!r} "
+                             f"yet; use noise={Independent.kind!r}")  # fmt: skip
+
+    @property
+    def noise_plan(self) -> NoisePlan:
+        """``noise`` as its (unplanned) plan object (it is always one after construction)."""
+        assert not isinstance(self.noise, str)
+        return self.noise
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,6 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from featuredp import correlated
 from featuredp._validate import check_choice, check_delta, check_int
 from featuredp.accounting import (
     BudgetLedger,
@@ -91,7 +90,8 @@ from featuredp.errors import DataValidationError, UnreachableTargetError, warn_r
 from featuredp.features import Batch, PublicFeatureMap
 from featuredp.losses import LabelDPSplit, LossSplit, default_split
 from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS, Method, get_method
-from featuredp.noise import SecureNoise, TorchNoise
+from featuredp.noise import Independent
+from featuredp.noise.sources import SecureNoise, TorchNoise
 from featuredp.plan import PrivacyPlan, TrainResult, inf_to_str
 from featuredp.run_state import ModelRuns, RunState, data_fingerprint, open_ledger, reserve, settle
 from featuredp.sampling import make_streams, random_seed_from, warn_private_seed
@@ -203,8 +203,9 @@ class Trainer:
             raise ValueError(f"method {self.method!r} needs noise_multiplier= or target_epsilon= (with delta=)")
         if record.private and self.privacy.delta is None:
             raise ValueError(f"method {self.method!r} needs delta=")
-        if self.privacy.noise != "independent" and not record.private:
-            raise ValueError(f"noise={self.privacy.noise!r} is for the private methods {list(PRIVATE_METHODS)}, got "
+        if self.privacy.noise_plan != Independent() and not record.private:
+            raise ValueError(f"noise={self.privacy.noise_plan.kind!r} is for the private methods "
+                             f"{list(PRIVATE_METHODS)}, got "
                              f"method={self.method!r}")  # fmt: skip
         if self.privacy.record_epsilon is not None and not (record.private or record.public_steps):
             raise ValueError(f"record_epsilon (the record-level backstop) is for methods that read a record with "
@@ -278,10 +279,10 @@ class Trainer:
             "seeded": p.seed is not None,
             "public_seed": p.public_seed,
             "secure_rng": p.secure_rng,
-            "noise": p.noise,
+            "noise": p.noise_plan.kind,
             "record_epsilon": p.record_epsilon,
             # BandMF's bands as run (the plan's: chosen there when not given), None for independent noise.
-            "bands": self.plan.bands if self.plan is not None else p.bands,
+            "bands": (self.plan.noise if self.plan is not None else p.noise_plan).settings().get("bands"),
             "device": str(self.device),
             "world_size": 1 if self.dist is None else self.dist.world_size,
             "precision": self.performance.precision,
@@ -347,38 +348,26 @@ class Trainer:
         if delta is not None and record.private:
             delta = check_delta(delta, n)  # warns (PrivacyRiskWarning) when delta >= 1/n
         sigma, budget = p_cfg.noise_multiplier, None
-        bands, coeffs = None, None
-        if record.private and p_cfg.noise != "independent":
-            assert delta is not None  # checked in __init__
-            s_cfg = self.schedule  # the workload: SGD momentum's, else the prefix sums (Adam is not linear)
-            bands, coeffs = correlated.plan_strategy(
-                p_cfg.noise, n, m, steps, bands=p_cfg.bands, target_epsilon=p_cfg.target_epsilon, delta=delta,
-                momentum=s_cfg.momentum if s_cfg.optimizer == "sgd" else 0.0, relation=p_cfg.relation,
-                accountant=p_cfg.accountant,
-            )  # fmt: skip
+        noise = p_cfg.noise_plan if record.private else Independent()
         if record.private:
             assert delta is not None  # checked in __init__
-            acct: dict[str, Any] = {"relation": p_cfg.relation, "accountant": p_cfg.accountant}
-            # σ and the step budget are calibrated on the plan's own accounted terms (PrivacyPlan.dpsgd_terms), the
-            # ones its ε, the ledger and the audits read.
+            s_cfg = self.schedule  # the workload: SGD momentum's, else the prefix sums (Adam is not linear)
+            noise = noise.planned(n, m, steps, target_epsilon=p_cfg.target_epsilon, delta=delta,
+                                  momentum=s_cfg.momentum if s_cfg.optimizer == "sgd" else 0.0,
+                                  relation=p_cfg.relation, accountant=p_cfg.accountant)  # fmt: skip
+            # σ and the step budget are calibrated on the plan's own accounted terms (the noise plan's, through
+            # PrivacyPlan.dpsgd_terms), the ones its ε, the ledger and the audits read; never overshooting.
             accounted = PrivacyPlan(self.method, n, m, p, steps, noise_multiplier=1.0 if sigma is None else sigma,
-                                    delta=delta, **acct)  # fmt: skip
+                                    delta=delta, relation=p_cfg.relation, accountant=p_cfg.accountant,
+                                    noise=noise)  # fmt: skip
             if sigma is None:
                 assert p_cfg.target_epsilon is not None  # checked in __init__
-                if coeffs is None:
-                    sigma = accounted.calibrated_noise_multiplier(p_cfg.target_epsilon)
-                else:  # never overshoots: σ / sens(C) is at least the calibrated multiplier of its event
-                    sigma = correlated.calibrate(p_cfg.noise, p_cfg.target_epsilon, delta, m, n, steps, bands, coeffs,
-                                                 **acct)  # fmt: skip
+                sigma = accounted.calibrated_noise_multiplier(p_cfg.target_epsilon)
                 budget = steps
             elif p_cfg.target_epsilon is not None:
                 if sigma == 0:
                     raise ValueError("noise_multiplier=0 cannot meet any target_epsilon; drop target_epsilon")
-                if coeffs is None:
-                    budget = accounted.affordable_steps(p_cfg.target_epsilon)
-                else:
-                    budget = correlated.budget_steps(p_cfg.noise, p_cfg.target_epsilon, delta, sigma, m, n, steps,
-                                                     bands, coeffs, **acct)  # fmt: skip
+                budget = accounted.affordable_steps(p_cfg.target_epsilon)
             if sigma and math.isinf(p_cfg.max_grad_norm):
                 raise ValueError("max_grad_norm=inf (no clipping) has unbounded sensitivity; it is only allowed "
                                  "with noise_multiplier=0 (a non-private reference run)")
@@ -412,9 +401,7 @@ class Trainer:
             budget_steps=budget,
             relation=p_cfg.relation,
             accountant=p_cfg.accountant,
-            noise=p_cfg.noise if record.private else "independent",
-            bands=bands,
-            noise_coeffs=coeffs,
+            noise=noise,
             record_target_epsilon=p_cfg.record_epsilon,
         )
         if backstop:
@@ -508,8 +495,7 @@ class Trainer:
             agree_across_ranks(self._rank_settings(state, split, shard, n))
         reservation = self._reserve(state)  # before any private step: an overspend is refused up front
         main = self.dist is None or self.dist.is_main
-        desc = {"bandmf": f"{self.method} bandmf b={plan.bands}", "blt": f"{self.method} blt"}.get(plan.noise,
-                                                                                                self.method)
+        desc = plan.noise.progress_label(self.method)
         pbar = tqdm(total=total, initial=state.step, disable=not (self.performance.progress and main),
                     file=sys.stderr, desc=desc, leave=False, dynamic_ncols=True)  # fmt: skip
         try:
@@ -686,8 +672,9 @@ class Trainer:
                 "not_covered": "the floating-point granularity of the noise (featuredp.noise)",
             }
             delta += extra
-        if plan.noise != "independent" and plan.noise_coeffs is not None:
-            report["correlated_noise"] = correlated.report(plan, state.private_steps)
+        correlated = plan.noise.report(plan, state.private_steps)
+        if correlated is not None:
+            report["correlated_noise"] = correlated
         composed = _MODEL_RUNS.composed_epsilon(self.model, state)
         if composed is not None:
             report["model_epsilon_all_runs"] = composed

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from featuredp.accounting import DpEvent, calibrate_noise_multiplier, calibrate_steps, compute_epsilon, dpsgd_event
+from featuredp.accounting import DpEvent, compute_epsilon
 from featuredp.accounting import record_epsilon as _record_epsilon
 from featuredp.accounting import record_event as _record_event
-from featuredp.accounting.bandmf import bandmf_terms
-from featuredp.accounting.blt import blt_min_separation, blt_terms
 from featuredp.methods import get_method
+from featuredp.noise.independent import Independent
+from featuredp.noise.plans import NoisePlan, noise_plan, noise_plan_from_dict
 
 __all__ = ["Disclosure", "PrivacyPlan", "TrainResult", "inf_to_str", "str_to_inf"]
 
@@ -101,15 +101,12 @@ class PrivacyPlan:
     ``public_weight`` (w) are Algorithm 1's (1.0 for the other methods);
     ``pretrain_batch_size`` is the batch of public pre-training (None: no
     pre-training, or a plan written before the field existed, which pre-trained
-    on ``public_batch_size``). ``noise`` is ``"independent"`` (DP-SGD's noise) or
-    ``"bandmf"``: correlated noise with ``bands`` bands, the strategy's Toeplitz
-    coefficients ``noise_coeffs`` (public: a function of T, b and the workload)
-    and cyclic Poisson sampling, accounted by :func:`featuredp.bandmf.bandmf_event`
-    (:meth:`event`), or ``"blt"``: buffered-linear-Toeplitz correlated noise whose
-    ``noise_coeffs`` are (θ_1..θ_d, ω_1..ω_d), the buffer decays and output scales
-    of C, sampled cyclically over ⌊n/m⌋ partitions and accounted as one Gaussian
-    (:func:`featuredp.blt.blt_event`); ``noise_multiplier`` is then σ, the std of z
-    in units of C.
+    on ``public_batch_size``). ``noise`` is the planned noise plan
+    (:class:`featuredp.noise.NoisePlan`): :class:`~featuredp.noise.Independent` (DP-SGD's
+    noise, the default), :class:`~featuredp.noise.BandMF` or :class:`~featuredp.noise.BLT`
+    (correlated noise; ``noise_multiplier`` is then σ, the std of z in units of C). It owns
+    the accounted terms (:meth:`dpsgd_terms`), hence :meth:`event`, the calibration and the
+    budget stop; a name (``"bandmf"``) is turned into its unplanned plan.
     ``record_target_epsilon`` (E) and ``record_noise_multiplier`` (σ_pub) are the record-level backstop
     (``record_epsilon=E``): every step that reads the public view (pre-training, the ``public`` method's steps,
     Algorithm 1's public batches) Poisson-samples its batch at its rate from a secret stream, clips at C and adds
@@ -142,15 +139,26 @@ class PrivacyPlan:
     budget_steps: int | None = None
     relation: str = "add-remove"
     accountant: str = "pld"
-    noise: str = "independent"
-    bands: int | None = None
-    noise_coeffs: tuple[float, ...] | None = None
+    noise: NoisePlan = Independent()  # noqa: RUF009 - frozen, hashable
     record_target_epsilon: float | None = None
     record_noise_multiplier: float | None = None
 
     def __post_init__(self) -> None:
-        if self.noise_coeffs is not None:  # a JSON list from run.json or a checkpoint: compare as a tuple
-            object.__setattr__(self, "noise_coeffs", tuple(float(c) for c in self.noise_coeffs))
+        object.__setattr__(self, "noise", noise_plan(self.noise))  # a name: its (unplanned) plan
+
+    # Read-only views of the noise plan's parameters, for the many reports and tests that print them.
+    @property
+    def bands(self) -> int | None:
+        """BandMF's bands b (None for a noise plan without bands)."""
+        bands = self.noise.settings().get("bands")
+        return None if bands is None else int(bands)
+
+    @property
+    def noise_coeffs(self) -> tuple[float, ...] | None:
+        """The correlated strategy's public parameters (BandMF: C's coefficients; BLT: θ then ω); None for
+        independent noise."""
+        coeffs = getattr(self.noise, "coeffs", None)
+        return None if coeffs is None else tuple(coeffs)
 
     @property
     def pretrain_batch(self) -> int:
@@ -190,32 +198,24 @@ class PrivacyPlan:
         return compute_epsilon(self.event(t), self.delta, relation=self.relation, accountant=self.accountant)
 
     def calibrated_noise_multiplier(self, target_epsilon: float) -> float:
-        """The smallest σ whose :meth:`epsilon` after the planned ``steps`` is at most ``target_epsilon``
-        (independent noise), calibrated on the same (q, T) that :meth:`dpsgd_terms` accounts.
+        """The smallest σ whose :meth:`epsilon` after the planned ``steps`` is at most ``target_epsilon``,
+        calibrated on the same terms that :meth:`dpsgd_terms` accounts (the noise plan's; never overshoots).
 
         >>> plan = PrivacyPlan("dpsgd", 1000, 10, 0.01, 100, noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5)
         >>> sigma = plan.calibrated_noise_multiplier(2.0)
         >>> round(replace(plan, noise_multiplier=sigma).epsilon(), 2) <= 2.0
         True
         """
-        if self.noise != "independent":
-            raise ValueError(f"calibrated_noise_multiplier is for independent noise, got noise={self.noise!r}")
         if self.delta is None:
             raise ValueError(f"the plan of private method {self.method!r} needs delta to calibrate σ")
-        unit, q, t = replace(self, noise_multiplier=1.0).dpsgd_terms(self.steps)
-        return calibrate_noise_multiplier(target_epsilon, self.delta, q, t, relation=self.relation,
-                                          accountant=self.accountant) / unit  # fmt: skip
+        return self.noise.calibrate(replace(self, noise_multiplier=1.0), target_epsilon)
 
     def affordable_steps(self, target_epsilon: float) -> int:
-        """The most private steps whose :meth:`epsilon` is at most ``target_epsilon`` (independent noise), on the
-        same (σ, q) that :meth:`dpsgd_terms` accounts."""
-        if self.noise != "independent":
-            raise ValueError(f"affordable_steps is for independent noise, got noise={self.noise!r}")
+        """The most private steps whose :meth:`epsilon` is at most ``target_epsilon``, on the same terms that
+        :meth:`dpsgd_terms` accounts (the noise plan's budget stop)."""
         if self.delta is None:
             raise ValueError(f"the plan of private method {self.method!r} needs delta to budget steps")
-        sigma, q, _ = self.dpsgd_terms(self.steps)
-        return calibrate_steps(target_epsilon, self.delta, q, sigma, relation=self.relation,
-                               accountant=self.accountant)  # fmt: skip
+        return self.noise.budget_steps(self, target_epsilon)
 
     def replacement_epsilon(self, steps: int | None = None) -> float:
         """ε(δ) for the replace-one question after ``steps`` private steps: telling two values of one record's
@@ -253,22 +253,15 @@ class PrivacyPlan:
     def event(self, steps: int, *, segment: bool = False) -> DpEvent:
         """The dp_accounting event of ``steps`` private steps of this plan (σ > 0; a private method).
 
-        Independent noise: DP-SGD's ``dpsgd_event(σ, p, steps)``. BandMF: :func:`featuredp.bandmf.bandmf_event`
-        (DP-SGD at rate m·b/n, multiplier σ / max column norm of C, ⌈steps/b⌉ rounds). ``segment=True``: the
-        event of ``steps`` steps that need not start at the run's first step (a resumed run's part, for the
-        ledger); BandMF then takes the column norm of all of C, since a later segment's steps see every band.
-        Composing the segments' events never gives less than the whole run's (⌈t₁/b⌉ + ⌈t₂/b⌉ >= ⌈T/b⌉ rounds
-        at the largest column norm); for independent noise they compose to it exactly. BLT: one Gaussian with the
-        min-sep sensitivity Δ of ``steps`` steps (:func:`featuredp.blt.blt_event`); a segment takes Δ of the
-        planned run (its rows see every earlier column, and ‖C v‖² splits over the segments' rows, so the
-        segments' Gaussians compose to at least the whole run's).
+        The noise plan's (:meth:`featuredp.noise.NoisePlan.event`): ``dpsgd_event`` of its terms
+        (:meth:`dpsgd_terms`). ``segment=True``: the event of ``steps`` steps that need not start at the run's first
+        step (a resumed run's part, for the ledger), by the plan's segment rule
+        (:meth:`featuredp.noise.NoisePlan.segment_steps`): composing the segments' events never gives less than the
+        whole run's; for independent noise they compose to it exactly.
         """
-        counted = int(steps)
-        if segment and self.noise == "bandmf":
-            counted = max(counted, len(self.noise_coeffs or ()))
-        elif segment and self.noise == "blt":
-            counted = max(counted, self.steps)
-        return dpsgd_event(*self.dpsgd_terms(counted))
+        if not self.noise_multiplier:
+            raise ValueError(f"a plan with noise_multiplier={self.noise_multiplier!r} has no privacy event")
+        return self.noise.event(self, steps, segment=segment)
 
     def dpsgd_terms(self, steps: int) -> tuple[float, float, int]:
         """(σ, q, T) of the Poisson-subsampled Gaussian mechanism that ``steps`` private steps are accounted as:
@@ -281,16 +274,7 @@ class PrivacyPlan:
         """
         if not self.noise_multiplier:
             raise ValueError(f"a plan with noise_multiplier={self.noise_multiplier!r} has no privacy event")
-        m, n, t = self.expected_batch_size, self.dataset_size, max(1, int(steps))
-        if self.noise == "blt":
-            if self.noise_coeffs is None:
-                raise ValueError("a plan with noise='blt' needs noise_coeffs")
-            return blt_terms(self.noise_multiplier, self.noise_coeffs, m, n, t)
-        if self.noise == "bandmf":
-            if self.bands is None or self.noise_coeffs is None:
-                raise ValueError("a plan with noise='bandmf' needs bands and noise_coeffs")
-            return bandmf_terms(self.noise_multiplier, m, n, t, self.bands, self.noise_coeffs)
-        return float(self.noise_multiplier), float(self.sampling_rate), int(steps)
+        return self.noise.terms(self, steps)
 
     # -- record level (the backstop) ---------------------------------------------------------------------------
     @property
@@ -372,13 +356,24 @@ class PrivacyPlan:
                                relation=self.relation, accountant=self.accountant)  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict (∞ written as the string "inf")."""
-        return {k: inf_to_str(v) for k, v in asdict(self).items()}
+        """A JSON-able dict (∞ written as the string "inf"; the noise plan as its nested dict)."""
+        out: dict[str, Any] = {f.name: inf_to_str(getattr(self, f.name)) for f in fields(self)}
+        out["noise"] = self.noise.to_dict()
+        return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PrivacyPlan:
-        """Inverse of :meth:`to_dict`."""
-        return cls(**{k: str_to_inf(v) for k, v in data.items()})
+    def from_dict(cls, data: Mapping[str, Any]) -> PrivacyPlan:
+        """Inverse of :meth:`to_dict`; also reads the dicts of earlier versions, whose ``noise`` was a name beside
+        ``bands`` and ``noise_coeffs`` (or absent: independent noise)."""
+        values = {k: str_to_inf(v) for k, v in data.items()}
+        noise = values.pop("noise", None)
+        legacy = {"bands": values.pop("bands", None), "coeffs": values.pop("noise_coeffs", None)}
+        if isinstance(noise, Mapping):
+            values["noise"] = noise_plan_from_dict(noise)
+        else:
+            given = {k: v for k, v in legacy.items() if v is not None}
+            values["noise"] = noise_plan(noise or Independent.kind, **given)
+        return cls(**values)
 
     def guarantee(
         self,
@@ -435,28 +430,7 @@ record)', "telling two values of one record's private part apart: ε = 2.5 (repl
             return f"(0, 0)-FDP{what}: training read only the public view Ψ(S){clause}"
         if not method.private:
             return "no privacy guarantee (non-private training)"
-        if self.noise == "bandmf":
-            acc = (
-                f"noise bandmf: banded matrix-factorization correlated noise with {self.bands} bands, noise std "
-                f"{self.noise_multiplier:.4g}·C, cyclic Poisson sampling over {self.bands} partitions, {{T}} private "
-                f"steps, amplified BandMF accounting (Choquette-Choo et al. 2023, Thm 4), {self.accountant.upper()} "
-                f"accountant, {rel} neighbours"
-            )
-        elif self.noise == "blt":
-            d = len(self.noise_coeffs or ()) // 2
-            acc = (
-                f"noise blt: buffered linear Toeplitz correlated noise with {d} buffers, noise std "
-                f"{self.noise_multiplier:.4g}·C, cyclic sampling over epochs of "
-                f"{blt_min_separation(self.dataset_size, self.expected_batch_size)} steps, {{T}} private steps, one "
-                f"Gaussian release at the min-sep sensitivity (no amplification), {self.accountant.upper()} "
-                f"accountant, {rel} neighbours"
-            )
-        else:
-            acc = (
-                f"Poisson-subsampled Gaussian, noise multiplier {self.noise_multiplier:.4g}, sampling rate "
-                f"{self.sampling_rate:.4g}, {{T}} private steps, {self.accountant.upper()} accountant, {rel} "
-                "neighbours"
-            )
+        acc = self.noise.describe(self, rel)
         questions = self._questions(epsilon, replacement_epsilon, whole=not method.needs_feature_map)
         if not method.needs_feature_map:
             return f"({epsilon:.4g}, {delta:g})-DP for whole records, hence the same FDP for any Ψ ({acc}); {questions}"

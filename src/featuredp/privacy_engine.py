@@ -163,7 +163,7 @@ class PrivacyEngine:
         pose); ``grad_sample_mode`` ``"ghost"`` (default) or ``"vmap"`` (featuredp's strategies; the criterion is
         wrapped in both). ``criterion`` defaults to ``nn.CrossEntropyLoss()``.
 
-        featuredp's options: ``noise`` (``"independent"``, ``"bandmf"``, ``"blt"`` or a noise plan), ``bands``;
+        featuredp's options: ``noise`` (a registered name or a noise plan such as ``featuredp.noise.BandMF(bands=4)``), ``bands``;
         ``feature_map`` (Ψ) or ``loss_split``, ``method`` (``"fdp"`` by default with a feature map, else
         ``"dpsgd"``; ``"fdp_dpsgd"``), ``alpha``, ``public_batch_size``, ``public_weight``; ``dataset`` (a featuredp
         TabularDataset that names the loader's columns) or ``feature_names``; ``epochs`` or ``steps`` (the planned
@@ -321,11 +321,11 @@ class PrivacyEngine:
             if isinstance(optimizer, torch.optim.SGD) else 0.0,
             **options,
         }  # fmt: skip
-        correlated = settings.get("noise", "independent") not in ("independent", None)
+        trainer = Trainer(module, method, feature_map=feature_map, loss_split=split, ledger=self._ledger, **settings)
+        correlated = trainer.privacy.noise_plan.correlated
         if planned is None and (self._ledger is not None or correlated or "target_epsilon" in settings):
             raise ValueError("epochs= (or steps=) is needed to plan the run: a ledger, correlated noise and a target "
                              "epsilon all charge a planned number of steps")  # fmt: skip
-        trainer = Trainer(module, method, feature_map=feature_map, loss_split=split, ledger=self._ledger, **settings)
         bind = dataset if dataset is not None else (_named(names) if names is not None else {})
         state, split = trainer._start_run(bind, f"loader of {n} records ({type(data_loader.dataset).__name__})", n)
         self._trainer, self._state, self._split = trainer, state, split

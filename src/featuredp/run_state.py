@@ -14,6 +14,7 @@ ledger reservation made before the first private step and settled with what ran,
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import math
@@ -27,12 +28,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from featuredp import correlated
 from featuredp.accounting import BudgetLedger, Reservation, compose_events, compute_epsilon
 from featuredp.config import PrivacyConfig, ScheduleConfig
 from featuredp.distributed import shard_bounds
 from featuredp.errors import BudgetExceededError, PrivacyRiskWarning
-from featuredp.noise import ChaCha20Generator, NoiseSource, SecureNoise, TorchNoise
+from featuredp.noise import Independent, NoisePlan
+from featuredp.noise.sources import ChaCha20Generator, NoiseSource, SecureNoise, TorchNoise
 from featuredp.plan import PrivacyPlan
 from featuredp.sampling import (
     BMinSepSampler,
@@ -175,10 +176,10 @@ class RunState:
         and shuffled batches (:mod:`featuredp.distributed`). ``shard_size``: this rank holds only its
         shard, of that many records (indices 0 .. shard_size − 1 of its data), and samples all of them.
 
-        A correlated-noise plan (``plan.noise`` ``"bandmf"`` or ``"blt"``) samples with :class:`BMinSepSampler` from
-        the same secret private-sampling stream (or key) and adds its correlated noise over the same noise source
-        (:func:`featuredp.correlated.sampler_and_noise`); the public batch keeps its own independent sampler either
-        way.
+        The private sampler and the noise come from the plan's noise plan
+        (:meth:`featuredp.noise.NoisePlan.sampler_and_noise`), over the secret private-sampling stream (or key) and
+        the noise source: a Poisson sampler and fresh noise, or a correlated plan's cyclic :class:`BMinSepSampler`
+        and its correlated noise; the public batch keeps its own independent sampler either way.
         """
         backstop = plan.record_noise_multiplier is not None
         # Without a backstop, exactly today's call (no extra stream; the same streams as before it existed).
@@ -200,11 +201,8 @@ class RunState:
         else:
             noise = TorchNoise(torch_generator(random_seed_from(streams.noise), device))
             sampling_generator = streams.private_sampling
-        if plan.noise != "independent":
-            private_sampler, noise = correlated.sampler_and_noise(plan, start, stop, sampling_generator, noise,
-                                                                  sum(int(p.numel()) for p in params))  # fmt: skip
-        else:
-            private_sampler = PoissonSampler(stop - start, plan.sampling_rate, sampling_generator, offset=start)
+        private_sampler, noise = plan.noise.sampler_and_noise(plan, start, stop, sampling_generator, noise,
+                                                              sum(int(p.numel()) for p in params))  # fmt: skip
         m_pub = share(plan.public_batch_size or max(1, round(plan.expected_batch_size)), rank, world_size)
         # The shuffler serves public pre-training (batches of m_pre) or the public method's steps (m_pre = m').
         m_pre = share(plan.pretrain_batch, rank, world_size)
@@ -278,11 +276,11 @@ class RunState:
                 f"the checkpoint has format {ck.get('format')!r}, this featuredp writes {CHECKPOINT_FORMAT}; it was "
                 "written by another version and cannot be resumed: start a new run"
             )
-        saved_noise = _noise_of(ck.get("plan"))
-        if saved_noise != _noise_of(self.plan.to_dict()):
+        saved_noise, noise = _noise_of(ck.get("plan")), _noise_of(self.plan.to_dict())
+        if saved_noise != noise:
             raise ValueError(
                 f"the checkpoint's run used noise={saved_noise[0]!r} with bands={saved_noise[1]!r}, this run "
-                f"noise={self.plan.noise!r} with bands={self.plan.bands!r}: resume with the same noise and bands"
+                f"noise={noise[0]!r} with bands={noise[1]!r}: resume with the same noise and bands"
             )
         if not _same_plan(ck.get("plan"), self.plan):
             raise ValueError(
@@ -341,11 +339,14 @@ class RunState:
         self.private_draws.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
 
 
-def _noise_of(plan: Any) -> tuple[Any, Any]:
-    """(noise, bands) of a plan dict; a plan written before correlated noise existed used independent noise."""
-    if not isinstance(plan, dict):
-        return ("independent", None)
-    return (plan.get("noise", "independent"), plan.get("bands"))
+def _noise_of(plan: Any) -> tuple[str, Any]:
+    """(noise kind, bands) of a plan dict, this version's or an earlier one's (:meth:`PrivacyPlan.from_dict`); a
+    plan written before correlated noise existed, or unreadable, used independent noise."""
+    noise: NoisePlan = Independent()
+    if isinstance(plan, dict):
+        with contextlib.suppress(TypeError, ValueError):
+            noise = PrivacyPlan.from_dict(plan).noise
+    return (noise.kind, noise.settings().get("bands"))
 
 
 def _same_plan(saved: Any, plan: PrivacyPlan) -> bool:

@@ -12,8 +12,8 @@ sampler draws its coins from a ChaCha20 keystream
 (:class:`featuredp.noise.ChaCha20Generator`).
 
 :class:`BMinSepSampler` is the cyclic Poisson sampler of the correlated-noise mechanisms (BandMF,
-:mod:`featuredp.bandmf`; BLT, :mod:`featuredp.blt`): a secret partition of the records, each part sampled at the
-steps of one residue class, so that a record's participations are at least b steps apart.
+:mod:`featuredp.noise.bandmf`; BLT, :mod:`featuredp.noise.blt`): a secret partition of the records, each part sampled
+at the steps of one residue class, so that a record's participations are at least b steps apart.
 
 The dataset size and sampling rate are explicit arguments: nothing is read from
 a DataLoader.
@@ -31,7 +31,7 @@ from featuredp._validate import check_int, check_positive, check_sampling_rate
 
 # defined with the light checks so that numpy-only modules (featuredp.mechanisms.classic) warn without importing torch
 from featuredp._validate import warn_private_seed as warn_private_seed
-from featuredp.noise import ChaCha20Generator
+from featuredp.noise.sources import ChaCha20Generator
 
 STREAM_NAMES = ("private_sampling", "public_sampling", "noise", "private_draws", "public_draws", "init")
 PRIVATE_STREAMS = ("private_sampling", "noise", "private_draws")
@@ -288,7 +288,7 @@ class BMinSepSampler:
     ``PoissonSampler(dataset_size, expected_batch/dataset_size, generator)``, draw for draw. The assignment is
     secret (it says which steps can contain a record): it is in :meth:`state_dict` only.
 
-    Not the "b-min-sep subsampling" of Dong & Ganesh (2026), whose accounting differs (:mod:`featuredp.bandmf`).
+    Not the "b-min-sep subsampling" of Dong & Ganesh (2026), whose accounting differs (:mod:`featuredp.noise.bandmf`).
     """
 
     def __init__(self, dataset_size: int, expected_batch: float, bands: int, generator: Any, *, offset: int = 0,

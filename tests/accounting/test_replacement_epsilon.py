@@ -13,6 +13,7 @@ import pytest
 from featuredp.accounting import BudgetLedger, compute_epsilon, dpsgd_event, gaussian_event
 from featuredp.accounting.bandmf import bandmf_terms
 from featuredp.accounting.blt import blt_terms
+from featuredp.noise import BLT, BandMF
 from featuredp.plan import PrivacyPlan
 
 _REL = dp_accounting.NeighboringRelation
@@ -59,7 +60,7 @@ def test_no_guarantee_and_free_methods() -> None:
 
 def test_bandmf_replacement_is_its_amplified_event_at_replace_one() -> None:
     coeffs = (1.0, 0.4, 0.2)
-    plan = _plan(noise="bandmf", bands=3, noise_coeffs=coeffs, steps=300)
+    plan = _plan(noise=BandMF(bands=3, coeffs=coeffs), steps=300)
     sigma, q, rounds = bandmf_terms(1.0, 1000, 100_000, 300, 3, coeffs)
     assert plan.replacement_epsilon() == pytest.approx(_reference(sigma, q, rounds, 1e-5, _REL.REPLACE_ONE), rel=0.01)
     assert plan.replacement_epsilon() > plan.epsilon() * 1.2
@@ -67,7 +68,7 @@ def test_bandmf_replacement_is_its_amplified_event_at_replace_one() -> None:
 
 def test_blt_replacement_is_one_gaussian_at_twice_the_sensitivity() -> None:
     params = (0.9, 0.5, 0.3, 0.1)  # θ (buffer decays), ω (output scales)
-    plan = _plan(noise="blt", noise_coeffs=params, steps=50, dataset_size=1000, expected_batch_size=100,
+    plan = _plan(noise=BLT(coeffs=params), steps=50, dataset_size=1000, expected_batch_size=100,
                  sampling_rate=0.1, noise_multiplier=3.0)
     sigma, q, count = blt_terms(3.0, params, 100, 1000, 50)
     assert (q, count) == (1.0, 1)

@@ -30,7 +30,7 @@ def test_sampler_module_imports_no_torch():
 
 
 def test_tail_mass_is_the_noise_transform_s():
-    import featuredp.noise as noise
+    import featuredp.noise.sources as noise
 
     assert TAIL_MASS_PER_PAIR == noise.TAIL_MASS_PER_PAIR == 2.0**-126
     assert sampler_max_radius() == noise.MAX_RADIUS

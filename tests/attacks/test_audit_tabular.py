@@ -15,6 +15,7 @@ from featuredp.attacks import feature_canaries, feature_canary_scores, one_run_a
 from featuredp.attacks import torch_adapter as ta
 from featuredp.attacks.tabular import attribute_audit, membership_audit
 from featuredp.data.tabular import TabularDataset
+from featuredp.noise import BLT, BandMF
 from featuredp.plan import PrivacyPlan
 
 
@@ -172,11 +173,11 @@ def test_run_bound_of_a_bandmf_run_is_that_of_its_accounted_mechanism():
     # bound computed from the raw (σ, p, T) would be the bound of another mechanism (here a far smaller one).
     from featuredp.accounting import epsilon_for
     from featuredp.attacks.tabular import run_bound
-    from featuredp.bandmf import banded_toeplitz_strategy, sensitivity
+    from featuredp.noise.bandmf import banded_toeplitz_strategy, sensitivity
 
     coeffs = tuple(float(c) for c in banded_toeplitz_strategy(200, 4))
     plan = PrivacyPlan("dpsgd", 1000, 16, 0.016, 200, noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5,
-                       noise="bandmf", bands=4, noise_coeffs=coeffs)  # fmt: skip
+                       noise=BandMF(bands=4, coeffs=coeffs))  # fmt: skip
     terms = (1.0 / sensitivity(coeffs, 200), 0.064, 50)
     assert plan.dpsgd_terms(200) == pytest.approx(terms)
     eps = plan.epsilon(200)
@@ -192,12 +193,12 @@ def test_run_bound_of_a_blt_run_is_that_of_its_single_gaussian():
     # bound of the raw (σ, p, T) would be that of an amplified mechanism it is not.
     from featuredp.accounting import epsilon_for
     from featuredp.attacks.tabular import run_bound
-    from featuredp.blt import blt_sensitivity, optimize_blt
+    from featuredp.noise.blt import blt_sensitivity, optimize_blt
 
     theta, omega = optimize_blt(30, 10)
     params = (*theta.tolist(), *omega.tolist())
     plan = PrivacyPlan("dpsgd", 1000, 100, 0.1, 30, noise_multiplier=4.0, max_grad_norm=1.0, delta=1e-5,
-                       noise="blt", noise_coeffs=params)  # fmt: skip
+                       noise=BLT(coeffs=params))  # fmt: skip
     terms = (4.0 / blt_sensitivity(params, 100, 1000, 30), 1.0, 1)
     assert plan.dpsgd_terms(30) == pytest.approx(terms) and terms[0] < 4.0 / 1.7
     eps = plan.epsilon(30)

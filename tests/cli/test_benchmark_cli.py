@@ -95,8 +95,8 @@ def test_bandmf_is_timed_beside_independent_noise_in_the_same_rounds(capsys):
     # median of within-round ratios to independent noise; the BandMF arm really steps with the banded noise.
     import json
 
-    from featuredp.bandmf import BandedNoise
     from featuredp.experiments import throughput
+    from featuredp.noise.bandmf import BandedNoise
     from featuredp.sampling import BMinSepSampler
 
     args = ["benchmark", "--batch-size", "32", "--dataset-size", "256", "--rounds", "2", "--min-time", "0.01",
@@ -126,8 +126,8 @@ def test_blt_is_timed_beside_independent_noise_and_bandmf_in_the_same_rounds(cap
     # with BLT's buffered noise over the cyclic sampler, for a strategy of several epochs (not DP-SGD's C = I).
     import json
 
-    from featuredp.blt import BLTNoise
     from featuredp.experiments import throughput
+    from featuredp.noise.blt import BLTNoise
     from featuredp.sampling import BMinSepSampler
 
     args = ["benchmark", "--batch-size", "32", "--dataset-size", "256", "--rounds", "2", "--min-time", "0.01",
@@ -149,7 +149,7 @@ def test_blt_is_timed_beside_independent_noise_and_bandmf_in_the_same_rounds(cap
     state = trainer._state
     assert isinstance(state.noise, BLTNoise) and state.noise.buffers == runner.info["buffers"] >= 1
     assert state.noise.step == 6 and isinstance(state.private_sampler, BMinSepSampler)
-    assert trainer.plan.noise == "blt" and trainer.plan.bands is None
+    assert trainer.plan.noise.kind == "blt" and trainer.plan.bands is None
     assert trainer.plan.steps == throughput.BENCHMARK_BLT_EPOCHS * (256 // 32)
     with pytest.raises(ValueError, match="bands is for noise='bandmf', got bands=4 with noise='blt'"):
         throughput.engine_runner("dpsgd", data, public, batch_size=32, noise="blt", bands=4)

@@ -95,11 +95,19 @@ def test_a_real_grid_with_both_noises_reports_both(tmp_path, capsys) -> None:
     assert "different grid" in capsys.readouterr().err
 
 
-def test_the_clis_copy_of_the_noise_kinds_matches_the_config():
-    from featuredp.cli._flags import NOISES
-    from featuredp.config import NOISE_KINDS
+def test_the_clis_noise_choices_are_the_registry_read_when_parsing():
+    import subprocess
+    import sys
 
-    assert NOISES == NOISE_KINDS
+    from featuredp.cli._flags import NOISES
+    from featuredp.noise import NOISE_PLANS
+
+    assert list(NOISES) == list(NOISE_PLANS) and "blt" in NOISES and "gaussian" not in NOISES
+    # building the parser (featuredp --help) still imports no accountant: the choices are read on first use
+    code = ("import sys; from featuredp.cli import build_parser; build_parser(); "
+            "print('featuredp.accounting' in sys.modules, 'featuredp.noise' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "False"]
 
 
 @pytest.mark.filterwarnings("ignore::featuredp.errors.PrivacyLeakWarning")  # the tiny CSV has no schema
@@ -132,5 +140,5 @@ def test_a_real_grid_with_blt_reports_it_as_its_own_arm(tmp_path, capsys) -> Non
     assert "noise blt" in cell["guarantee"] and "no amplification" in cell["guarantee"]
     md = (out / "summary.md").read_text()
     assert "BLT: d <= 4 buffers optimised for the run's workload, one Gaussian at the min-sep sensitivity, no " \
-           "amplification: featuredp.blt" in md
+           "amplification: featuredp.noise.blt" in md
     assert "BLT's σ is likewise the std of z" in md

@@ -15,6 +15,7 @@ from featuredp.accounting import group_epsilon
 from featuredp.cli import main
 from featuredp.errors import PrivacyLeakWarning, PrivacyRiskWarning
 from featuredp.experiments.text_runs import group_guarantee
+from featuredp.noise import noise_plan
 from featuredp.plan import PrivacyPlan, TrainResult
 
 SHARED = "Zorblax Quinterra"
@@ -82,10 +83,10 @@ def test_the_printed_summary_has_the_boundary_and_group_lines(shared_name_file: 
 
 
 def _result(noise: str = "independent", method: str = "fdp", relation: str = "add-remove") -> TrainResult:
-    extra: dict[str, Any] = {"bands": 2, "noise_coeffs": (1.0, 0.5)} if noise == "bandmf" else {}
+    extra: dict[str, Any] = {"bands": 2, "coeffs": (1.0, 0.5)} if noise == "bandmf" else {}
     plan = PrivacyPlan(method, dataset_size=100, expected_batch_size=10, sampling_rate=0.1, steps=5,
-                       noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5, relation=relation, noise=noise,
-                       **extra)  # fmt: skip
+                       noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5, relation=relation,
+                       noise=noise_plan(noise, **extra))  # fmt: skip
     return TrainResult(method, plan, 2.0, 1e-5, 5, 0, False, None, "", {})
 
 

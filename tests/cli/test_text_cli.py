@@ -235,7 +235,7 @@ def test_train_text_with_correlated_noise(tmp_path: Path, jsonl: Path, capsys: p
     assert summary["noise"] == kind and summary["bands"] == bands and summary["epsilon"] <= 3
     assert summary["correlated_noise"]["noise"] == kind
     info = json.loads((run / "run.json").read_text())
-    assert info["plan"]["noise"] == kind and info["plan"]["bands"] == bands
+    assert info["plan"]["noise"]["kind"] == kind and info["plan"]["noise"].get("bands") == bands
     assert f"noise {kind}" in info["result"]["guarantee"]
     assert main(base) == 0
     printed = capsys.readouterr().out
@@ -244,7 +244,7 @@ def test_train_text_with_correlated_noise(tmp_path: Path, jsonl: Path, capsys: p
         block = summary["correlated_noise"]
         assert f"noise             blt, {block['buffers']} buffer" in printed
         assert f"epochs of {block['min_separation']} steps" in printed and "(no amplification)" in printed
-        assert len(info["plan"]["noise_coeffs"]) == 2 * block["buffers"]
+        assert len(info["plan"]["noise"]["coeffs"]) == 2 * block["buffers"]
 
 
 @pytest.mark.parametrize("kind", ["bandmf", "blt"])

@@ -465,8 +465,8 @@ def test_train_blt_end_to_end_plans_accounts_and_prints_blt(capsys, tmp_path):
     assert "noise blt" in out["guarantee"] and "no amplification" in out["guarantee"]
     info = json.loads((run / "run.json").read_text())
     assert info["config"]["noise"] == "blt" and info["config"]["bands"] is None
-    assert info["plan"]["noise"] == "blt" and info["plan"]["bands"] is None
-    assert info["plan"]["noise_coeffs"] == [*block["buf_decay"], *block["output_scale"]]
+    assert info["plan"]["noise"]["kind"] == "blt" and info["plan"]["noise"].get("bands") is None
+    assert info["plan"]["noise"]["coeffs"] == [*block["buf_decay"], *block["output_scale"]]
     assert info["result"]["privacy_report"]["correlated_noise"] == block
 
     assert main(_BLT) == 0

@@ -114,7 +114,7 @@ def test_blt_is_a_third_arm_that_never_gets_bandmfs_bands(tmp_path, tiny_csv) ->
     assert "FDP − DP-SGD (both + BLT) = +30.0" in md
     assert "| DP-SGD + BLT | 1 |" in md  # no "(b = ...)": BLT has no bands
     assert "BLT: d <= 4 buffers optimised for the run's workload, one Gaussian at the min-sep sensitivity, no " \
-           "amplification: featuredp.blt" in md
+           "amplification: featuredp.noise.blt" in md
     assert "b = 4 in every BandMF cell" in md
     summary = {(s["method"], s["noise"], s["target_epsilon"]): s for s in result["summary"]}
     assert summary[("dpsgd", "blt", 4.0)]["bands"] is None and summary[("dpsgd", "blt", 4.0)]["n"] == 2

@@ -15,7 +15,7 @@ import featuredp.experiments.tuning as tuning
 from featuredp.accounting import BudgetLedger
 from featuredp.accounting.tuning import trial_event, tuning_epsilon, tuning_event
 from featuredp.experiments.tuning import TuningSettings, candidates, noisy_score, public_view_table, tune
-from featuredp.noise import ChaCha20Generator
+from featuredp.noise import BandMF, ChaCha20Generator
 from featuredp.plan import PrivacyPlan
 
 
@@ -285,7 +285,7 @@ def test_private_search_with_correlated_noise_is_accounted_as_the_mechanism_each
     monkeypatch.setattr(tuning, "sample_trials", lambda mean, dist, u: 3)
     run = tune(TuningSettings("private", mean_trials=3), method="fdp", dataset="csv", dataset_options=opts,
                private=["s"], epsilon=2.0, progress=False, baselines=False, noise=kind, **FAST)
-    assert len(plans) == 3 and all(p.noise == kind for p in plans)
+    assert len(plans) == 3 and all(p.noise.kind == kind for p in plans)
     assert len({(p.noise_coeffs, p.bands, p.noise_multiplier) for p in plans}) == 1  # one mechanism, K times
     terms = plans[0].dpsgd_terms(plans[0].steps)
     assert terms[0] < plans[0].noise_multiplier  # Δ > 1: σ of z is not the accounted multiplier
@@ -300,7 +300,7 @@ def test_private_search_with_correlated_noise_is_accounted_as_the_mechanism_each
 
 def test_a_trial_that_ran_another_mechanism_is_refused():
     plan = PrivacyPlan("dpsgd", 1000, 100, 0.1, 40, noise_multiplier=2.0, max_grad_norm=1.0, delta=1e-5,
-                       noise="bandmf", bands=4, noise_coeffs=(1.0, 0.5))  # fmt: skip
+                       noise=BandMF(bands=4, coeffs=(1.0, 0.5)))  # fmt: skip
     terms = plan.dpsgd_terms(40)
     tuning._check_trial(plan, 40, terms)
     for other in ((terms[0] * 1.01, terms[1], terms[2]), (terms[0], terms[1] / 2, terms[2]),

@@ -2,8 +2,8 @@
 sampling as a dp_accounting event, its ε and the σ for a target ε.
 
 The mechanism, the sensitivity lemma and the reduction (Choquette-Choo et al. 2023, Theorem 4) are described in
-:mod:`featuredp.bandmf`, which re-exports everything here; these functions live in the accountant's package so that
-the privacy plan (:mod:`featuredp.plan`, which never imports torch) can account a BandMF run.
+:mod:`featuredp.noise.bandmf`, which re-exports everything here; these functions live in the accountant's package so
+that the privacy plan (:mod:`featuredp.plan`, which never imports torch) can account a BandMF run.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """BLT accounting (numpy only): the privacy of buffered-linear-Toeplitz (BLT) correlated noise under min-separated
 participation, as one Gaussian release, its ε and the σ for a target ε.
 
-The mechanism and the sampler are described in :mod:`featuredp.blt`, which re-exports everything here; these
+The mechanism and the sampler are described in :mod:`featuredp.noise.blt`, which re-exports everything here; these
 functions live in the accountant's package so that the privacy plan (:mod:`featuredp.plan`, never torch) can
 account a BLT run.
 

@@ -39,7 +39,7 @@ from featuredp.accounting import BudgetLedger, DpEvent, compute_epsilon
 from featuredp.accounting._gaussian import gaussian_delta
 from featuredp.aggregation.noisy_argmax import _laplace, _normal, vote_histogram
 from featuredp.errors import BudgetExceededError, DataValidationError, UnreachableTargetError
-from featuredp.noise import ChaCha20Generator
+from featuredp.noise.sources import ChaCha20Generator
 from featuredp.sampling import warn_private_seed
 
 __all__ = [

@@ -27,7 +27,7 @@ import numpy as np
 
 from featuredp._validate import check_int, check_positive, check_real
 from featuredp.errors import DataValidationError
-from featuredp.noise import ChaCha20Generator
+from featuredp.noise.sources import ChaCha20Generator
 from featuredp.sampling import warn_private_seed
 
 __all__ = [

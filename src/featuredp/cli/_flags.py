@@ -17,6 +17,7 @@ import re
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 #: the largest target ε a command accepts: e^1000 bounds no attack, so a larger value is a typo (1e6 for 1e-6?)
 MAX_EPSILON = 1000.0
@@ -26,9 +27,51 @@ MAX_EPOCHS = 10_000.0
 SLOW_PLD_STEPS = 1_000_000
 
 
-#: ``--noise`` of train, compare and benchmark: :data:`featuredp.config.NOISE_KINDS` (a copy, so that building the
-#: parser imports no accountant; a test pins the two together)
-NOISES = ("independent", "bandmf", "blt")
+class _NoiseKinds:
+    """The registered noise kinds (:data:`featuredp.noise.NOISE_PLANS`), read on first use so that building the
+    parser imports no accountant: ``"bandmf" in NOISES``, ``list(NOISES)``."""
+
+    def _kinds(self) -> list[str]:
+        from featuredp.noise import NOISE_PLANS
+
+        return list(NOISE_PLANS)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._kinds()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._kinds())
+
+    def __len__(self) -> int:
+        return len(self._kinds())
+
+    def __repr__(self) -> str:
+        return repr(tuple(self._kinds()))
+
+
+#: ``--noise`` of train, compare and benchmark: the registry's kinds
+NOISES = _NoiseKinds()
+
+
+def noise_kind(name: str) -> Any:
+    """The noise plan class registered as ``name`` (its ``correlated``, ``takes_bands``, ``label``...)."""
+    from featuredp.noise import NOISE_PLANS
+
+    return NOISE_PLANS[name]
+
+
+def default_noise() -> str:
+    """The default noise's kind (:class:`featuredp.noise.Independent`)."""
+    from featuredp.noise import Independent
+
+    return Independent.kind
+
+
+def is_default_noise(name: str) -> bool:
+    """Whether ``name`` is the default noise (independent Gaussian noise: nothing to pass on to the Trainer)."""
+    from featuredp.noise import Independent
+
+    return noise_kind(name) is Independent
 
 
 def whole_number(text: str) -> int:

@@ -29,12 +29,14 @@ def privacy_lines(summary: Mapping[str, Any]) -> list[str]:
         lines.extend(_question_lines(summary))
     if summary["noise_multiplier"] is None:
         return lines
-    if summary.get("noise") == "bandmf":
+    block = summary.get("correlated_noise") or {}
+    # The report's correlated_noise block (its noise plan's) says which strategy ran: BandMF's has bands, BLT's
+    # buffers.
+    if summary.get("bands") is not None:
         lines.append(f"noise             bandmf, {summary['bands']} bands: correlated noise of std "
                      f"{summary['noise_multiplier']:.4g}·C (C={summary['max_grad_norm']:g}), cyclic Poisson sampling "
                      f"over {summary['bands']} partitions, {summary['steps']} private steps")
-    elif summary.get("noise") == "blt":
-        block = summary["correlated_noise"]
+    elif "buffers" in block:
         d, b, k = block["buffers"], block["min_separation"], block["participations"]
         # BLT gives up amplification: its ε is one Gaussian's at the min-sep sensitivity, which the line must say,
         # or σ would read as a multiplier amplified by sampling.

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from featuredp.cli._device import check_device
+from featuredp.cli._flags import is_default_noise
 from featuredp.cli._summary import privacy_lines, record_line
 from featuredp.cli._text_args import text_data_options
 
@@ -45,7 +46,7 @@ def train_text(args: argparse.Namespace) -> int:
         settings["noise_multiplier"] = args.noise_multiplier
     if args.secure_rng:
         settings["secure_rng"] = True
-    if args.noise != "independent":
+    if not is_default_noise(args.noise):
         settings.update(noise=args.noise, bands=args.bands)
     if args.record_epsilon is not None:
         settings["record_epsilon"] = args.record_epsilon

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from featuredp.cli._device import add_device_argument, add_precision_argument, check_device
-from featuredp.cli._flags import NOISES, whole_number
+from featuredp.cli._flags import NOISES, default_noise, noise_kind, whole_number
 from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS
 
 #: what is timed by default: the non-private reference, DP-SGD and FDP (any registered method can be asked for)
@@ -115,19 +115,20 @@ def run(args: argparse.Namespace) -> int:
     data, public = throughput.synthetic_purchase(n, seed=args.seed)
     methods = ["nonprivate"] + [m for m in args.methods if m != "nonprivate"]
     private = [m for m in methods[1:] if m in PRIVATE_METHODS]
+    plain = default_noise()
     variants: list[tuple[str, bool, str | None, str]] = [
-        (m, False, None, "independent") for m in methods if "independent" in noises or m not in PRIVATE_METHODS]
-    correlated = [noise for noise in noises if noise != "independent"]
+        (m, False, None, plain) for m in methods if plain in noises or m not in PRIVATE_METHODS]
+    correlated = [noise for noise in noises if noise != plain]
     variants += [(m, False, None, noise) for noise in correlated for m in private]
     if args.secure_rng:
-        variants += [(m, True, None, "independent") for m in methods[1:]]
+        variants += [(m, True, None, plain) for m in methods[1:]]
     if args.ablate:
-        variants += [(m, False, what, "independent") for m in methods[1:] for what in throughput.ABLATIONS]
+        variants += [(m, False, what, plain) for m in methods[1:] for what in throughput.ABLATIONS]
     runners = [
         throughput.engine_runner(
             m, data, public, batch_size=batch, strategy=args.strategy, seed=args.seed,
             name=_arm_name(m, secure, what, noise), loss_split=args.loss_split, secure_rng=secure, device=args.device,
-            ablate=what, noise=noise, bands=args.bands if noise == "bandmf" else None,
+            ablate=what, noise=noise, bands=args.bands if noise_kind(noise).takes_bands else None,
         )
         for m, secure, what, noise in variants
     ]  # fmt: skip
@@ -144,17 +145,17 @@ def run(args: argparse.Namespace) -> int:
             out[f"checks_cost_{m}"] = 1.0 - res.median_ratio_to(m, _arm_name(m, False, "checks"))
             out[f"float64_noise_cost_{m}"] = 1.0 - res.median_ratio_to(m, _arm_name(m, False, "noise"))
     # Each correlated noise's time per step / independent noise's, within each round.
-    ratios = [(noise, m) for noise in correlated for m in private] if "independent" in noises else []
+    ratios = [(noise, m) for noise in correlated for m in private] if plain in noises else []
     for noise, m in ratios:
         out[f"{noise}_cost_ratio_{m}"] = res.median_ratio_to(m, _arm_name(m, False, None, noise))
     bands = args.bands if args.bands is not None else BENCHMARK_BANDS
     # BLT's d is the strategy's choice (the same for every method: it depends on n, m, T and the momentum only).
-    buffers = next((r.info["buffers"] for r in runners if r.info.get("noise") == "blt"), None)
+    buffers = next((r.info["buffers"] for r in runners if r.info.get("buffers") is not None), None)
     out.update({
         "batch_size": batch, "threads": threads, "rounds": rounds, "strategy": args.strategy, "model": args.model,
         "loss_split": args.loss_split, "dataset_size": n, "spread_nonprivate": res.spread("nonprivate"),
         "secure_rng": args.secure_rng, "ablate": args.ablate, "device": args.device or "cpu",
-        "noise": noises, "bands": bands if "bandmf" in noises else None, "buffers": buffers,
+        "noise": noises, "bands": bands if any(noise_kind(n).takes_bands for n in noises) else None, "buffers": buffers,
         "precision": args.precision,
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
     })
@@ -174,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{m}: the per-step safety checks cost {out[f'checks_cost_{m}']:.1%} of a step, the float64 noise "
               f"{out[f'float64_noise_cost_{m}']:.1%} (medians of within-round ratios)")
     for noise, m in ratios:
-        what = f"BandMF (b = {bands})" if noise == "bandmf" else f"BLT (d = {buffers})"
+        kind = noise_kind(noise)
+        what = f"{kind.label} (b = {bands})" if kind.takes_bands else f"{kind.label} (d = {buffers})"
         print(f"{what} costs {m} {out[f'{noise}_cost_ratio_{m}']:.3f} x independent noise's time per step (median "
               "of within-round ratios)")
     print("spread = (max - min) / median of samples/s over rounds (machine noise)")
@@ -187,10 +189,11 @@ def _check_noise(args: argparse.Namespace, batch: int, n: int) -> list[str]:
     if not given or any(n not in NOISES for n in given):
         raise ValueError(f"--noise must be a comma-separated subset of {','.join(NOISES)}, got {','.join(given)!r}")
     noises = [n for n in NOISES if n in given]
-    if "bandmf" not in noises and args.bands is not None:
+    banded = any(noise_kind(n).takes_bands for n in noises)
+    if not banded and args.bands is not None:
         raise ValueError(f"--bands is for --noise with bandmf, got --bands {args.bands} with --noise "
                          f"{','.join(noises)}")  # fmt: skip
-    correlated = [n for n in noises if n != "independent"]
+    correlated = [n for n in noises if noise_kind(n).correlated]
     if not correlated:
         return noises
     kind = correlated[0]  # the message names one kind the user gave; every correlated kind is refused alike
@@ -199,10 +202,10 @@ def _check_noise(args: argparse.Namespace, batch: int, n: int) -> list[str]:
     if args.nproc is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError(f"--noise {kind} is timed in one process (the scaling study times independent noise): "
                          "leave out --nproc and torchrun")  # fmt: skip
-    if "independent" not in noises and (args.secure_rng or args.ablate):
+    if default_noise() not in noises and (args.secure_rng or args.ablate):
         flag = "--secure-rng" if args.secure_rng else "--ablate"
         raise ValueError(f"{flag} times independent noise's variants: give --noise independent,{','.join(correlated)}")
-    if "bandmf" not in noises:
+    if not banded:
         return noises
     if args.bands is not None and args.bands < 1:
         raise ValueError(f"--bands must be >= 1, got {args.bands}")
@@ -214,10 +217,10 @@ def _check_noise(args: argparse.Namespace, batch: int, n: int) -> list[str]:
     return noises
 
 
-def _arm_name(method: str, secure: bool, ablate: str | None, noise: str = "independent") -> str:
+def _arm_name(method: str, secure: bool, ablate: str | None, noise: str | None = None) -> str:
     """The timed arm's name: ``fdp``, ``fdp_secure``, ``fdp_nochecks``, ``fdp_f32noise``, ``fdp_bandmf``,
-    ``fdp_blt``."""
-    if noise != "independent":
+    ``fdp_blt`` (``noise`` None: the default noise)."""
+    if noise is not None and noise != default_noise():
         return f"{method}_{noise}"
     if ablate is not None:
         return f"{method}_{'nochecks' if ablate == 'checks' else 'f32noise'}"

@@ -20,7 +20,7 @@ from typing import Any
 
 from featuredp.cli._data_args import add_data_arguments, resolve_data
 from featuredp.cli._device import add_device_argument, check_device
-from featuredp.cli._flags import NOISES, number_list
+from featuredp.cli._flags import NOISES, default_noise, noise_kind, number_list
 from featuredp.cli._text_args import add_text_arguments
 from featuredp.experiments.diffusion_options import add_diffusion_arguments
 from featuredp.experiments.presets import IMAGE_FEATURE_MAPS
@@ -89,7 +89,8 @@ def register(subparsers: Any) -> None:
                    help="tabular and image-classification: comma-separated noises of the private methods, each its "
                    "own arm: independent (DP-SGD's fresh Gaussian each step, default), bandmf (banded "
                    "matrix-factorization correlated noise; docs/accounting.md) and/or blt (buffered linear Toeplitz "
-                   "correlated noise, its buffers chosen per cell; featuredp.blt), e.g. independent,bandmf,blt; the "
+                   "correlated noise, its buffers chosen per cell; featuredp.noise.blt), e.g. independent,bandmf,blt; "
+                   "the "
                    "references run once")
     p.add_argument("--bands", type=int, default=None, metavar="B",
                    help="--noise with bandmf: BandMF's bands b in every BandMF cell (at most the private steps and "
@@ -156,7 +157,7 @@ def _run(args: argparse.Namespace) -> int:
         check_positive("--record-epsilon", args.record_epsilon)
         if args.task not in ("tabular", "text"):
             raise ValueError(f"--record-epsilon is for --task tabular and text, got --task {args.task}")
-        if args.tune or args.protocol != "default" or noises != ["independent"]:
+        if args.tune or args.protocol != "default" or any(noise_kind(n).correlated for n in noises):
             raise ValueError("--record-epsilon does not combine with --tune, --protocol paper or --noise bandmf/blt "
                              "yet")  # fmt: skip
     relation = getattr(args, "relation", None)
@@ -234,19 +235,19 @@ def _run(args: argparse.Namespace) -> int:
 def _check_noise(args: argparse.Namespace) -> list[str]:
     """``--noise`` and ``--bands`` checked against each other, the task, the methods and the protocol (one line
     naming the flag, before any work); returns the noises."""
-    noises = args.noise or ["independent"]
+    noises = args.noise or [default_noise()]
     bad = [n for n in noises if n not in NOISES]
     if bad:
         raise ValueError(f"--noise must be a comma-separated subset of {','.join(NOISES)}, got {','.join(noises)}")
     if args.bands is not None:
         if args.bands < 1:
             raise ValueError(f"--bands must be >= 1, got {args.bands}")
-        if "bandmf" not in noises:
+        if not any(noise_kind(n).takes_bands for n in noises):
             raise ValueError(f"--bands is for --noise with bandmf, got --bands {args.bands} with --noise "
                              f"{','.join(noises)}")  # fmt: skip
     if args.noise is not None and args.task in ("diffusion", "text"):
         raise ValueError(f"--noise is for --task tabular and image-classification, got --task {args.task}")
-    correlated = [n for n in noises if n != "independent"]
+    correlated = [n for n in noises if noise_kind(n).correlated]
     if correlated:
         from featuredp.methods import PRIVATE_METHODS
 
@@ -307,7 +308,7 @@ def _run_images(args: argparse.Namespace, epsilons: list[float] | None, seeds: l
         epsilons=epsilons if epsilons is not None else ([2.0, 8.0] if args.quick else [1.0, 2.0, 4.0, 8.0]),
         seeds=seeds, quick=args.quick, tune=args.tune, delta=getattr(args, "delta", None), dataset_options=options,
         report_only=args.report_only, device=args.device, progress=not (args.json or args.quiet),
-        overwrite=args.overwrite, noises=args.noise or ["independent"], bands=args.bands,
+        overwrite=args.overwrite, noises=args.noise or [default_noise()], bands=args.bands,
         command=_command_line("featuredp compare --task image-classification"),
     )  # fmt: skip
     runner = ImageGridRunner(cfg, feature_map=fmap)

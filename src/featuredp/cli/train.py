@@ -10,7 +10,16 @@ from typing import Any
 
 from featuredp.cli._data_args import add_data_arguments, resolve_data
 from featuredp.cli._device import add_device_argument, add_precision_argument, check_device
-from featuredp.cli._flags import NOISES, TRAIN_FLAGS, check_run_out, check_training_values, flag_names, whole_number
+from featuredp.cli._flags import (
+    NOISES,
+    TRAIN_FLAGS,
+    check_run_out,
+    check_training_values,
+    flag_names,
+    is_default_noise,
+    noise_kind,
+    whole_number,
+)
 from featuredp.cli._summary import privacy_lines, record_line
 from featuredp.cli._text_args import add_text_arguments
 from featuredp.methods import METHOD_NAMES
@@ -52,12 +61,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--epsilon", type=float, default=None, help="target epsilon (sigma is calibrated)")
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--noise-multiplier", type=float, default=None, help="sigma (with --epsilon: budget stop)")
-    p.add_argument("--noise", choices=NOISES, default="independent",
+    p.add_argument("--noise", choices=NOISES, default="independent", metavar="KIND",
                    help="noise of the private steps: independent (DP-SGD's fresh Gaussian each step, default), "
                    "bandmf (banded matrix-factorization correlated noise with cyclic Poisson sampling: less noise at "
                    "the same epsilon for larger epsilon; docs/accounting.md) or blt (buffered linear Toeplitz "
                    "correlated noise, d <= 4 buffers chosen for the run, cyclic sampling over epochs of n/m steps, "
-                   "one Gaussian at the min-sep sensitivity, no amplification; featuredp.blt)")
+                   "one Gaussian at the min-sep sensitivity, no amplification; featuredp.noise.blt)")
     p.add_argument("--bands", type=whole_number, default=None, metavar="B",
                    help="--noise bandmf only (blt chooses its own strategy): the number of bands b (at most the "
                    "private steps, and n/m). Default: the b of 1, 2, 4, ..., 64 with the least noise at --epsilon "
@@ -182,7 +191,7 @@ def _train(args: argparse.Namespace) -> int:
         pretrain_batch_size=args.pretrain_batch_size, momentum=args.momentum, optimizer=args.optimizer,
         pretrain_epochs=args.pretrain_epochs, accountant=args.accountant, relation=args.relation,
     )  # fmt: skip
-    if args.noise != "independent":
+    if not is_default_noise(args.noise):
         common.update(noise=args.noise, bands=args.bands)
     if args.record_epsilon is not None:
         common["record_epsilon"] = args.record_epsilon
@@ -317,9 +326,9 @@ def _check_flags(args: argparse.Namespace) -> None:
         from featuredp._validate import check_int
 
         check_int("--bands", args.bands, minimum=1)
-        if args.noise != "bandmf":
+        if not noise_kind(args.noise).takes_bands:
             raise ValueError(f"--bands is for --noise bandmf, got --bands {args.bands} with --noise {args.noise}")
-    if args.noise != "independent":
+    if not is_default_noise(args.noise):
         from featuredp.methods import PRIVATE_METHODS
 
         # fdp_auto is Algorithm 1 (private), tuned: its search and its final run take the noise like --tune's
@@ -330,7 +339,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         if args.method == "nonprivate":
             raise ValueError("--record-epsilon is for the methods that read a record with noise or through Psi "
                              "(public, dpsgd, fdp_dpsgd, fdp), not --method nonprivate")
-        if args.noise != "independent":
+        if noise_kind(args.noise).correlated:
             raise ValueError(f"--record-epsilon is not supported with --noise {args.noise} yet (use independent noise)")
         if args.tune or args.method == "fdp_auto":
             raise ValueError("--record-epsilon is not supported with --tune or --method fdp_auto yet")

@@ -81,6 +81,7 @@ from featuredp.experiments.protocols import (
 )
 from featuredp.experiments.train_one import train_cell
 from featuredp.methods import PRIVATE_METHODS, get_method
+from featuredp.noise import DEFAULT_NOISE, NOISE_PLANS
 
 __all__ = [
     "CSV_COLUMNS",
@@ -195,7 +196,7 @@ class GridRunner:
             params = override(override(params, fitted), self.cfg.method_params.get(method, {}))
         return params
 
-    def params_for(self, method: str, epsilon: float | None, noise: str = "independent") -> dict[str, Any]:
+    def params_for(self, method: str, epsilon: float | None, noise: str = DEFAULT_NOISE) -> dict[str, Any]:
         """The Trainer arguments of ``method`` at ``epsilon`` with ``noise``: :meth:`base_params` and the noise's
         (:meth:`noise_params`), with the tuned values if any, and what the grid's protocol sets
         (:meth:`with_protocol`)."""
@@ -209,10 +210,10 @@ class GridRunner:
         """The Trainer arguments of a noise arm: none for independent noise (so its cells keep the hashes of grids
         from before noises), ``noise`` and the grid's ``bands`` (if given) for BandMF, ``noise`` alone for BLT (which
         has no bands: the engine refuses them)."""
-        if noise == "independent" or method not in PRIVATE_METHODS:
+        if noise == DEFAULT_NOISE or method not in PRIVATE_METHODS:
             return {}
-        return {"noise": noise, **({"bands": self.cfg.bands} if noise == "bandmf" and self.cfg.bands is not None
-                                   else {})}  # fmt: skip
+        takes_bands = NOISE_PLANS[noise].takes_bands and self.cfg.bands is not None
+        return {"noise": noise, **({"bands": self.cfg.bands} if takes_bands else {})}
 
     def with_protocol(self, method: str, epsilon: float | None, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` as the grid's protocol has them. Under ``paper`` a private method trains with σ = 1, sampling
@@ -338,7 +339,7 @@ class GridRunner:
             **({"protocol": self.cfg.protocol} if self.cfg.protocol != "default" else {}),
             # Likewise absent for independent noise only (grids from before noises).
             **({"noises": list(self.cfg.noises), "bands": self.cfg.bands}
-               if self.cfg.noises != ["independent"] else {}),
+               if self.cfg.noises != [DEFAULT_NOISE] else {}),
             **({"record_epsilon": self.cfg.record_epsilon} if self.cfg.record_epsilon is not None else {}),
         }  # fmt: skip
 
@@ -417,7 +418,7 @@ class GridRunner:
                 self.tuned[key] = best
                 continue
             trials = []
-            what = f"{method}{'' if noise == 'independent' else f' ({noise})'}"
+            what = f"{method}{'' if noise == DEFAULT_NOISE else f' ({noise})'}"
             for i, cand in enumerate(candidates, 1):
                 if bar is not None:
                     bar(f"tuning {what} ε={eps:g}: candidate {i} of {len(candidates)} {cand}" if eps is not None
@@ -426,7 +427,7 @@ class GridRunner:
                 trials.append({"params": cand, "val_accuracy": s["accuracy"], "epsilon": s.get("epsilon")})
             best = max(trials, key=lambda t: t["val_accuracy"])["params"]
             atomic_write_json(path, {"tag": tag, "method": method, "epsilon": eps, "best": best, "trials": trials,
-                                     **({} if noise == "independent" else {"noise": noise})})
+                                     **({} if noise == DEFAULT_NOISE else {"noise": noise})})
             self.tuned[key] = best
 
     def tuning_budget(self) -> dict[str, int]:
@@ -438,7 +439,7 @@ class GridRunner:
                 out[method] = int(np.prod([len(v) for v in space.values()])) if space else 0
         return out
 
-    def _tuning_setup(self, method: str, eps: float | None, noise: str = "independent"
+    def _tuning_setup(self, method: str, eps: float | None, noise: str = DEFAULT_NOISE
                       ) -> tuple[Path, str, dict[str, Any], list[dict[str, Any]]] | None:  # fmt: skip
         """(file, tag, base parameters, candidates) of tuning ``method`` at ``eps`` with ``noise`` (each noise arm is
         tuned alike, with its own noise); None if it has no tuning grid."""
@@ -452,7 +453,7 @@ class GridRunner:
                      "val_fraction": self.cfg.val_fraction, "private": self.cfg.private})
         return self.cfg.out / "tuning" / f"{_tune_key(method, eps, noise)}__{tag}.json", tag, base, candidates
 
-    def _stored_tuning(self, method: str, eps: float | None, noise: str = "independent") -> dict[str, Any] | None:
+    def _stored_tuning(self, method: str, eps: float | None, noise: str = DEFAULT_NOISE) -> dict[str, Any] | None:
         """The best parameters stored for this tuning setup (also in an earlier version's ``tuning/<key>.json``)."""
         setup = self._tuning_setup(method, eps, noise)
         if setup is None:
@@ -538,7 +539,7 @@ class GridRunner:
 
     def write_results(self, rows: Sequence[dict[str, Any]]) -> None:
         """results.csv, written atomically."""
-        columns = CSV_COLUMNS + (NOISE_COLUMNS if self.cfg.noises != ["independent"] else [])
+        columns = CSV_COLUMNS + (NOISE_COLUMNS if self.cfg.noises != [DEFAULT_NOISE] else [])
         if self.cfg.record_epsilon is not None:
             columns = [*columns, "record_epsilon"]
         df = pd.DataFrame(list(rows), columns=columns)
@@ -546,7 +547,7 @@ class GridRunner:
             df.to_csv(tmp, index=False)
 
 
-def _tune_key(method: str, epsilon: float | None, noise: str = "independent") -> str:
+def _tune_key(method: str, epsilon: float | None, noise: str = DEFAULT_NOISE) -> str:
     return f"{arm_name(method, noise)}__eps{'none' if epsilon is None else f'{epsilon:g}'}"
 
 
@@ -582,7 +583,7 @@ class _Progress:
         eps = "—" if cell.epsilon is None else f"{cell.epsilon:g}"
         eta = (f"ETA {_clock(sum(self.seconds) / len(self.seconds) * left)} for {left} cell{'s' * (left != 1)}"
                if self.seconds else "ETA after the first cell")
-        what = cell.method if cell.noise == "independent" else f"{cell.method} ({cell.noise})"
+        what = cell.method if cell.noise == DEFAULT_NOISE else f"{cell.method} ({cell.noise})"
         self(f"cell {i} of {total}: {what}, ε = {eps}, seed {cell.seed} ({eta})")
 
     def done(self, seconds: float) -> None:

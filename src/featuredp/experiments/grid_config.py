@@ -13,9 +13,9 @@ from typing import Any
 
 from featuredp._validate import check_choice, check_int, check_open_unit, check_positive
 from featuredp.batches import resolve_device
-from featuredp.config import CORRELATED_NOISES, NOISE_KINDS
 from featuredp.experiments.protocols import PAPER_FIXED, PROTOCOLS
 from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS
+from featuredp.noise import DEFAULT_NOISE, NOISE_PLANS
 
 __all__ = ["METHODS", "Cell", "GridConfig", "arm_name", "grid_cells", "settings_hash"]
 
@@ -54,7 +54,7 @@ class GridConfig:
     device: str | None = None
     overwrite: bool = False  # replace the results.csv/summary.md/plot of a different grid in ``out``
     protocol: str = "default"
-    noises: list[str] = field(default_factory=lambda: ["independent"])
+    noises: list[str] = field(default_factory=lambda: [DEFAULT_NOISE])
     bands: int | None = None
     #: the record-level backstop E of every cell that takes one (all but nonprivate); None: none
     record_epsilon: float | None = None
@@ -91,7 +91,7 @@ class GridConfig:
         self._check_noises()
         if self.record_epsilon is not None:
             self.record_epsilon = check_positive("record_epsilon", self.record_epsilon)
-            if any(n != "independent" for n in self.noises):
+            if any(n != DEFAULT_NOISE for n in self.noises):
                 raise ValueError("record_epsilon is not supported with correlated noises yet")
         for part in (self.out, *self.out.parents):
             if part.exists() and not part.is_dir():
@@ -100,14 +100,14 @@ class GridConfig:
 
     def _check_noises(self) -> None:
         if isinstance(self.noises, str) or not self.noises:
-            raise ValueError(f"noises must name at least one of {', '.join(NOISE_KINDS)}, got {self.noises!r}")
-        given = [check_choice("noises", n, NOISE_KINDS) for n in dict.fromkeys(self.noises)]
-        self.noises = [n for n in NOISE_KINDS if n in given]  # one order, whatever the order given
+            raise ValueError(f"noises must name at least one of {', '.join(NOISE_PLANS)}, got {self.noises!r}")
+        given = [check_choice("noises", n, tuple(NOISE_PLANS)) for n in dict.fromkeys(self.noises)]
+        self.noises = [n for n in NOISE_PLANS if n in given]  # one order, whatever the order given
         if self.bands is not None:
             self.bands = check_int("bands", self.bands, minimum=1)
-            if "bandmf" not in self.noises:
+            if not any(NOISE_PLANS[n].takes_bands for n in self.noises):
                 raise ValueError(f"bands is for noises with bandmf, got bands={self.bands} with noises={self.noises}")
-        correlated = [n for n in self.noises if n in CORRELATED_NOISES]
+        correlated = [n for n in self.noises if NOISE_PLANS[n].correlated]
         if correlated:
             if not any(m in PRIVATE_METHODS for m in self.methods):
                 raise ValueError(f"noises={correlated} is for the private methods {list(PRIVATE_METHODS)}, got "
@@ -127,7 +127,7 @@ class Cell:
     method: str
     epsilon: float | None
     seed: int
-    noise: str = "independent"
+    noise: str = DEFAULT_NOISE
 
     @property
     def key(self) -> str:
@@ -140,7 +140,7 @@ class Cell:
 def arm_name(method: str, noise: str) -> str:
     """The name a method's noise arm gives its cells and tuning files: ``fdp``, ``fdp__bandmf``, ``fdp__blt``."""
     # Independent noise keeps the bare method name: the cells and tuning files of grids from before noises.
-    return method if noise == "independent" else f"{method}__{noise}"
+    return method if noise == DEFAULT_NOISE else f"{method}__{noise}"
 
 
 def grid_cells(cfg: GridConfig) -> list[Cell]:

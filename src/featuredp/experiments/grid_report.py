@@ -15,9 +15,20 @@ import numpy as np
 from featuredp.experiments.protocols import PAPER_SENTENCE
 from featuredp.methods import METHOD_NAMES, Method, get_method
 from featuredp.methods import METHODS as METHOD_RECORDS
+from featuredp.noise import DEFAULT_NOISE, NOISE_PLANS
 
-__all__ = ["CLAIMED_DIFFERENCES", "LABELS", "NOISE_LABELS", "NOISE_ORDER", "REFERENCE_METHODS", "arm_label",
-           "reference_epsilon", "render_summary_md", "row_noise", "summarize"]
+__all__ = [
+    "CLAIMED_DIFFERENCES",
+    "LABELS",
+    "REFERENCE_METHODS",
+    "arm_label",
+    "noise_label",
+    "noise_order",
+    "reference_epsilon",
+    "render_summary_md",
+    "row_noise",
+    "summarize",
+]
 
 METHODS = METHOD_NAMES
 REFERENCE_METHODS = tuple(name for name, m in METHOD_RECORDS.items() if m.reference)
@@ -25,10 +36,20 @@ LABELS = {name: m.label for name, m in METHOD_RECORDS.items()}
 #: the differences summary.md reports (the paper's claims): (minuend, subtrahend, how the line names it)
 CLAIMED_DIFFERENCES = (("fdp", "dpsgd", "FDP − DP-SGD"), ("fdp", "fdp_dpsgd", "FDP − FDP(DP-SGD)"),
                        ("fdp_dpsgd", "dpsgd", "FDP(DP-SGD) − DP-SGD"))  # fmt: skip
-#: how a noise arm is named after its method ("DP-SGD + BandMF", "DP-SGD + BLT"); independent noise adds nothing
-NOISE_LABELS = {"independent": "", "bandmf": " + BandMF", "blt": " + BLT"}
-#: the order of the noise arms in tables and plots (independent first: the grids from before noises)
-NOISE_ORDER = {"independent": 0, "bandmf": 1, "blt": 2}
+
+
+def noise_label(noise: str) -> str:
+    """How a noise arm is named after its method (" + BandMF"); the default noise adds nothing."""
+    cls = NOISE_PLANS.get(noise)
+    if cls is None:
+        return f" + {noise}"
+    return f" + {cls.label}" if cls.label else ""
+
+
+def noise_order(noise: str) -> int:
+    """The order of the noise arms in tables and plots (the default first: the grids from before noises)."""
+    cls = NOISE_PLANS.get(noise)
+    return 9 if cls is None else cls.order
 
 
 def arm_label(method: str, noise: str | None) -> str:
@@ -37,7 +58,7 @@ def arm_label(method: str, noise: str | None) -> str:
     >>> arm_label("fdp", "bandmf"), arm_label("dpsgd", "blt")
     ('FDP (Alg. 1) + BandMF', 'DP-SGD + BLT')
     """
-    return LABELS[method] + NOISE_LABELS.get(noise or "independent", f" + {noise}")
+    return LABELS[method] + noise_label(noise or DEFAULT_NOISE)
 
 
 def row_noise(row: dict[str, Any]) -> str | None:
@@ -46,7 +67,7 @@ def row_noise(row: dict[str, Any]) -> str | None:
     if get_method(str(row["method"])).reference:
         return None
     noise = row.get("noise")
-    return noise if isinstance(noise, str) and noise else "independent"
+    return noise if isinstance(noise, str) and noise else DEFAULT_NOISE
 
 
 def reference_epsilon(record: Method) -> float:
@@ -76,7 +97,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     order = {m: i for i, m in enumerate(METHODS)}
     for (method, noise, eps), rs in sorted(groups.items(), key=lambda kv: (
-            order[kv[0][0]], NOISE_ORDER.get(kv[0][1] or "independent", 9), kv[0][2] or 0.0)):  # fmt: skip
+            order[kv[0][0]], noise_order(kv[0][1] or DEFAULT_NOISE), kv[0][2] or 0.0)):  # fmt: skip
         acc = np.array([float(r["accuracy"]) for r in rs])
         sigma = [float(r["noise_multiplier"]) for r in rs if r.get("noise_multiplier") not in (None, "")]
         bands = sorted({int(r["bands"]) for r in rs if _number(r.get("bands"))})
@@ -134,9 +155,9 @@ def _budget_sentence(budget: dict[str, int]) -> str:
 def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     """The human-readable report of a grid."""
     eps_values = sorted({s["target_epsilon"] for s in summary if s["target_epsilon"] is not None})
-    by = {(s["method"], s.get("noise") or "independent", s["target_epsilon"]): s for s in summary}
-    arms = list(dict.fromkeys((s["method"], s.get("noise") or "independent") for s in summary))
-    correlated = [n for n in dict.fromkeys(noise for _, noise in arms) if n != "independent"]
+    by = {(s["method"], s.get("noise") or DEFAULT_NOISE, s["target_epsilon"]): s for s in summary}
+    arms = list(dict.fromkeys((s["method"], s.get("noise") or DEFAULT_NOISE) for s in summary))
+    correlated = [n for n in dict.fromkeys(noise for _, noise in arms) if n != DEFAULT_NOISE]
     private = meta.get("private") or []
     priv_text = ", ".join(private) if len(private) <= 8 else f"{len(private)} columns ({', '.join(private[:4])}, ...)"
     lines = [
@@ -164,7 +185,7 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
     ]
     for m, noise in arms:
         if m in REFERENCE_METHODS:
-            s = by.get((m, "independent", None))
+            s = by.get((m, DEFAULT_NOISE, None))
             cell = "—" if s is None else _fmt_acc(s)
             note = " (ε = 0)" if reference_epsilon(get_method(m)) == 0 else " (ε = ∞)"
             lines.append(f"| {LABELS[m]}{note} | " + " | ".join(cell for _ in eps_values) + " |")
@@ -176,11 +197,11 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
     diffs = []
     for e in eps_values:
         parts = []
-        for noise in ("independent", *correlated):
+        for noise in (DEFAULT_NOISE, *correlated):
             for a, b, name in CLAIMED_DIFFERENCES:
                 sa, sb = by.get((a, noise, e)), by.get((b, noise, e))
                 if sa and sb:
-                    both = "" if noise == "independent" else f" (both{NOISE_LABELS.get(noise, f' + {noise}')})"
+                    both = "" if noise == DEFAULT_NOISE else f" (both{noise_label(noise)})"
                     parts.append(f"{name}{both} = {100 * (sa['accuracy_mean'] - sb['accuracy_mean']):+.1f}")
         if parts:
             diffs.append(f"* ε = {e:g}: " + "; ".join(parts) + " points")
@@ -189,13 +210,13 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
     for noise in correlated:
         gains = []
         for e in eps_values:
-            pairs = [(m, by[(m, noise, e)], by[(m, "independent", e)]) for m, arm in arms
-                     if arm == noise and (m, noise, e) in by and (m, "independent", e) in by]  # fmt: skip
+            pairs = [(m, by[(m, noise, e)], by[(m, DEFAULT_NOISE, e)]) for m, arm in arms
+                     if arm == noise and (m, noise, e) in by and (m, DEFAULT_NOISE, e) in by]  # fmt: skip
             parts = [f"{LABELS[m]} {100 * (a['accuracy_mean'] - b['accuracy_mean']):+.1f}" for m, a, b in pairs]
             if parts:
                 gains.append(f"* ε = {e:g}: " + "; ".join(parts) + " points")
         if gains:
-            name = NOISE_LABELS.get(noise, f" + {noise}").removeprefix(" + ")
+            name = noise_label(noise).removeprefix(" + ")
             lines += [f"## {name} − independent noise (accuracy points, means; same method, ε and seeds)", "",
                       *gains, ""]  # fmt: skip
     lines += [
@@ -216,14 +237,9 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
         sigma = "—" if s["noise_multiplier"] is None else f"{s['noise_multiplier']:.3f}"
         lines.append(f"| {_arm_name(s)} | {eps} | {spent} | {rep_txt} | {sigma} | {s['steps']:.0f} | "
                      f"{s['wall_s']:.1f} | {s['cpu_s']:.1f} |")
-    if "bandmf" in correlated:
-        lines += ["", "BandMF's σ is the std of z in the released C x + z (C's first coefficient 1), not comparable "
-                  "with DP-SGD's: its ε is that of DP-SGD with multiplier σ / (max column norm of C), sampling rate "
-                  "m·b/n and ⌈T/b⌉ steps (docs/accounting.md, \"Correlated noise (BandMF)\")."]  # fmt: skip
-    if "blt" in correlated:
-        lines += ["", "BLT's σ is likewise the std of z in C x + z, not comparable with DP-SGD's: its ε is that of one "
-                  "Gaussian release with multiplier σ / Δ, Δ the min-sep sensitivity of C over epochs of ⌊n/m⌋ steps, "
-                  "without amplification by sampling (featuredp.blt)."]  # fmt: skip
+    for noise in correlated:  # what each correlated arm's σ means (its noise plan's note)
+        note = NOISE_PLANS[noise].sigma_note if noise in NOISE_PLANS else ""
+        lines += ["", note] if note else []
     total = sum(float(r["wall_s"]) for r in rows)
     total_cpu = sum(float(r.get("cpu_s") or 0.0) for r in rows)
     lines += [
@@ -239,20 +255,10 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
     ]
     for m, p in meta.get("methods", {}).items():
         lines.append(f"* {LABELS[m]}: `{json.dumps(p, sort_keys=True)}`")
-    if "bandmf" in (meta.get("noises") or []):
-        chosen = (f"b = {meta['bands']} in every BandMF cell" if meta.get("bands") else
-                  "b chosen per cell by the engine at its ε: the b of 1, 2, 4, ... (at most the steps and n/m) with "
-                  "the least noise RMSE for the run's momentum workload (featuredp.bandmf.best_bands)")
-        lines.append("* Noise: each private method runs with independent Gaussian noise and with BandMF (banded "
-                     f"matrix-factorization correlated noise, cyclic Poisson sampling over b partitions; {chosen}), "
-                     "at the same ε and δ with the same hyperparameters (with tuning: each arm tuned alike); σ is "
-                     "calibrated for each (docs/accounting.md, "
-                     "\"Correlated noise (BandMF)\").")
-    if "blt" in (meta.get("noises") or []):
-        lines.append("* Noise, the BLT arm: buffered linear Toeplitz correlated noise with cyclic sampling over epochs "
-                     "of ⌊n/m⌋ steps (BLT: d <= 4 buffers optimised for the run's workload, one Gaussian at the "
-                     "min-sep sensitivity, no amplification: featuredp.blt), at the same ε and δ with the same "
-                     "hyperparameters as the other arms (with tuning: each arm tuned alike); σ is calibrated for each.")
+    for noise in meta.get("noises") or []:  # each noise arm as its noise plan describes it
+        note = NOISE_PLANS[noise].grid_note(meta.get("bands")) if noise in NOISE_PLANS else ""
+        if note:
+            lines.append(f"* {note}")
     if meta.get("tuned"):
         lines += [
             "",

@@ -127,7 +127,7 @@ def train_image_cell(
         "method": record.name, "dataset": train.name, "accuracy": None if metrics is None else metrics["accuracy"],
         "loss": None if metrics is None else metrics["loss"],
         "epsilon": None if math.isinf(result.epsilon) else result.epsilon, "delta": result.delta,
-        "noise_multiplier": plan.noise_multiplier, "noise": plan.noise, "bands": plan.bands,
+        "noise_multiplier": plan.noise_multiplier, "noise": plan.noise.kind, "bands": plan.bands,
         "max_grad_norm": plan.max_grad_norm, "sampling_rate": plan.sampling_rate,
         "batch_size": plan.expected_batch_size,
         "public_batch_size": plan.public_batch_size, "alpha": plan.alpha if record.public_batch else None,

@@ -11,14 +11,12 @@ import matplotlib
 import numpy as np
 
 from featuredp._io import atomic_save_png
-from featuredp.experiments.grid_report import NOISE_ORDER, arm_label, row_noise
+from featuredp.experiments.grid_report import arm_label, noise_order, row_noise
 from featuredp.methods import METHODS
+from featuredp.noise import DEFAULT_NOISE, NOISE_PLANS
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt
-
-#: the line style of each correlated-noise arm (its method's colour, hollow markers)
-_CORRELATED_STYLES = {"bandmf": "-.", "blt": ":"}
 
 
 def privacy_utility_plot(
@@ -43,8 +41,8 @@ def privacy_utility_plot(
         eps = r.get("target_epsilon")
         eps = None if eps is None or (isinstance(eps, float) and math.isnan(eps)) else float(eps)
         noise = row_noise(r)
-        arm = r["method"] if noise in (None, "independent") else f"{r['method']}+{noise}"
-        noises[arm] = noise or "independent"
+        arm = r["method"] if noise in (None, DEFAULT_NOISE) else f"{r['method']}+{noise}"
+        noises[arm] = noise or DEFAULT_NOISE
         by.setdefault((arm, eps), []).append(100.0 * float(r[metric]))
     if not by:
         raise ValueError("rows must hold at least one result, got none")
@@ -53,7 +51,7 @@ def privacy_utility_plot(
     eps_all = sorted({e for (_, e) in by if e is not None})
     arms = [(method, record, arm) for method, record in METHODS.items() if not record.reference
             for arm in sorted((a for a in noises if a == method or a.startswith(f"{method}+")),
-                              key=lambda a: NOISE_ORDER.get(noises[a], len(NOISE_ORDER)))]
+                              key=lambda a: noise_order(noises[a]))]
     for method, record, arm in arms:
         pts = sorted((e, v) for (m, e), v in by.items() if m == arm and e is not None)
         if not pts:
@@ -61,9 +59,10 @@ def privacy_utility_plot(
         xs = [e for e, _ in pts]
         means = [float(np.mean(v)) for _, v in pts]
         stds = [float(np.std(v, ddof=1)) if len(v) > 1 else 0.0 for _, v in pts]
-        correlated = noises[arm] != "independent"
+        correlated = noises[arm] != DEFAULT_NOISE
         # Both correlated arms share the method's colour, so each kind needs a line style of its own to be told apart.
-        style = _CORRELATED_STYLES.get(noises[arm], "--") if correlated else record.linestyle
+        style = NOISE_PLANS[noises[arm]].line_style if correlated and noises[arm] in NOISE_PLANS else (
+            "--" if correlated else record.linestyle)
         ax.errorbar(xs, means, yerr=stds, capsize=3, label=arm_label(method, noises[arm]), color=record.color,
                     marker=record.marker, linestyle=style,
                     markerfacecolor="none" if correlated else record.color)  # fmt: skip

@@ -81,7 +81,7 @@ def train_text_run(*, out: str | Path | None, method: str, epsilon: float | None
     summary = {
         "task": "text", "method": method, "epsilon": done.epsilon, "replacement_epsilon": done.replacement_epsilon,
         "relation": result.plan.relation, "delta": result.delta,
-        "noise_multiplier": result.plan.noise_multiplier, "noise": result.plan.noise, "bands": result.plan.bands,
+        "noise_multiplier": result.plan.noise_multiplier, "noise": result.plan.noise.kind, "bands": result.plan.bands,
         "correlated_noise": result.privacy_report.get("correlated_noise"), "max_grad_norm": result.plan.max_grad_norm,
         "sampling_rate": result.plan.sampling_rate, "steps": result.steps, "pretrain_steps": result.pretrain_steps,
         **record_summary(result),
@@ -187,8 +187,8 @@ def group_guarantee(result: TrainResult, largest_repeat: Mapping[str, int]) -> t
         why_not = ""
     elif not method.private or not plan.noise_multiplier or plan.delta is None:
         why_not = "non-private training: there is no ε, for one record or a group"
-    elif plan.noise != "independent":
-        why_not = f"the group bound is not computed for correlated noise ({plan.noise})"
+    elif plan.noise.correlated:
+        why_not = f"the group bound is not computed for correlated noise ({plan.noise.kind})"
     elif plan.relation != "add-remove":
         why_not = "the group bound is computed for add/remove neighbours only"
     tail = float((result.privacy_report.get("noise_sampler") or {}).get("tail_mass") or 0.0)

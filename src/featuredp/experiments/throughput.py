@@ -34,14 +34,14 @@ from tqdm.auto import tqdm
 
 from featuredp._validate import check_choice, check_int, check_positive
 from featuredp.clipping import GhostGradients
-from featuredp.config import NOISE_KINDS
 from featuredp.data.tabular import TabularDataset
 from featuredp.engine import Trainer, init_seed
 from featuredp.features import Columns
 from featuredp.losses import default_split
 from featuredp.methods import get_method
 from featuredp.models import build_model, spec_for
-from featuredp.noise import NoiseSource
+from featuredp.noise import DEFAULT_NOISE, NOISE_PLANS
+from featuredp.noise.sources import NoiseSource
 
 __all__ = [
     "BenchmarkResult",
@@ -109,7 +109,7 @@ def engine_runner(
     device: str | None = None,
     precision: str = "fp32",
     ablate: str | None = None,
-    noise: str = "independent",
+    noise: str = DEFAULT_NOISE,
     bands: int | None = None,
 ) -> StepRunner:
     """A runner for the engine's training step of ``method`` (any of :mod:`featuredp.methods`) on ``data``.
@@ -123,7 +123,7 @@ def engine_runner(
     ``ablate`` (cost measurements only; the step it times has a weaker or no guarantee): ``"checks"`` switches
     off ghost clipping's per-step separability check and forward guard, ``"noise"`` replaces the float64
     noise by the old float32 ``torch.randn`` (bounded support), so that one interleaved run gives their costs.
-    ``noise``: the private steps' noise, ``"independent"``, ``"bandmf"`` (BandMF with ``bands`` bands, default
+    ``noise``: the private steps' noise, ``DEFAULT_NOISE``, ``"bandmf"`` (BandMF with ``bands`` bands, default
     :data:`BENCHMARK_BANDS`: the step draws one Gaussian vector and runs the float64 recurrence over the last
     b − 1 noise vectors, and samples from b secret partitions) or ``"blt"`` (BLT, no ``bands``: its strategy is
     optimised for a run of :data:`BENCHMARK_BLT_EPOCHS` epochs of ⌊n/m⌋ steps, and the step runs the float64
@@ -132,18 +132,19 @@ def engine_runner(
     if ablate not in (None, *ABLATIONS):
         raise ValueError(f"ablate must be one of {', '.join(ABLATIONS)} or None, got {ablate!r}")
     record = get_method(method)
-    noise = check_choice("noise", noise, NOISE_KINDS)
-    if noise != "independent":
+    noise = check_choice("noise", noise, tuple(NOISE_PLANS))
+    kind = NOISE_PLANS[noise]
+    if noise != DEFAULT_NOISE:
         if not record.private:
             raise ValueError(f"noise={noise!r} is for the private methods, got method {method!r}")
         if ablate is not None:
             raise ValueError(f"ablate is for independent noise, got ablate={ablate!r} with noise={noise!r}")
-    if noise == "bandmf":
+    if kind.takes_bands:
         bands = check_int("bands", BENCHMARK_BANDS if bands is None else bands, minimum=1)
         steps = bands
     elif bands is not None:
         raise ValueError(f"bands is for noise='bandmf', got bands={bands} with noise={noise!r}")
-    elif noise == "blt":
+    elif kind.correlated:  # BLT
         # A one-step (or one-epoch) plan would give BLT a strategy for a single participation, not a training run's.
         steps = max(2, BENCHMARK_BLT_EPOCHS * (int(data.n) // int(batch_size)))
     else:
@@ -205,7 +206,7 @@ def engine_runner(
         float(batch_size),
         {"method": method, "strategy": strategy_name, "trainer": trainer, "loss_split": loss_split,
          "secure_rng": secure_rng, "ablate": ablate, "noise": noise, "bands": bands,
-         "buffers": len(trainer.plan.noise_coeffs or ()) // 2 if noise == "blt" and trainer.plan else None},
+         "buffers": getattr(trainer.plan.noise, "buffers", None) if trainer.plan else None},
     )
 
 

@@ -47,8 +47,9 @@ from featuredp.experiments.runs import (
 )
 from featuredp.features import Columns
 from featuredp.losses import GaussianPadding, LabelDPSplit, LossSplit, default_split
-from featuredp.methods import get_method
+from featuredp.methods import Method, get_method
 from featuredp.models import build_model, spec_for
+from featuredp.noise import DEFAULT_NOISE
 from featuredp.plan import TrainResult
 
 __all__ = ["TrainedModel", "ledger_summary", "references", "resolved_params", "retrain_like", "train_cell", "train_one",
@@ -79,7 +80,34 @@ class TrainedModel:
     metrics: dict[str, float] | None
 
 
-def train_one(  # noqa: C901  (being split; the lead drops this)
+def _run_settings(kwargs: dict[str, Any], record: Method, *, epsilon: float | None, delta: float | None, noise: str,
+                  bands: int | None, record_epsilon: float | None, params: Mapping[str, Any], device: str | None,
+                  precision: str) -> None:  # fmt: skip
+    """Add to the Trainer's ``kwargs`` what :func:`train_one` sets outside the preset's parameters: the target, the
+    noise, the backstop, the device and the precision."""
+    if record.private:
+        if epsilon is None and kwargs.get("noise_multiplier") is None:
+            raise ValueError(f"method {record.name!r} needs --epsilon (a target) or --noise-multiplier")
+        kwargs["target_epsilon"] = epsilon
+        kwargs["delta"] = delta
+    if noise != DEFAULT_NOISE or bands is not None:
+        # Not through the preset's parameters: a non-private method given correlated noise is refused, never
+        # dropped.
+        kwargs.update(noise=noise, bands=bands)
+    if record_epsilon is not None:  # not through the preset either: nonprivate is refused, never dropped
+        kwargs["record_epsilon"] = record_epsilon
+        # the public method's steps are clipped now: the clipping settings it otherwise ignores apply (C, strategy)
+        for key in ("max_grad_norm", "strategy", "physical_batch_size"):
+            if params.get(key) is not None:
+                kwargs.setdefault(key, params[key])
+        kwargs.setdefault("delta", delta)  # the public method's steps become record-level DP steps
+    if device is not None:
+        kwargs["device"] = device
+    if precision != "fp32":
+        kwargs["precision"] = precision
+
+
+def train_one(
     *,
     method: str = "fdp",
     dataset: str = "adult",
@@ -106,7 +134,7 @@ def train_one(  # noqa: C901  (being split; the lead drops this)
     keep_checkpoint: bool = False,
     progress: bool = True,
     baselines: bool = False,
-    noise: str = "independent",
+    noise: str = DEFAULT_NOISE,
     bands: int | None = None,
     record_epsilon: float | None = None,
     **params: Any,
@@ -197,26 +225,8 @@ def train_one(  # noqa: C901  (being split; the lead drops this)
 
     kwargs = resolved_params(record.name, dataset, int(train.n), params, preset=preset,
                              label_dp=isinstance(split, LabelDPSplit))
-    if record.private:
-        if epsilon is None and kwargs.get("noise_multiplier") is None:
-            raise ValueError(f"method {record.name!r} needs --epsilon (a target) or --noise-multiplier")
-        kwargs["target_epsilon"] = epsilon
-        kwargs["delta"] = delta
-    if noise != "independent" or bands is not None:
-        # Not through the preset's parameters: a non-private method given correlated noise is refused, never
-        # dropped.
-        kwargs.update(noise=noise, bands=bands)
-    if record_epsilon is not None:  # not through the preset either: nonprivate is refused, never dropped
-        kwargs["record_epsilon"] = record_epsilon
-        # the public method's steps are clipped now: the clipping settings it otherwise ignores apply (C, strategy)
-        for key in ("max_grad_norm", "strategy", "physical_batch_size"):
-            if params.get(key) is not None:
-                kwargs.setdefault(key, params[key])
-        kwargs.setdefault("delta", delta)  # the public method's steps become record-level DP steps
-    if device is not None:
-        kwargs["device"] = device
-    if precision != "fp32":
-        kwargs["precision"] = precision
+    _run_settings(kwargs, record, epsilon=epsilon, delta=delta, noise=noise, bands=bands,
+                  record_epsilon=record_epsilon, params=params, device=device, precision=precision)  # fmt: skip
     trainer = Trainer(net, record.name, loss_split=split, seed=seed, public_seed=public_seed, secure_rng=secure_rng,
                       ledger=ledger, progress=progress, **kwargs)  # fmt: skip
     checkpoint = None
@@ -250,7 +260,7 @@ def train_one(  # noqa: C901  (being split; the lead drops this)
         "relation": plan.relation,
         "delta": result.delta,
         "noise_multiplier": plan.noise_multiplier,
-        "noise": plan.noise,
+        "noise": plan.noise.kind,
         "bands": plan.bands,
         # the privacy report's block of a correlated-noise run (BLT's buffers and epoch, BandMF's coefficients, the
         # sensitivity its ε is accounted at); None for independent noise

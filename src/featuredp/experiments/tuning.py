@@ -50,13 +50,13 @@ from featuredp.accounting.tuning import (
 )
 from featuredp.batches import correct as _correct
 from featuredp.batches import evaluate
-from featuredp.correlated import plan_strategy
 from featuredp.data import load_dataset
 from featuredp.experiments.runs import RUN_JSON, data_files_fingerprint, record_data_fingerprint, save_run
 from featuredp.experiments.train_one import TrainedModel, ledger_summary, references, resolved_params, train_one
 from featuredp.features import Columns
 from featuredp.methods import get_method
-from featuredp.noise import ChaCha20Generator
+from featuredp.noise import DEFAULT_NOISE, noise_plan
+from featuredp.noise.sources import ChaCha20Generator
 from featuredp.plan import PrivacyPlan
 from featuredp.run_state import open_ledger
 
@@ -435,18 +435,18 @@ def _trial_terms(fixed: dict[str, Any], base: Mapping[str, Any], n: int, q: floa
     :meth:`~featuredp.plan.PrivacyPlan.dpsgd_terms`; the candidates vary lr, C and α only, so the strategy, a
     function of n, m, T and the momentum, is the same for every trial (and :func:`_check_trial` checks it).
     """
-    noise = fixed.get("noise", "independent")
-    if noise == "independent":
+    given = {"bands": fixed["bands"]} if fixed.get("bands") is not None else {}
+    noise = noise_plan(fixed.get("noise", DEFAULT_NOISE), **given)
+    if not noise.correlated:
         return (1.0, q, steps), 1.0, fixed
     momentum = float(base.get("momentum", 0.9)) if base.get("optimizer", "sgd") == "sgd" else 0.0
     m = q * n
-    bands, coeffs = plan_strategy(noise, n, m, steps, bands=fixed.get("bands"), target_epsilon=epsilon, delta=delta,
-                                  momentum=momentum, relation=fixed.get("relation") or "add-remove",
-                                  accountant=fixed.get("accountant") or "pld")  # fmt: skip
-    plan = PrivacyPlan("dpsgd", n, m, q, steps, noise_multiplier=1.0, max_grad_norm=1.0, delta=delta, noise=noise,
-                       bands=bands, noise_coeffs=coeffs)  # fmt: skip
+    planned = noise.planned(n, m, steps, target_epsilon=epsilon, delta=delta, momentum=momentum,
+                            relation=fixed.get("relation") or "add-remove",
+                            accountant=fixed.get("accountant") or "pld")  # fmt: skip
+    plan = PrivacyPlan("dpsgd", n, m, q, steps, noise_multiplier=1.0, max_grad_norm=1.0, delta=delta, noise=planned)
     inv_sens, q_eq, t_eq = plan.dpsgd_terms(steps)
-    return (inv_sens, q_eq, t_eq), 1.0 / inv_sens, {**fixed, "bands": bands}
+    return (inv_sens, q_eq, t_eq), 1.0 / inv_sens, {**fixed, **planned.settings()}
 
 
 def _check_trial(plan: Any, steps: int, terms: tuple[float, float, int]) -> None:

@@ -20,7 +20,7 @@ epochs amplification usually does.
 
 The strategy (:func:`optimize_blt`) minimises the run's total squared error per unit of noise multiplier,
 ‖A C⁻¹‖_F²·Δ(C)², over θ in [0, 1)^d and ω >= 0 with Σ ω <= 1 (the region where the sensitivity argument holds), for
-the run's workload (prefix sums, or SGD momentum's: :func:`featuredp.bandmf.workload_coefficients`), with d chosen
+the run's workload (prefix sums, or SGD momentum's: :func:`featuredp.noise.bandmf.workload_coefficients`), with d chosen
 among 1..:data:`MAX_BUFFERS`. Everything there is a function of public quantities (n, m, T, the workload).
 """
 
@@ -48,7 +48,7 @@ from featuredp.accounting.blt import (
     minsep_sensitivity,
     split_blt_params,
 )
-from featuredp.bandmf import (
+from featuredp.noise.bandmf import (
     RMSE_SETTINGS,
     _check_momentum,
     _frobenius_squared,
@@ -57,7 +57,7 @@ from featuredp.bandmf import (
     noise_rmse,
     workload_coefficients,
 )
-from featuredp.noise import CorrelatedNoise, NoiseSource
+from featuredp.noise.sources import CorrelatedNoise, NoiseSource
 
 __all__ = [
     "MAX_BUFFERS",
@@ -271,7 +271,7 @@ def blt_relative_rmse(target_epsilon: float, delta: float, n: int, expected_batc
 
 def rmse_table(epsilons: Sequence[float] = (0.1, 1.0, 8.0), *, momentum: float = 0.0,
                accountant: str = "pld") -> list[dict[str, Any]]:  # fmt: skip
-    """One row per (setting, ε) of :data:`featuredp.bandmf.RMSE_SETTINGS`: BLT's RMSE ratio to DP-SGD beside
+    """One row per (setting, ε) of :data:`featuredp.noise.bandmf.RMSE_SETTINGS`: BLT's RMSE ratio to DP-SGD beside
     BandMF's (its best b), each calibrated to the same (ε, δ)."""
     rows = []
     for name, n, m, steps, delta in RMSE_SETTINGS:
@@ -286,7 +286,7 @@ def rmse_table(epsilons: Sequence[float] = (0.1, 1.0, 8.0), *, momentum: float =
     return rows
 
 
-def _main() -> None:  # pragma: no cover - the table of the report: python -m featuredp.blt
+def _main() -> None:  # pragma: no cover - the table of the report: python -m featuredp.noise.blt
     for momentum in (0.0, 0.9):
         workload = "prefix sums" if momentum == 0 else f"SGD momentum {momentum}"
         print(f"\nworkload: {workload}; noise RMSE over DP-SGD's at the same (ε, δ), PLD accountant")

@@ -81,7 +81,7 @@ from featuredp.accounting.bandmf import (
     calibrate_bandmf_noise,
     sensitivity,
 )
-from featuredp.noise import CorrelatedNoise, NoiseSource
+from featuredp.noise.sources import CorrelatedNoise, NoiseSource
 
 __all__ = [
     "BAND_CHOICES",
@@ -448,7 +448,7 @@ def rmse_table(
     return rows
 
 
-def _main() -> None:  # pragma: no cover - the table of the report: python -m featuredp.bandmf
+def _main() -> None:  # pragma: no cover - the table of the report: python -m featuredp.noise.bandmf
     # PLD is featuredp's accountant; RDP is what jax_privacy's amplified-BandMF helper calibrates with by default.
     for momentum, accountant in ((0.0, "pld"), (0.0, "rdp"), (0.9, "pld")):
         workload = "prefix sums" if momentum == 0 else f"SGD momentum {momentum}"
