@@ -163,7 +163,8 @@ class PrivacyEngine:
         pose); ``grad_sample_mode`` ``"ghost"`` (default) or ``"vmap"`` (featuredp's strategies; the criterion is
         wrapped in both). ``criterion`` defaults to ``nn.CrossEntropyLoss()``.
 
-        featuredp's options: ``noise`` (a registered name or a noise plan such as ``featuredp.noise.BandMF(bands=4)``), ``bands``;
+        featuredp's options: ``noise`` (a registered name or a noise plan, ``featuredp.noise.BandMF(bands=4)``),
+        ``bands``;
         ``feature_map`` (Ψ) or ``loss_split``, ``method`` (``"fdp"`` by default with a feature map, else
         ``"dpsgd"``; ``"fdp_dpsgd"``), ``alpha``, ``public_batch_size``, ``public_weight``; ``dataset`` (a featuredp
         TabularDataset that names the loader's columns) or ``feature_names``; ``epochs`` or ``steps`` (the planned
