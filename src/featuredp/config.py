@@ -34,7 +34,7 @@ from featuredp._validate import (
 from featuredp.accounting.events import check_accountant, check_relation
 from featuredp.noise import NOISE_PLANS, Independent, NoisePlan, noise_plan
 
-__all__ = ["PerformanceConfig", "PrivacyConfig", "ScheduleConfig", "split_settings"]
+__all__ = ["PerformanceConfig", "PrivacyConfig", "ScheduleConfig", "resolve_config", "split_settings"]
 
 
 @dataclass(frozen=True)
@@ -224,3 +224,14 @@ def _set(obj: object, name: str, value: Any) -> None:
 def _opt(check: Any, name: str, value: Any) -> Any:
     return None if value is None else check(name, value)
 
+
+def resolve_config(cls: Any, kind: str, given: Any, flat: dict[str, dict[str, Any]]) -> Any:
+    """The config of ``kind``: the object given, or one built from the flat keywords for it (not both)."""
+    keys = flat.get(kind, {})
+    if given is not None:
+        if not isinstance(given, cls):
+            raise TypeError(f"{kind} must be a {cls.__name__}, got {type(given).__name__}")
+        if keys:
+            raise TypeError(f"give {kind}= or the flat settings {sorted(keys)}, not both")
+        return given
+    return cls(**keys)

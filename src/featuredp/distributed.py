@@ -49,6 +49,7 @@ __all__ = [
     "context",
     "exact_float32",
     "load_rank_checkpoint",
+    "model_device",
     "on_main_rank",
     "rank_checkpoint_path",
     "save_rank_checkpoint",
@@ -283,3 +284,10 @@ def load_rank_checkpoint(ctx: DistContext | None, path: str | os.PathLike[str]) 
             raise ValueError(f"checkpoint {mine} holds rank {ck['rank']}'s state, not rank {rank}'s")
         return dict(ck["state"])
     return dict(ck)
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of the model's first parameter or buffer (CPU for a model with neither)."""
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device
+    return torch.device("cpu")

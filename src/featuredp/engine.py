@@ -67,14 +67,11 @@ from featuredp.accounting import (
     BudgetLedger,
     calibrate_record_noise,
     check_sampler_tail,
-    sampler_max_radius,
-    sampler_tail_delta,
-    sampler_tail_mass,
 )
 from featuredp.batches import as_batch, evaluate, gather, resolve_device, to_device
 from featuredp.clipping import GradientStrategy, check_no_batch_mixing, get_strategy, trainable_parameters
 from featuredp.clipping.base import check_precision
-from featuredp.config import PerformanceConfig, PrivacyConfig, ScheduleConfig, split_settings
+from featuredp.config import PerformanceConfig, PrivacyConfig, ScheduleConfig, resolve_config, split_settings
 from featuredp.distributed import (
     DistContext,
     agree_across_ranks,
@@ -82,6 +79,7 @@ from featuredp.distributed import (
     context,
     exact_float32,
     load_rank_checkpoint,
+    model_device,
     on_main_rank,
     save_rank_checkpoint,
     whole_size,
@@ -93,9 +91,10 @@ from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS, Method, get_method
 from featuredp.noise import Independent
 from featuredp.noise.sources import SecureNoise, TorchNoise
 from featuredp.plan import PrivacyPlan, TrainResult, inf_to_str
+from featuredp.run_report import run_result
 from featuredp.run_state import ModelRuns, RunState, data_fingerprint, open_ledger, reserve, settle
 from featuredp.sampling import make_streams, random_seed_from, warn_private_seed
-from featuredp.step import StepCore, noised_coordinates, plain_cross_entropy
+from featuredp.step import StepCore, noised_coordinates, plain_cross_entropy, project
 from featuredp.testing import replay_step
 
 __all__ = [
@@ -185,9 +184,9 @@ class Trainer:
         self.method = check_choice("method", method, METHOD_NAMES)
         record = get_method(self.method)
         flat = split_settings(settings)
-        self.privacy: PrivacyConfig = _config(PrivacyConfig, "privacy", privacy, flat)
-        self.schedule: ScheduleConfig = _config(ScheduleConfig, "schedule", schedule, flat)
-        self.performance: PerformanceConfig = _config(PerformanceConfig, "performance", performance, flat)
+        self.privacy: PrivacyConfig = resolve_config(PrivacyConfig, "privacy", privacy, flat)
+        self.schedule: ScheduleConfig = resolve_config(ScheduleConfig, "schedule", schedule, flat)
+        self.performance: PerformanceConfig = resolve_config(PerformanceConfig, "performance", performance, flat)
         if loss_split is not None and not isinstance(loss_split, LossSplit):
             raise TypeError(f"loss_split must be a LossSplit, got {type(loss_split).__name__}")
         if feature_map is not None and not isinstance(feature_map, PublicFeatureMap):
@@ -212,7 +211,7 @@ class Trainer:
                              f"noise or Ψ, not method={self.method!r} (no privacy at all)")  # fmt: skip
         if self.privacy.seed is not None and record.private:
             warn_private_seed("seed", self.privacy.seed)  # public_seed= fixes only the public randomness
-        self.device = _model_device(model) if self.performance.device is None else resolve_device(
+        self.device = model_device(model) if self.performance.device is None else resolve_device(
             self.performance.device)
         self.model = model.to(self.device)
         check_precision(self.performance.precision, self.device)
@@ -638,105 +637,11 @@ class Trainer:
         return load_rank_checkpoint(self.dist, path)
 
     def _result(self, state: RunState, split: LossSplit | None, finished: bool) -> TrainResult:
-        plan = state.plan
-        eps = plan.epsilon(state.private_steps) if plan.is_private else plan.epsilon(0)
-        # the replace-one question (two values of one record's private part) for the same steps (docs/accounting.md)
-        replacement = plan.replacement_epsilon(state.private_steps if plan.is_private else 0)
-        disclosure = None if self.feature_map is None else self.feature_map.describe()
-        report: dict[str, Any] = {
-            "feature_map": None if disclosure is None else disclosure.to_dict(),
-            "loss_split": None if split is None else split.describe(),
-            "accounting": "public batches and public pre-training read Ψ(S) only and add no privacy event",
-            "randomness": self._randomness_report(),
-        }
-        delta = plan.delta if plan.is_private else None  # a backstop gives the public method a δ: record level only
-        if plan.is_private and delta is not None:
-            # The guarantee covers what the noise sampler cannot produce: its cut tail's mass η over every
-            # noise pair this run drew turns (ε, δ) into (ε, δ + (1 + e^ε)·η) (featuredp.accounting.sampler).
-            # Correlated noise too (BandMF, BLT): the mechanism releases C x + z, and z comes from the same source,
-            # the same number of fresh normals per step (dim), so the count and the per-pair mass are the same.
-            noised = state.private_steps if plan.noise_multiplier else 0  # σ = 0 draws no noise
-            dim, mass = noised_coordinates(self.model), state.noise.tail_mass_per_pair
-            extra = sampler_tail_delta(eps, noised, dim, mass)
-            report["noise_sampler"] = {
-                "transform": state.noise.description,
-                "max_radius": sampler_max_radius(mass),  # per pair of coordinates, in noise standard deviations
-                "tail_mass_per_pair": mass,
-                "noise_pairs": noised * -(-dim // 2),
-                "tail_mass": sampler_tail_mass(noised, dim, mass),
-                "delta_requested": delta,
-                "delta_added": inf_to_str(extra),
-                "delta_reported": inf_to_str(delta + extra),
-                # the replace-one ε's δ: the same tail, weighted by its own e^ε
-                "delta_reported_replacement": inf_to_str(delta + sampler_tail_delta(replacement, noised, dim, mass)),
-                "not_covered": "the floating-point granularity of the noise (featuredp.noise)",
-            }
-            delta += extra
-        correlated = plan.noise.report(plan, state.private_steps)
-        if correlated is not None:
-            report["correlated_noise"] = correlated
-        composed = _MODEL_RUNS.composed_epsilon(self.model, state)
-        if composed is not None:
-            report["model_epsilon_all_runs"] = composed
-        record_eps = self._record_report(state, report)
-        self.result = TrainResult(
-            method=self.method,
-            plan=plan,
-            epsilon=eps,
-            delta=delta,
-            steps=state.private_steps if plan.is_private else max(0, state.step - plan.pretrain_steps),
-            pretrain_steps=min(state.step, plan.pretrain_steps),
-            stopped_early=not finished,
-            stop_reason=state.stop_reason if state.stop_reason else (None if finished else "max_steps"),
-            guarantee=plan.guarantee(eps, disclosure, delta=delta, record_epsilon=record_eps,
-                                     replacement_epsilon=replacement).replace("{T}", str(state.private_steps)),
-            privacy_report=report,
-            history=list(state.history),
-            record_epsilon=record_eps,
-            replacement_epsilon=replacement,
-        )
+        """The run so far as a TrainResult (ε, δ with the sampler's tail, the guarantee, the privacy report)."""
+        self.result = run_result(state, split, finished, method=self.method, feature_map=self.feature_map,
+                                 privacy=self.privacy, model=self.model,
+                                 composed=_MODEL_RUNS.composed_epsilon(self.model, state))  # fmt: skip
         return self.result
-
-    def _record_report(self, state: RunState, report: dict[str, Any]) -> float | None:
-        """ε for whole records of the steps actually run (:meth:`PrivacyPlan.record_epsilon`), and with a backstop
-        its block in ``report`` (the record-level δ adds the noise sampler's cut tail over every noised step)."""
-        plan = state.plan
-        main = state.private_steps if plan.is_private else max(0, state.step - plan.pretrain_steps)
-        pre, pub = min(state.step, plan.pretrain_steps), plan.public_steps_of(main)
-        record_eps = plan.record_epsilon(state.private_steps, pre, pub)
-        report["record_epsilon"] = inf_to_str(record_eps)
-        if plan.record_noise_multiplier is None:
-            return record_eps
-        report["accounting"] = (
-            "FDP: public batches and public pre-training read Ψ(S) only and add no FDP event; record level (the "
-            "backstop): every pre-training, public and private step is a Poisson-subsampled Gaussian, composed")
-        assert plan.delta is not None and record_eps is not None
-        noised = (state.private_steps if plan.noise_multiplier else 0) + pre + pub
-        dim, mass = noised_coordinates(self.model), state.noise.tail_mass_per_pair
-        report["record_level"] = {
-            "record_epsilon": inf_to_str(record_eps),
-            "target": plan.record_target_epsilon,
-            "delta": inf_to_str(plan.delta + sampler_tail_delta(record_eps, noised, dim, mass)),
-            "public_noise_multiplier": plan.record_noise_multiplier,
-            "max_grad_norm": plan.max_grad_norm,
-            "private_steps": state.private_steps if plan.is_private else 0,
-            "pretrain_steps": pre,
-            "pretrain_sampling_rate": plan.pretrain_sampling_rate,
-            "public_steps": pub,
-            "public_sampling_rate": plan.public_sampling_rate,
-            "sampling": "Poisson, from a secret stream independent of the private batch's",
-        }
-        return record_eps
-
-    def _randomness_report(self) -> dict[str, Any]:
-        """Where the private randomness came from (never the seed itself)."""
-        p = self.privacy
-        return {
-            "private": "user seed (reproducible: keep it secret)" if p.seed is not None else "OS entropy (secret)",
-            "secure_rng": p.secure_rng,
-            "noise": (SecureNoise if p.secure_rng else TorchNoise).description,
-            "public_seed": p.public_seed,
-        }
 
     def _psi_fingerprint(self, split: LossSplit | None) -> str:
         """A digest of Ψ and the loss split as declared (public; a resume must use the same ones)."""
@@ -830,7 +735,7 @@ class Trainer:
         opt.step()
         opt.zero_grad(set_to_none=True)
         if self.schedule.projection_radius is not None:
-            _project(params, self.schedule.projection_radius)
+            project(params, self.schedule.projection_radius)
         if not pre:
             state.averager.update(params, state.step - plan.pretrain_steps + 1)
         return shown
@@ -870,29 +775,3 @@ class Trainer:
 
     def _public_total(self, plan: PrivacyPlan) -> int:
         return plan.public_batch_size or max(1, round(plan.expected_batch_size))
-
-
-def _config(cls: Any, kind: str, given: Any, flat: dict[str, dict[str, Any]]) -> Any:
-    """The config of ``kind``: the object given, or one built from the flat keywords for it (not both)."""
-    keys = flat.get(kind, {})
-    if given is not None:
-        if not isinstance(given, cls):
-            raise TypeError(f"{kind} must be a {cls.__name__}, got {type(given).__name__}")
-        if keys:
-            raise TypeError(f"give {kind}= or the flat settings {sorted(keys)}, not both")
-        return given
-    return cls(**keys)
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    for t in (*model.parameters(), *model.buffers()):
-        return t.device
-    return torch.device("cpu")
-
-
-@torch.no_grad()
-def _project(params: dict[str, torch.Tensor], radius: float) -> None:
-    norm = torch.stack([p.pow(2).sum() for p in params.values()]).sum().sqrt()
-    if norm > radius:
-        for p in params.values():
-            p.mul_(radius / norm)

@@ -26,7 +26,7 @@ from featuredp.losses import LossSplit
 from featuredp.methods import Method
 from featuredp.plan import PrivacyPlan
 
-__all__ = ["StepCore", "clipped_loss", "noised_coordinates", "plain_cross_entropy"]
+__all__ = ["StepCore", "clipped_loss", "noised_coordinates", "plain_cross_entropy", "project"]
 
 
 class StepCore:
@@ -185,3 +185,12 @@ def noised_coordinates(model: nn.Module) -> int:
 def plain_cross_entropy(model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
     """Per-example cross-entropy of ``model`` on ``batch`` (no feature map: DP-SGD on whole records)."""
     return nn.functional.cross_entropy(forward(model, batch), batch["y"], reduction="none")
+
+
+@torch.no_grad()
+def project(params: dict[str, torch.Tensor], radius: float) -> None:
+    """Project the parameters onto the ball of ``radius`` (the convex analyses' bounded domain)."""
+    norm = torch.stack([p.pow(2).sum() for p in params.values()]).sum().sqrt()
+    if norm > radius:
+        for p in params.values():
+            p.mul_(radius / norm)
