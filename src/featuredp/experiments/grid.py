@@ -193,6 +193,10 @@ class GridRunner:
                 fitted["epochs"] = min(float(fitted["epochs"]), 2.0)
             # the fitted schedule over the preset, then what the user set over both (as train_one does)
             params = override(override(params, fitted), self.cfg.method_params.get(method, {}))
+        train = self.data[0]
+        if getattr(train, "label_name", None) in (self.cfg.private or ()) and get_method(method).needs_feature_map:
+            # a private label (the label-DP split): no public pre-training, α = 1, C = 5, as train_one's defaults
+            params = override(override(params, LABEL_DP_DEFAULTS), self.cfg.method_params.get(method, {}))
         return params
 
     def params_for(self, method: str, epsilon: float | None, noise: str = "independent") -> dict[str, Any]:
