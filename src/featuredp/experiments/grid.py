@@ -70,7 +70,7 @@ from featuredp.experiments.grid_report import (
     summarize,
 )
 from featuredp.experiments.plots import privacy_utility_plot
-from featuredp.experiments.presets import PRESETS, fitted_schedule, override, preset_for
+from featuredp.experiments.presets import LABEL_DP_DEFAULTS, PRESETS, fitted_schedule, override, preset_for
 from featuredp.experiments.protocols import (
     PAPER_FIXED,
     PAPER_MAX_EPOCHS,

@@ -197,11 +197,6 @@ def train_one(
 
     kwargs = resolved_params(record.name, dataset, int(train.n), params, preset=preset,
                              label_dp=isinstance(split, LabelDPSplit))
-    if isinstance(split, LabelDPSplit) and record.needs_feature_map and (params.get("pretrain_epochs") or 0) > 0:
-        # Ψ holds no label: pre-training on ℓ_pub alone learns nothing about y (it only pulls towards the uniform
-        # prediction), and then reads as a head start it is not.
-        raise ValueError(f"pretrain_epochs={params['pretrain_epochs']:g} with a private label: public pre-training "
-                         "has no label to learn from (the public view holds none); leave it out or set it to 0")
     if record.private:
         if epsilon is None and kwargs.get("noise_multiplier") is None:
             raise ValueError(f"method {record.name!r} needs --epsilon (a target) or --noise-multiplier")
@@ -309,9 +304,15 @@ def resolved_params(method: str, dataset: str, n: int, params: Mapping[str, Any]
     for a dataset without a preset of its own, updated by the caller's ``params`` (None values ignored).
 
     Keys the method does not read are dropped; the caller's ``steps`` (``sampling_rate``) replaces the
-    preset's ``epochs`` (``batch_size``).
+    preset's ``epochs`` (``batch_size``). With ``label_dp`` (a private label) the caller's ``pretrain_epochs`` > 0
+    is refused for a method that reads Ψ.
     """
     record = get_method(method)
+    if label_dp and record.needs_feature_map and (params.get("pretrain_epochs") or 0) > 0:
+        # Ψ holds no label: pre-training on ℓ_pub alone learns nothing about y (it only pulls towards the uniform
+        # prediction), and would read as a head start it is not.
+        raise ValueError(f"pretrain_epochs={params['pretrain_epochs']:g} with a private label: public pre-training "
+                         "has no label to learn from (the public view holds none); leave it out or set it to 0")
     kwargs = {} if preset is None else method_params(PRESETS[preset]["methods"], record)
     if preset is not None and dataset not in PRESETS:
         # A table without a preset of its own (a user's file): batches and epochs fitted to its size.
