@@ -527,8 +527,13 @@ def schema_for_table(
         label_entry["classes"] = CLASSES_PLACEHOLDER
         todo.append(f"{label} (classes)")
     else:
-        label_entry["classes"] = sorted({category_string(v) for v in df[label].dropna().tolist()})
-        label_entry["from_data"] = True
+        seen = sorted({category_string(v) for v in df[label].dropna().tolist()})
+        if len(seen) >= 2:
+            label_entry["classes"] = seen
+            label_entry["from_data"] = True
+        else:  # one value in this file (a single row, say): the classes cannot come from it
+            label_entry["classes"] = CLASSES_PLACEHOLDER
+            todo.append(f"{label} (classes: this file holds {len(seen)} value(s) of it)")
     schema = {"featuredp_schema": SCHEMA_FORMAT, "source": Path(path).name, "label": label_entry, "columns": columns}
     read_schema(schema)  # what we write must load
     return schema, todo
