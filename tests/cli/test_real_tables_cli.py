@@ -123,3 +123,19 @@ def test_data_schema_of_a_single_row_is_accepted_back(tmp_path):
     assert schema["columns"]["x"]["bounds"] == [2.5, 3.5] and schema["columns"]["n"]["bounds"] == [-1, 0]
     assert schema["columns"]["k"]["categories"] == ["b"]
     assert any(t.startswith("y (classes") for t in todo)  # one label value: the classes are left to fill in
+
+
+def test_fdp_with_a_private_label_trains_with_the_defaults(tmp_path, capsys):
+    """The user's crash: `train --data FILE --label y --private y` (fdp, the fitted schedule) diverged to weights
+    of 1e18 and stopped with "the model (MLP) mixes examples across the batch" (2 of 2 runs on this table)."""
+    rng = np.random.default_rng(1)
+    n = 2000
+    x1, x2 = rng.normal(0, 1, n), rng.normal(0, 1, n)
+    y = np.digitize(x1 + 0.5 * x2 + rng.normal(0, 0.5, n), [-1.2, -0.4, 0.4, 1.2])
+    path = tmp_path / "five.csv"
+    pd.DataFrame({"x1": x1.round(3), "x2": x2.round(3), "c": rng.choice(list("pqrs"), n),
+                  "y": [f"k{v}" for v in y]}).to_csv(path, index=False)  # fmt: skip
+    assert main(["train", "--data", str(path), "--label", "y", "--private", "y", "--epsilon", "2", "--quiet",
+                 "--json", "--no-baselines"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["label_private"] is True and 0.0 <= out["accuracy"] <= 1.0
