@@ -339,7 +339,9 @@ def _tune_private(job: _Job) -> TrainedModel:
     # The realised sizes are sums of the secret coins: the schedule, the rate and everything released use the
     # expected ones, functions of n and f only.
     fit_expected, val_expected = expected_sizes(train.n, settings.val_fraction)
-    base = resolved_params(method, dataset, max(1, round(fit_expected)), _params(kwargs))
+    # a private label: the trials' base is the label-DP defaults' (C = 5, α = 1, no pre-training), as a plain run's
+    base = resolved_params(method, dataset, max(1, round(fit_expected)), _params(kwargs),
+                           label_dp=train.label_name in private)
     q = min(1.0, float(base["batch_size"]) / fit_expected)
     steps = max(1, round(float(base["epochs"]) / q))
     fixed = {k: v for k, v in kwargs.items() if k not in ("batch_size", "epochs", "steps", "sampling_rate")}
