@@ -72,7 +72,7 @@ def test_gaussian_padding_fills_private_positions_with_standard_normal_draws():
     torch.testing.assert_close(filled[:, :4], as_batch(data)["x"][:, :4])
 
 
-def test_label_dp_private_gradient_is_minus_x_y_with_norm_x():
+def test_label_dp_private_gradient_is_minus_x_centred_y_with_norm_at_most_x():
     data = make_tabular(30, seed=3, n_classes=3)
     batch = as_batch(data)
     torch.manual_seed(0)
@@ -80,12 +80,53 @@ def test_label_dp_private_gradient_is_minus_x_y_with_norm_x():
     split = LabelDPSplit()
     g = VmapGradients().per_example_grads(model, split.private_loss, batch, {})["linear.weight"]  # (B, K, d)
     y1h = torch.nn.functional.one_hot(batch["y"], 3).float()
-    expected = -torch.einsum("bk,bd->bkd", y1h, batch["x"])
+    expected = -torch.einsum("bk,bd->bkd", y1h - 1 / 3, batch["x"])  # ℓ_priv = −(z_y − z̄)
     torch.testing.assert_close(g, expected)
-    torch.testing.assert_close(g.flatten(1).norm(dim=1), batch["x"].norm(dim=1))
+    torch.testing.assert_close(g.flatten(1).norm(dim=1), batch["x"].norm(dim=1) * (2 / 3) ** 0.5)
     # The whole loss's gradient is larger (√2-Lipschitz case): −x(y − p)ᵀ.
     full = VmapGradients().per_example_grads(model, split.loss, batch, {})["linear.weight"]
     assert not torch.allclose(full, expected)
+    # ℓ = ℓ_pub + ℓ_priv exactly
+    torch.testing.assert_close(split.public_loss(model, batch, {}) + split.private_loss(model, batch, {}),
+                               split.loss(model, batch, {}))
+
+
+def test_label_dp_public_loss_is_bounded_below_along_the_shift_cross_entropy_ignores():
+    """Shifting every logit down changes no prediction and no cross-entropy; an uncentred ℓ_pub = logsumexp(z)
+    fell without bound along it, and an MLP whose clipped private part did not cancel that pull diverged
+    (weights of 1e18, refused by the ghost check as "mixing")."""
+    data = make_tabular(30, seed=3, n_classes=3)
+    batch = as_batch(data)
+    model = LogisticRegression(7, 3)
+    split = LabelDPSplit()
+    with torch.no_grad():
+        base = split.public_loss(model, batch, {})
+        model.linear.bias -= 1000.0
+        shifted = split.public_loss(model, batch, {})
+        ce = split.loss(model, batch, {})
+    torch.testing.assert_close(shifted, base, atol=1e-3, rtol=0)  # float32 rounding of logits near −1000
+    assert bool((shifted >= np.log(3) - 1e-5).all())
+    assert bool(torch.isfinite(ce).all())
+
+
+def test_label_dp_public_part_with_a_shrunk_private_part_does_not_diverge():
+    """What clipping does to Algorithm 1 with a private label: g_pub + c·g_priv with c < 1. With ℓ_pub bounded
+    below this is a bounded objective (cross-entropy plus (1 − c) times a pull to the uniform prediction); with
+    logsumexp(z) it fell without bound and the MLP's weights grew exponentially."""
+    data = make_tabular(64, seed=5, n_classes=3)
+    batch = as_batch(data)
+    torch.manual_seed(0)
+    model = MLP(7, hidden=(16,), n_classes=3)
+    split = LabelDPSplit()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(400):
+        opt.zero_grad()
+        (split.public_loss(model, batch, {}) + 0.2 * split.private_loss(model, batch, {})).mean().backward()
+        opt.step()
+    biggest = max(float(p.abs().max()) for p in model.parameters())
+    assert biggest < 100, biggest
+    logits = model(batch["x"]).detach()
+    assert float(logits.abs().max()) < 100
 
 
 def test_mean_fill_from_private_data_warns_and_user_mean_does_not(recwarn):

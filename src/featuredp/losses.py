@@ -16,8 +16,8 @@ Splits here (classification with cross-entropy):
   filled with N(0, 1) draws;
 * :class:`Masking` — private positions filled with 0 or a mean that comes from
   public information or the user;
-* :class:`LabelDPSplit` — label privacy: ℓ_pub = logsumexp(logits),
-  ℓ_priv = −logit of the true class (gradient −x·yᵀ for a linear model).
+* :class:`LabelDPSplit` — label privacy: ℓ_pub = logsumexp of the centred logits,
+  ℓ_priv = −(centred logit of the true class) (gradient −x·(y − 1/K)ᵀ for a linear model).
 
 and for causal language models, :class:`CausalLMSplit`: ℓ = mean token NLL of the full text, ℓ_pub = the same
 on the tokens of Ψ(text) (private spans as placeholders).
@@ -285,11 +285,14 @@ class Masking(_FilledClassification):
 
 
 class LabelDPSplit(LossSplit):
-    """Label privacy: ℓ = cross-entropy, ℓ_pub = logsumexp(logits of the public view).
+    """Label privacy: ℓ = cross-entropy, ℓ_pub = logsumexp(z − z̄) of the public view's centred logits z − z̄.
 
-    With Ψ(x, y) = x, ℓ_priv = ℓ − ℓ_pub = −logit_y, whose gradient for a linear
-    model W is −x·yᵀ (norm ‖x‖): 1-Lipschitz where ℓ is √2-Lipschitz (the label-DP case; docs/convex.md).
-    If the feature map also hides feature columns, they are zero in the view.
+    With Ψ(x, y) = x, ℓ_priv = ℓ − ℓ_pub = −(z_y − z̄), whose gradient for a linear
+    model W is −x·(y − 1/K)ᵀ (norm ‖x‖·√(1 − 1/K) ≤ ‖x‖): 1-Lipschitz where ℓ is √2-Lipschitz (the label-DP case;
+    docs/convex.md). Centring makes ℓ_pub bounded below (by log K, at the uniform prediction): uncentred,
+    logsumexp(z) falls without bound along the shift of all logits, which cross-entropy ignores, and an MLP whose
+    clipped private part did not cancel that pull diverged. If the feature map also hides feature columns, they
+    are zero in the view.
     """
 
     name = "label_dp"
@@ -302,7 +305,13 @@ class LabelDPSplit(LossSplit):
         return cross_entropy(forward(model, batch), batch["y"])
 
     def _public_loss(self, model: nn.Module, view: Batch, draws: Batch) -> torch.Tensor:
-        return torch.logsumexp(zero_masked_logits(model, view, self.feature_map), dim=-1)
+        # Centred logits: cross-entropy ignores a shift of all logits, but logsumexp(z) alone falls without bound
+        # along it. Whenever clipping or a Poisson batch of other than its expected size leaves the private part
+        # short of cancelling that pull, the model's weights grew exponentially (an MLP on a private label reached
+        # 1e18 and the ghost check refused it as "mixing"). logsumexp(z − mean z) >= log K, with its minimum at
+        # the uniform prediction; ℓ stays exactly ℓ_pub + ℓ_priv.
+        logits = zero_masked_logits(model, view, self.feature_map)
+        return torch.logsumexp(logits - logits.mean(dim=-1, keepdim=True), dim=-1)
 
 
 def default_split(feature_map: PublicFeatureMap, kind: str | None = None) -> LossSplit:

@@ -61,3 +61,19 @@ def test_fdp_auto_reports_which_method_it_ran(capsys):
     assert out["ran"]["public_weight"] in (0.0, 0.5, 1.0) and out["epsilon"] <= 2.0
     assert main([*_BASE, "--method", "fdp_auto", "--public-weight", "0.5"]) == 2
     assert "--public-weight" in capsys.readouterr().err
+
+
+def test_tune_public_prints_progress_with_public_quantities_only(capsys):
+    """--tune public took 8-10 minutes silently on a user's table: a line per candidate on stderr (i of k, its
+    public-view score, the best so far, elapsed, the time left), then the choice; never a loss."""
+    assert main([*_BASE, "--method", "fdp_dpsgd", "--tune", "public"]) == 0
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.replace("\r", "\n").splitlines() if "candidate" in ln or ln.startswith("tuning")]
+    steps = [ln for ln in lines if ln.strip().startswith("candidate ")]
+    assert len(steps) == 9 and steps[0].strip().startswith("candidate 1/9")
+    assert all("public-view validation accuracy" in ln and "best so far" in ln and "elapsed" in ln for ln in steps)
+    assert all("left for the candidates" in ln for ln in steps[:-1])
+    assert any(ln.startswith("tuning: chose") for ln in lines)
+    assert "loss" not in err.lower()  # no training loss of any batch (a private batch's would leak)
+    assert main([*_BASE, "--method", "fdp_dpsgd", "--tune", "public", "--quiet"]) == 0
+    assert "candidate" not in capsys.readouterr().err

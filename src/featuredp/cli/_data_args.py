@@ -17,7 +17,7 @@ from typing import Any
 #: datasets read from a file the user names with --data
 _FILE_DATASETS = ("csv", "purchase100", "criteo")
 #: flags that only describe a CSV/Parquet table (not purchase100/criteo files)
-_TABLE_FLAGS = ("label", "categorical", "numeric", "drop", "schema", "test_data", "missing")
+_TABLE_FLAGS = ("label", "categorical", "numeric", "drop", "schema", "test_data", "missing", "sep")
 
 
 def _columns(text: str) -> list[str]:
@@ -85,19 +85,22 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     add("--schema", metavar="FILE", default=None,
         help="column types, public bounds, categories and classes (write one with `featuredp data schema`)")
     add("--test-data", metavar="FILE", default=None, help="a test file (default: a fixed 80/20 split of --data)")
+    add("--sep", metavar="CHAR", default=None,
+        help="the CSV delimiter: , ; | or tab (default: the file type's, or the one its header line is split by, "
+        "with a note)")
     add("--cache-dir", default=None, help="dataset cache (default: $FEATUREDP_CACHE or ~/.cache/featuredp)")
     add("--offline", action="store_true",
         help="never download a dataset (as FEATUREDP_OFFLINE=1): a dataset not in the cache is an error")
 
 
-def _file(flag: str, value: str) -> str:
+def _file(flag: str, value: str, sep: str | None = None) -> str:
     from featuredp.data.files import read_header
 
     p = Path(value).expanduser()
     if not p.is_file():
         raise FileNotFoundError(f"{flag} {value}: no such file")
     try:
-        read_header(p)
+        read_header(p, sep=sep)
     except ValueError as exc:
         raise ValueError(f"{flag} {value}: {exc}") from None
     return os.path.abspath(p)
@@ -109,45 +112,69 @@ def resolve_data(  # noqa: C901  (being split; the lead drops this)
     """The dataset name and loader options for ``args`` (``dataset``/``options`` when no --data is given).
 
     Checks, before any work: the files exist and have a supported type, the label and every named
-    column are in the header, a table has a label and private columns (flags or schema), and the
-    schema parses. ``--offline`` sets ``FEATUREDP_OFFLINE=1`` for this process.
+    column are in the header, a table has a label and private columns (flags or schema), the
+    schema parses and lists the file's columns. ``--offline`` sets ``FEATUREDP_OFFLINE=1`` for this process.
     """
-    from featuredp.data import dataset_info
     from featuredp.data.cache import OFFLINE_ENV
-    from featuredp.data.files import read_header
-    from featuredp.data.schema import read_schema
 
     for typed in (getattr(args, "dataset", None), dataset):
         if typed is not None:
             check_dataset_name(typed)
     if getattr(args, "offline", False):
         os.environ[OFFLINE_ENV] = "1"
-    opts = dict(options or {})
     data = getattr(args, "data", None)
-    name = dataset
     if data is None:
-        given = [f"--{k.replace('_', '-')}" for k in _TABLE_FLAGS if k != "label" and getattr(args, k, None)]
-        if given and not opts.get("path"):
-            raise ValueError(f"{given[0]} describes your own table: give it with --data FILE")
-        if name in _FILE_DATASETS and not opts.get("path"):
-            raise ValueError(f"--dataset {name} reads your own file: give it with --data FILE")
-        if name is not None and getattr(args, "cache_dir", None) and dataset_info(name).needs_fetch:
-            opts.setdefault("cache_dir", args.cache_dir)
-        return name or "adult", opts
-    if hasattr(args, "dataset"):  # what the user typed, not a default the command filled in
-        name = args.dataset
+        return _without_data(args, dataset, dict(options or {}))
+    name = args.dataset if hasattr(args, "dataset") else dataset  # what the user typed, not a command's default
     if name is None:  # --data alone: your table
         name = "csv"
     if name not in _FILE_DATASETS:
         raise ValueError(f"--data FILE reads your own file; it cannot be combined with --dataset {name}")
-    path = _file("--data", data)
+    sep = _sep(args)
+    path = _file("--data", data, sep)
     if name != "csv":
         extra = [f"--{k.replace('_', '-')}" for k in _TABLE_FLAGS if getattr(args, k, None)]
         if extra:
             raise ValueError(f"{extra[0]} applies to a CSV/Parquet table, not to --dataset {name}")
         return name, {"path": path}
-    opts = {"path": path}
-    header = read_header(path)
+    return name, _table_options(args, data, path, sep)
+
+
+def _without_data(args: argparse.Namespace, name: str | None, opts: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A named dataset (no --data): table flags are refused, --cache-dir goes to a dataset that is fetched."""
+    from featuredp.data import dataset_info
+
+    given = [f"--{k.replace('_', '-')}" for k in _TABLE_FLAGS if k != "label" and getattr(args, k, None)]
+    if given and not opts.get("path"):
+        raise ValueError(f"{given[0]} describes your own table: give it with --data FILE")
+    if name in _FILE_DATASETS and not opts.get("path"):
+        raise ValueError(f"--dataset {name} reads your own file: give it with --data FILE")
+    if name is not None and getattr(args, "cache_dir", None) and dataset_info(name).needs_fetch:
+        opts.setdefault("cache_dir", args.cache_dir)
+    return name or "adult", opts
+
+
+def _sep(args: argparse.Namespace) -> str | None:
+    from featuredp.data.table_io import check_separator
+
+    value = getattr(args, "sep", None)
+    if value is None:
+        return None
+    try:
+        return check_separator(value)
+    except ValueError:
+        raise ValueError(f"--sep {value!r}: use one of , ; | or tab") from None
+
+
+def _table_options(args: argparse.Namespace, data: str, path: str, sep: str | None) -> dict[str, Any]:
+    """The loader options of your table: every flag checked against the header (and the schema against it)."""
+    from featuredp.data.files import check_schema_header, read_header
+    from featuredp.data.schema import read_schema
+
+    opts: dict[str, Any] = {"path": path}
+    if sep is not None:
+        opts["sep"] = sep
+    header = read_header(path, sep=sep)
     schema = None
     if getattr(args, "schema", None):
         schema_path = Path(args.schema).expanduser()
@@ -155,6 +182,8 @@ def resolve_data(  # noqa: C901  (being split; the lead drops this)
             raise FileNotFoundError(f"--schema {args.schema}: no such file")
         try:
             schema = read_schema(schema_path)
+            named = [c for k in ("categorical", "numeric", "drop") for c in getattr(args, k, None) or []]
+            check_schema_header(schema, header, path, declared=named)
         except ValueError as exc:
             raise ValueError(f"--schema {args.schema}: {exc}") from None
         opts["schema"] = os.path.abspath(schema_path)
@@ -163,15 +192,18 @@ def resolve_data(  # noqa: C901  (being split; the lead drops this)
         raise ValueError("--data needs --label COL (the column to predict) or a --schema that names it")
     if label is not None:
         if label not in header:
-            raise ValueError(f"--label {label}: no such column in {data}; columns: {', '.join(header)}")
+            one = len(header) == 1 and any(c in header[0] for c in ",;|\t")
+            raise ValueError(f"--label {label}: no such column in {data}; columns: {', '.join(header)}"
+                             + ("; the header reads as one column: check --sep" if one else ""))
         if schema is not None and label != schema.label:
             raise ValueError(f"--label {label} differs from the label {schema.label!r} of --schema {args.schema}")
         opts["label"] = label
     private = getattr(args, "private", None)
     if private is None and (schema is None or not schema.private):
         raise ValueError("--data needs --private A,B (the sensitive columns) or a --schema that marks them private")
-    named = {"--private": private, **{f"--{k}": getattr(args, k, None) for k in ("categorical", "numeric", "drop")}}
-    for flag, cols in named.items():
+    named_flags = {"--private": private,
+                   **{f"--{k}": getattr(args, k, None) for k in ("categorical", "numeric", "drop")}}  # fmt: skip
+    for flag, cols in named_flags.items():
         unknown = [c for c in cols or [] if c not in header]
         if unknown:
             raise ValueError(f"{flag} {','.join(cols or [])}: no column {unknown[0]!r} in {data}; "
@@ -182,8 +214,8 @@ def resolve_data(  # noqa: C901  (being split; the lead drops this)
     if getattr(args, "missing", None):
         opts["missing"] = args.missing
     if getattr(args, "test_data", None):
-        opts["test"] = _file("--test-data", args.test_data)
-    return name, opts
+        opts["test"] = _file("--test-data", args.test_data, sep)
+    return opts
 
 
 def use_data_args_for_run(run: Any, args: argparse.Namespace) -> None:

@@ -81,6 +81,9 @@ def register(subparsers: Any) -> None:
     schema.add_argument("--missing", choices=("drop", "impute", "category"), default=None,
                         help="what to do with missing values, written as the schema's top-level \"missing\" "
                              "(a column's own entry wins; docs/own-data.md)")
+    schema.add_argument("--sep", metavar="CHAR", default=None,
+                        help="the CSV delimiter: , ; | or tab (default: the file type's, or the one its header line "
+                        "is split by, with a note)")
     schema.add_argument("--out", required=True, metavar="FILE", help="where to write the schema (JSON)")
     schema.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     schema.add_argument("--json", action="store_true", help="print one JSON object (the schema and what to fill in)")
@@ -248,8 +251,16 @@ def _schema(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out} exists; pass --overwrite to replace it (it may hold values you wrote)")
     if not Path(args.file).is_file():
         raise FileNotFoundError(f"FILE {args.file}: no such file")
+    sep = None
+    if args.sep is not None:
+        from featuredp.data.table_io import check_separator
+
+        try:
+            sep = check_separator(args.sep)
+        except ValueError:
+            raise ValueError(f"--sep {args.sep!r}: use one of , ; | or tab") from None
     schema, todo = schema_for_table(args.file, label=args.label, private=args.private, numeric=args.numeric,
-                                    categorical=args.categorical, drop=args.drop)  # fmt: skip
+                                    categorical=args.categorical, drop=args.drop, sep=sep)  # fmt: skip
     if args.missing:
         schema["missing"] = args.missing
     atomic_write_text(out, schema_text(schema))
@@ -268,7 +279,8 @@ def _schema(args: argparse.Namespace) -> int:
     else:
         print("no private columns declared: mark them with \"private\": true and give their public "
               "bounds/categories, or rerun with --private A,B")
-    print(f"then: featuredp train --data {args.file} --schema {out} ...")
+    sep_flag = "" if sep is None else f" --sep {'tab' if sep == chr(9) else repr(sep)}"
+    print(f"then: featuredp train --data {args.file}{sep_flag} --schema {out} ...")
     return 0
 
 

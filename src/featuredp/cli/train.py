@@ -288,6 +288,8 @@ def _reference_lines(summary: dict[str, Any]) -> list[str]:
     if refs.get("public_only") is not None:
         spread = f", ±{noise:.4f} test noise" if noise is not None else ""
         parts.append(f"public only {refs['public_only']:.4f} (one run{spread}; Ψ alone: free)")
+    elif refs.get("public_only_note"):
+        parts.append(f"public only: not trained ({refs['public_only_note']})")
     lines = [f"references        {', '.join(parts)}"] if parts else []
     loss = summary.get("train_loss")
     if loss:

@@ -70,7 +70,7 @@ from featuredp.experiments.grid_report import (
     summarize,
 )
 from featuredp.experiments.plots import privacy_utility_plot
-from featuredp.experiments.presets import PRESETS, fitted_schedule, override, preset_for
+from featuredp.experiments.presets import LABEL_DP_DEFAULTS, PRESETS, fitted_schedule, override, preset_for
 from featuredp.experiments.protocols import (
     PAPER_FIXED,
     PAPER_MAX_EPOCHS,
@@ -194,6 +194,10 @@ class GridRunner:
                 fitted["epochs"] = min(float(fitted["epochs"]), 2.0)
             # the fitted schedule over the preset, then what the user set over both (as train_one does)
             params = override(override(params, fitted), self.cfg.method_params.get(method, {}))
+        train = self.data[0]
+        if getattr(train, "label_name", None) in (self.cfg.private or ()) and get_method(method).needs_feature_map:
+            # a private label (the label-DP split): no public pre-training, α = 1, C = 5, as train_one's defaults
+            params = override(override(params, LABEL_DP_DEFAULTS), self.cfg.method_params.get(method, {}))
         return params
 
     def params_for(self, method: str, epsilon: float | None, noise: str = DEFAULT_NOISE) -> dict[str, Any]:

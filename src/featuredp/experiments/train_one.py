@@ -314,9 +314,15 @@ def resolved_params(method: str, dataset: str, n: int, params: Mapping[str, Any]
     for a dataset without a preset of its own, updated by the caller's ``params`` (None values ignored).
 
     Keys the method does not read are dropped; the caller's ``steps`` (``sampling_rate``) replaces the
-    preset's ``epochs`` (``batch_size``).
+    preset's ``epochs`` (``batch_size``). With ``label_dp`` (a private label) the caller's ``pretrain_epochs`` > 0
+    is refused for a method that reads Ψ.
     """
     record = get_method(method)
+    if label_dp and record.needs_feature_map and (params.get("pretrain_epochs") or 0) > 0:
+        # Ψ holds no label: pre-training on ℓ_pub alone learns nothing about y (it only pulls towards the uniform
+        # prediction), and would read as a head start it is not.
+        raise ValueError(f"pretrain_epochs={params['pretrain_epochs']:g} with a private label: public pre-training "
+                         "has no label to learn from (the public view holds none); leave it out or set it to 0")
     kwargs = {} if preset is None else method_params(PRESETS[preset]["methods"], record)
     if preset is not None and dataset not in PRESETS:
         # A table without a preset of its own (a user's file): batches and epochs fitted to its size.
@@ -348,14 +354,21 @@ def references(result: TrainResult, train: Any, test: Any, fmap: Columns | None,
         counts = np.bincount(np.asarray(test.y, dtype=np.int64))
         majority = float(counts.max() / counts.sum())
     public_only = None
-    if fmap is not None and method != "public":  # Ψ(S) is public: the reference costs no privacy
+    note = None
+    if fmap is not None and fmap.label_private:
+        # Ψ(S) holds no label: a model trained on it alone learns nothing about y, and a "public only" accuracy
+        # (it fell to 47 % on Adult, below the majority class's 76 %) would mislead. Without labels the best a
+        # public-only model can do is a fixed class: the majority-class reference above, at best.
+        note = "the label is private: a public-only model sees no labels; the majority class is its best case"
+    elif fmap is not None and method != "public":  # Ψ(S) is public: the reference costs no privacy
         public_only = train_one(method="public", data=(train, test), progress=False, **public_kwargs).summary[
             "accuracy"]  # fmt: skip
     shown = [h for h in result.history if "loss" in h or "public_loss" in h]
     last = shown[-1] if shown else {}
     kind = "loss" if "loss" in last else "public_loss" if "public_loss" in last else None
     # One retraining: its accuracy has no spread over seeds, only the test set's binomial noise (train prints it).
-    return {"baselines": {"majority": majority, "public_only": public_only, "public_only_runs": 1,
+    return {"baselines": {"majority": majority, "public_only": public_only,
+                          "public_only_runs": 0 if public_only is None else 1, "public_only_note": note,
                           "test_rows": None if test is None else len(test.y)},
             "train_loss": None if kind is None else {"kind": kind, "value": float(last[kind])}}
 

@@ -339,7 +339,9 @@ def _tune_private(job: _Job) -> TrainedModel:
     # The realised sizes are sums of the secret coins: the schedule, the rate and everything released use the
     # expected ones, functions of n and f only.
     fit_expected, val_expected = expected_sizes(train.n, settings.val_fraction)
-    base = resolved_params(method, dataset, max(1, round(fit_expected)), _params(kwargs))
+    # a private label: the trials' base is the label-DP defaults' (C = 5, α = 1, no pre-training), as a plain run's
+    base = resolved_params(method, dataset, max(1, round(fit_expected)), _params(kwargs),
+                           label_dp=train.label_name in private)
     q = min(1.0, float(base["batch_size"]) / fit_expected)
     steps = max(1, round(float(base["epochs"]) / q))
     fixed = {k: v for k, v in kwargs.items() if k not in ("batch_size", "epochs", "steps", "sampling_rate")}
@@ -478,15 +480,22 @@ def _tune_public(job: _Job) -> TrainedModel:
     base = resolved_params(method, dataset, train.n, _params(kwargs))
     grid = candidates(method, base, auto=job.auto) or [{}]
     _say(progress, f"tuning {method} on the public view: {len(grid)} candidates, each trained on Ψ(S) with the "
-                   "private columns replaced by data-independent values (free under feature DP)")
+                   "private columns replaced by data-independent values (free under feature DP), then one run at "
+                   f"epsilon {epsilon:g}")
     trials, hits = [], []
+    start = time.monotonic()
     for i, cand in enumerate(grid, 1):
         run = train_one(method=method, data=(fit, val), private=private, epsilon=epsilon, delta=delta,
                         progress=False, dataset=dataset, **{**kwargs, **cand})
         hits.append(_correct(run.model, val))
         trials.append((float(hits[-1].mean()), i, cand))
-        _say(progress, f"  candidate {i}/{len(grid)} {cand}: public-view validation accuracy {trials[-1][0]:.4f}")
+        # Public quantities only: each candidate's score is on the public view (Ψ of the validation part); no loss
+        # or score of a private batch is shown.
+        _say(progress, public_trial_line(i, len(grid), cand, trials[-1][0], max(t[0] for t in trials),
+                                         time.monotonic() - start))
     chosen, score, why = _conservative_choice(trials, hits, _default_candidate(grid, base, job.auto))
+    _say(progress, f"tuning: chose {chosen or 'the defaults'} ({why}); training it at epsilon {epsilon:g} on the "
+                   f"whole training data ({_minutes(time.monotonic() - start)} so far)")
     source: dict[str, Any] = {"dataset_options": job.options} if not job.given_data else {"data": (train, test)}
     trained = train_one(method=method, dataset=dataset, private=private, epsilon=epsilon, delta=delta,
                         ledger=ledger, out=out, progress=progress, baselines=job.baselines, **source,
@@ -502,6 +511,24 @@ def _tune_public(job: _Job) -> TrainedModel:
     if out is not None:
         _annotate_run(out, {"tuning": trained.summary["tuning"]})
     return trained
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def public_trial_line(i: int, k: int, cand: Mapping[str, Any], score: float, best: float, elapsed: float) -> str:
+    """The progress line of candidate ``i`` of ``k`` in ``--tune public``: its public-view validation accuracy,
+    the best so far, the time elapsed and an estimate of the time left for the other candidates (their mean
+    time so far; the final run at ε is not included).
+
+    >>> public_trial_line(1, 4, {"lr": 0.1}, 0.8, 0.8, 30.0)
+    "  candidate 1/4 {'lr': 0.1}: public-view validation accuracy 0.8000 (best so far 0.8000); 30 s elapsed, about 1.5 min left for the candidates"
+    """  # noqa: E501
+    left = elapsed / i * (k - i)
+    eta = f", about {_minutes(left)} left for the candidates" if i < k else ""
+    return (f"  candidate {i}/{k} {dict(cand)}: public-view validation accuracy {score:.4f} (best so far {best:.4f}); "
+            f"{_minutes(elapsed)} elapsed{eta}")
 
 
 #: the family-wise error of the public view's choice: the chance that the defaults are replaced by a candidate that is
