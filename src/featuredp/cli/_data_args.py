@@ -106,7 +106,7 @@ def _file(flag: str, value: str, sep: str | None = None) -> str:
     return os.path.abspath(p)
 
 
-def resolve_data(  # noqa: C901  (being split; the lead drops this)
+def resolve_data(
     args: argparse.Namespace, dataset: str | None, options: dict[str, Any] | None = None
 ) -> tuple[str, dict[str, Any]]:
     """The dataset name and loader options for ``args`` (``dataset``/``options`` when no --data is given).

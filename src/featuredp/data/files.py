@@ -126,7 +126,7 @@ def _as_classes(value: Sequence[object] | str | None) -> list[str] | None:
     return [str(v).strip() for v in value]
 
 
-def load_table(  # noqa: C901  (being split; the lead drops this)
+def load_table(
     path: str | os.PathLike[str],
     *,
     label: str | None = None,
