@@ -368,3 +368,27 @@ def test_a_seed_is_secret_it_is_never_written_out(tmp_path):
     _loop(model, optimizer, criterion, loader)
     report = json.dumps(engine.result().to_dict(), default=str)
     assert "12345" not in report and "12345" not in json.dumps(engine.plan.to_dict())
+
+
+@pytest.mark.parametrize("noise", ["independent", "bandmf", "blt"])
+@pytest.mark.parametrize("mode", ["ghost", "vmap"])
+@pytest.mark.parametrize("method", ["dpsgd", "fdp_dpsgd", "fdp"])
+def test_the_replay_passes_through_the_engine_for_every_method_strategy_and_noise_plan(method, mode, noise):
+    from featuredp.data import load_dataset
+    from featuredp.features import Columns
+
+    warnings.simplefilter("ignore")
+    train, _ = load_dataset("adult")
+    x, y = torch.tensor(train.X[:300]), torch.tensor(train.y[:300])
+    model = nn.Sequential(nn.Linear(x.shape[1], 8), nn.ReLU(), nn.Linear(8, 2))
+    fdp = {} if method == "dpsgd" else {"feature_map": Columns(private=["sex", "race"]), "dataset": train,
+                                        "method": method}  # fmt: skip
+    engine = PrivacyEngine()
+    engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                        data_loader=DataLoader(TensorDataset(x, y), batch_size=30), noise_multiplier=1.0,
+                        max_grad_norm=1.0, grad_sample_mode=mode, noise=noise, epochs=2, **fdp)  # fmt: skip
+    assert engine.plan.noise.kind == noise and engine.plan.method == method
+    report = engine.check_model({"x": x, "y": y}, records=1, batch_size=12)[0]
+    assert report.outcome == "passed", str(report)
+    names = {c.name for c in report.checks}
+    assert {"clipped sum sensitivity", "update sensitivity", "identical randomness"} <= names
