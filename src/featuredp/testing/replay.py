@@ -164,49 +164,17 @@ def replay_step(trainer: Any, data: Any, *, record: int, batch: Sequence[int],
         raise ValueError("replay_step does not cover the record-level backstop (record_epsilon) yet; replay the "
                          "same trainer settings without record_epsilon (its private step is the same)")
     batch_all = as_batch(data)
-    n = int(next(iter(batch_all.values())).shape[0])
-    base = sorted({int(i) for i in batch})
-    record = int(record)
-    if not 0 <= record < n or record in base or any(not 0 <= i < n for i in base):
-        raise ValueError(f"record={record} must be an index of data (0..{n - 1}) outside batch")
-    if swap_with is not None and not (0 <= int(swap_with) < n and int(swap_with) != record):
-        raise ValueError(f"swap_with={swap_with} must be an index of data (0..{n - 1}) other than record={record}")
-    dist = trainer.dist
-    world = 1 if dist is None else dist.world_size
-    report = ReplayReport(method.name, trainer.strategy.name, trainer.performance.precision,
-                          bool(trainer.privacy.secure_rng), world, "passed")  # fmt: skip
+    base, record = _rows(batch_all, record, batch, swap_with)
     model = trainer.model
     saved_model = copy.deepcopy(model.state_dict())
-    state, split = trainer._run_state(data, batch_all, n, None)
+    state, split = trainer._run_state(data, batch_all, int(next(iter(batch_all.values())).shape[0]), None)
     batch_all = to_device(batch_all, trainer.device)
-    params = trainable_parameters(model)
-    snapshot = copy.deepcopy(state.state_dict(model))
-    swapped: _Run | None = None
-    try:
-        swap = _swapped(trainer.feature_map, batch_all, record, swap_with)
-        runs: list[_Run] = []
-        draws = _Draws()
-        for with_x in (True, False):  # with x first: its run's per-record draws are reused without x
-            state.load_state_dict(copy.deepcopy(snapshot), model, rekey=False)
-            rows = [*base, record] if with_x else base
-            runs.insert(0, _observed_step(trainer, state, split, batch_all, params, rows, draws, with_x))
-        if swap is not None:  # x with another record's private part, the same draws as the run with x
-            state.load_state_dict(copy.deepcopy(snapshot), model, rekey=False)
-            swapped = _observed_step(trainer, state, split, swap[0], params, [*base, record], draws, True,
-                                     reuse=True)  # fmt: skip
-    except _RefusedError as exc:
-        cause = exc.__cause__
-        report.outcome = "refused"
-        report.refusal = f"{type(cause).__name__}: {str(cause).splitlines()[0][:300]}"
-        return report
-    finally:
+
+    def restore() -> None:
         trainer._state = None
         model.load_state_dict(saved_model)
-    report.checks = _compare(state.plan, method.public_batch, state.noise, runs[0], runs[1])
-    if swap is not None and swapped is not None:
-        report.checks.append(_swap_check(state.plan, runs[1], swapped, swap[1]))
-    report.outcome = "passed" if all(c.ok for c in report.checks) else "failed"
-    return report
+
+    return _replay(trainer, state, split, batch_all, base, record, swap_with, restore=restore)
 
 
 def replay_engine_step(engine: Any, data: Any, *, record: int, batch: Sequence[int],
@@ -222,51 +190,75 @@ def replay_engine_step(engine: Any, data: Any, *, record: int, batch: Sequence[i
     if getattr(trainer.privacy, "record_epsilon", None) is not None:
         raise ValueError("replay_engine_step does not cover the record-level backstop (record_epsilon) yet")
     batch_all = to_device(as_batch(data), trainer.device)
+    base, record = _rows(batch_all, record, batch, swap_with)
+    model = trainer.model
+    saved_model = copy.deepcopy(model.state_dict())
+    inner = engine._optimizer.original_optimizer
+    saved_optimizer = copy.deepcopy(inner.state_dict())
+    snapshot = copy.deepcopy(state.state_dict(model))
+
+    def restore() -> None:
+        state.load_state_dict(copy.deepcopy(snapshot), model, rekey=True)  # the run goes on with fresh noise keys
+        model.load_state_dict(saved_model)
+        inner.load_state_dict(saved_optimizer)
+
+    return _replay(trainer, state, split, batch_all, base, record, swap_with, restore=restore, optimizer=inner,
+                   step=lambda data_now: (lambda: engine._replay_step(data_now)))  # fmt: skip
+
+
+def _rows(batch_all: Any, record: int, batch: Sequence[int], swap_with: int | None) -> tuple[list[int], int]:
+    """The batch without x (sorted, distinct) and x, checked against the data's size (one-line errors)."""
     n = int(next(iter(batch_all.values())).shape[0])
     base = sorted({int(i) for i in batch})
     record = int(record)
     if not 0 <= record < n or record in base or any(not 0 <= i < n for i in base):
         raise ValueError(f"record={record} must be an index of data (0..{n - 1}) outside batch")
+    if swap_with is not None and not (0 <= int(swap_with) < n and int(swap_with) != record):
+        raise ValueError(f"swap_with={swap_with} must be an index of data (0..{n - 1}) other than record={record}")
+    return base, record
+
+
+def _replay(trainer: Any, state: Any, split: Any, batch_all: Any, base: list[int], record: int,
+            swap_with: int | None, *, restore: Callable[[], None],
+            step: Callable[[Any], Callable[[], Any]] | None = None, optimizer: Any = None) -> ReplayReport:  # fmt: skip
+    """The runs with and without x (and the swap), each from the run's snapshot, observed and compared.
+    ``step(data)``: the loop's step on ``data`` (None: the Trainer's own); ``optimizer``: the one whose step
+    pre-hook sees the gradient (None: the run's); ``restore``: leaves the trainer or engine as it was found."""
     method = get_method(trainer.method)
     dist = trainer.dist
-    world = 1 if dist is None else dist.world_size
     report = ReplayReport(method.name, trainer.strategy.name, trainer.performance.precision,
-                          bool(trainer.privacy.secure_rng), world, "passed")  # fmt: skip
+                          bool(trainer.privacy.secure_rng), 1 if dist is None else dist.world_size, "passed")
     model = trainer.model
     params = trainable_parameters(model)
-    saved_model = copy.deepcopy(model.state_dict())
-    inner = engine._optimizer.original_optimizer
-    saved_optimizer = copy.deepcopy(inner.state_dict())
     snapshot = copy.deepcopy(state.state_dict(model))
+    saved_optimizer = None if optimizer is None else copy.deepcopy(optimizer.state_dict())
     swapped: _Run | None = None
+
+    def fresh() -> None:  # every run starts from the same streams (and the same optimizer state)
+        state.load_state_dict(copy.deepcopy(snapshot), model, rekey=False)
+        if optimizer is not None:
+            optimizer.load_state_dict(copy.deepcopy(saved_optimizer))
+
     try:
         swap = _swapped(trainer.feature_map, batch_all, record, swap_with)
         runs: list[_Run] = []
         draws = _Draws()
-
-        def one(data_now: Any) -> Callable[[], Any]:
-            return lambda: engine._replay_step(data_now)
-
-        for with_x in (True, False):
-            state.load_state_dict(copy.deepcopy(snapshot), model, rekey=False)
-            inner.load_state_dict(copy.deepcopy(saved_optimizer))
+        for with_x in (True, False):  # with x first: its run's per-record draws are reused without x
+            fresh()
             rows = [*base, record] if with_x else base
             runs.insert(0, _observed_step(trainer, state, split, batch_all, params, rows, draws, with_x,
-                                          step=one(batch_all), optimizer=inner))  # fmt: skip
-        if swap is not None:
-            state.load_state_dict(copy.deepcopy(snapshot), model, rekey=False)
-            inner.load_state_dict(copy.deepcopy(saved_optimizer))
+                                          step=None if step is None else step(batch_all), optimizer=optimizer))
+        if swap is not None:  # x with another record's private part, the same draws as the run with x
+            fresh()
             swapped = _observed_step(trainer, state, split, swap[0], params, [*base, record], draws, True,
-                                     reuse=True, step=one(swap[0]), optimizer=inner)  # fmt: skip
+                                     reuse=True, step=None if step is None else step(swap[0]), optimizer=optimizer)
     except _RefusedError as exc:
         cause = exc.__cause__
         report.outcome = "refused"
         report.refusal = f"{type(cause).__name__}: {str(cause).splitlines()[0][:300]}"
         return report
     finally:
-        state.load_state_dict(copy.deepcopy(snapshot), model, rekey=True)  # the run goes on with fresh noise keys
-        model.load_state_dict(saved_model)
-        inner.load_state_dict(saved_optimizer)
+        restore()
     report.checks = _compare(state.plan, method.public_batch, state.noise, runs[0], runs[1])
     if swap is not None and swapped is not None:
         report.checks.append(_swap_check(state.plan, runs[1], swapped, swap[1]))
