@@ -392,3 +392,34 @@ def test_the_replay_passes_through_the_engine_for_every_method_strategy_and_nois
     assert report.outcome == "passed", str(report)
     names = {c.name for c in report.checks}
     assert {"clipped sum sensitivity", "update sensitivity", "identical randomness"} <= names
+
+
+def test_the_engine_and_its_wrappers_refuse_to_be_pickled_or_copied(tmp_path):
+    # A pickled wrapper would write the run's secret noise and sampler state out; a copy would replay its noise.
+    import copy
+    import pickle
+
+    engine, (raw, model, optimizer, criterion, _loader), _ = _private()
+    for obj in (engine, model, optimizer, criterion):
+        with pytest.raises(TypeError, match="secret"):
+            pickle.dumps(obj)
+        with pytest.raises(TypeError, match="secret"):
+            copy.deepcopy(obj)
+    with pytest.raises(TypeError, match="state_dict"):
+        torch.save(model, tmp_path / "model.pt")
+    torch.save(model.state_dict(), tmp_path / "weights.pt")  # the weights alone are what is released
+    assert set(torch.load(tmp_path / "weights.pt")) == set(raw.state_dict())
+
+
+def test_fdp_with_a_criterion_the_split_would_ignore_is_refused():
+    from featuredp.data import load_dataset
+    from featuredp.features import Columns
+
+    train, _ = load_dataset("adult")
+    model = nn.Linear(train.X.shape[1], 2)
+    with pytest.raises(ValueError, match="loss_split"):
+        PrivacyEngine().make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(TensorDataset(torch.tensor(train.X), torch.tensor(train.y)), batch_size=512),
+            criterion=nn.MultiMarginLoss(), noise_multiplier=1.0, max_grad_norm=1.0,
+            feature_map=Columns(private=["sex"]), dataset=train)  # fmt: skip

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Sampler
 
+from featuredp._keys import Uncopyable
 from featuredp.batches import Batch
 from featuredp.errors import PrivacyLeakWarning
 from featuredp.run_state import RunState
@@ -26,14 +27,21 @@ from featuredp.run_state import RunState
 # The engine is typed Any here: this module is what featuredp.privacy_engine returns, and imports nothing back.
 PrivacyEngine = Any
 
+# A copy of a wrapper would reach the run's engine, hence its secret streams (pickled: written out).
+_WRAPPER_NOT_COPIED = ("the private wrapper holds the run's secret sampler and noise state: save model.state_dict() "
+                       "(or the original model) instead of pickling or copying the wrapper")
+
 __all__ = ["DPCriterion", "DPLoss", "DPModule", "DPOptimizer", "PerExampleLoss", "private_loader", "unwrap"]
 
 
-class DPModule(nn.Module):
+class DPModule(Uncopyable, nn.Module):
     """The user's model, private: a call records its inputs for the engine and returns the output without a graph.
 
-    ``_module`` is the original model; its parameters are the ones trained.
+    ``_module`` is the original model; its parameters are the ones trained. The wrapper refuses to be pickled or
+    copied (it reaches the run's secret state); its ``state_dict()`` is the original model's.
     """
+
+    _not_copied = _WRAPPER_NOT_COPIED
 
     _engine: PrivacyEngine
 
@@ -56,8 +64,10 @@ class DPModule(nn.Module):
         return self._module.load_state_dict(*args, **kwargs)
 
 
-class DPCriterion:
+class DPCriterion(Uncopyable):
     """The user's criterion, private: returns a :class:`DPLoss` whose ``backward()`` is the engine's clipped sum."""
+
+    _not_copied = _WRAPPER_NOT_COPIED
 
     def __init__(self, criterion: Any, engine: PrivacyEngine) -> None:
         if not hasattr(criterion, "reduction"):
@@ -114,10 +124,12 @@ class DPLoss:
         return self.value.detach()
 
 
-class DPOptimizer(torch.optim.Optimizer):
+class DPOptimizer(Uncopyable, torch.optim.Optimizer):
     """The user's optimizer, private: ``step()`` adds the noise, divides by the expected batch size, adds the
     public term, counts the step and applies the original optimizer. Exposes Opacus's ``noise_multiplier``,
     ``max_grad_norm``, ``expected_batch_size`` and ``original_optimizer``."""
+
+    _not_copied = _WRAPPER_NOT_COPIED
 
     def __init__(self, optimizer: torch.optim.Optimizer, engine: PrivacyEngine) -> None:
         # Not Optimizer.__init__: this object shares the original's param_groups and state.

@@ -50,6 +50,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from featuredp._io import atomic_save_torch, load_torch_safely
+from featuredp._keys import Uncopyable
 from featuredp._validate import check_choice
 from featuredp.batches import Batch, as_batch, gather, to_device
 from featuredp.clipping import trainable_parameters
@@ -108,7 +109,7 @@ class PlanAccountant:
         return 0 if state is None else state.private_steps
 
 
-class PrivacyEngine:
+class PrivacyEngine(Uncopyable):
     """Makes a user's model, optimizer, criterion and data loader private (Opacus 1.6's surface).
 
     ``accountant``: ``"pld"`` (default; dp-accounting's PLD), ``"rdp"``, or ``"prv"`` (Opacus's default name:
@@ -116,8 +117,12 @@ class PrivacyEngine:
     from a ChaCha20 CSPRNG keyed by the OS. ``seed``: a secret seed for a reproducible research run (warned; never
     written out); the default is OS entropy. ``ledger``: a :class:`featuredp.accounting.BudgetLedger` (or its path)
     charged with the planned spend at ``make_private`` and settled at what was spent by :meth:`close` (or when the
-    engine is collected).
+    engine is collected). The engine and the objects it returns refuse to be pickled or copied: a copy would replay
+    the run's noise.
     """
+
+    _not_copied = ("a PrivacyEngine holds the run's secret sampler and noise state: a copy would replay its noise; "
+                   "save_checkpoint() writes what a resume needs, owner-readable")
 
     def __init__(self, *, accountant: str = "pld", secure_mode: bool = False, seed: int | None = None,
                  ledger: Any = None) -> None:  # fmt: skip
@@ -303,6 +308,10 @@ class PrivacyEngine:
                              "printed ε would not answer the run's question. Use poisson_sampling=True")  # fmt: skip
         grad_sample_mode = check_choice("grad_sample_mode", grad_sample_mode, GRAD_SAMPLE_MODES)
         criterion = nn.CrossEntropyLoss() if criterion is None else criterion
+        if (options.get("feature_map") is not None and options.get("loss_split") is None
+                and type(criterion) is not nn.CrossEntropyLoss):  # fmt: skip
+            raise ValueError(f"criterion={type(criterion).__name__}: with feature_map= the losses ℓ and ℓ_pub are the "
+                             "loss split's (cross-entropy); give loss_split= for another loss")  # fmt: skip
         _check_opacus_options(options)
         n, batches = len(data_loader.dataset), len(data_loader)  # type: ignore[arg-type]
         if n < 1 or batches < 1:
