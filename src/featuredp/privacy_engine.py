@@ -447,7 +447,7 @@ class PrivacyEngine(Uncopyable):
         def gradient() -> dict[str, torch.Tensor]:
             idx = state.public_sampler.sample()
             batch = to_device(self._public_batch(idx), self._trainer.device)
-            total = state.plan.public_batch_size or max(1, round(state.plan.expected_batch_size))
+            total = self._trainer._public_total(state.plan)  # m', as the Trainer's loop divides it
             grads, self.public_loss = self._trainer._core.public_gradient(state, split, batch, total)
             return grads
 
