@@ -31,7 +31,7 @@ def marker_batch(B: int, seed: int) -> dict[str, torch.Tensor]:
 
 def stated_detection(rate: float, B: int) -> float:
     """Per step: the chunk check runs (rate) and its chunk holds the marker row (chunk/B), or the every-step
-    check's two rows include it (2/B); the two draws are independent."""
+    check's rows include it (k/B); the two draws are independent."""
     chunk = min(ghost_checks._CHUNK_CHECK_EXAMPLES, B)
     return 1 - (1 - rate * chunk / B) * (1 - ghost_checks._SEPARABILITY_EXAMPLES / B)
 
@@ -66,8 +66,8 @@ def test_the_chunk_check_catches_the_marker_row_whenever_it_is_in_the_chunk():
 
 @pytest.mark.statistical
 def test_a_marker_row_is_caught_at_the_stated_rate():
-    """Power: without the chunk check (rate 0) only the two-row check remains, 2/B = 6.25 % a step against
-    the stated 18 %: 25 refusals expected in 400 steps, far outside the accepted range [41, 103]."""
+    """Power: without the chunk check (rate 0) only the one-row check remains, 1/B = 3.1 % a step against
+    the stated 27 %: 12.5 refusals expected in 400 steps, far outside the accepted range [74, 145]."""
     B, steps = 32, 400
     strategy = GhostGradients()
     strategy._secret = np.random.default_rng(20261127)  # fixed for the test only; runs use OS entropy
@@ -86,3 +86,47 @@ def test_an_ordinary_model_passes_the_chunk_check():
         batch = marker_batch(48, seed)  # the marker value means nothing to this model
         sums, _ = strategy.clipped_sum(model, xent, batch, {}, 0.5)
         assert all(bool(torch.isfinite(s).all()) for s in sums.values())
+
+
+class UnvmappableMarkerMixer(MarkerMixer):
+    """The marker mixer behind a data-dependent branch, which torch.func cannot vmap: the chunk check's
+    batch-of-one forwards then run as a loop, and must catch it all the same."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x[:, 0] == MARKER).any()):
+            return super().forward(x)
+        return self.head(torch.tanh(self.lin(x)))
+
+
+def test_the_chunk_check_catches_the_marker_row_without_vmap():
+    strategy = GhostGradients()
+    strategy._chunk_check_rate = 1.0
+    torch.manual_seed(0)
+    model = UnvmappableMarkerMixer()
+    for seed in range(3):
+        with pytest.raises(BatchMixingError):
+            strategy.clipped_sum(model, xent, marker_batch(32, seed), {}, 1.0)
+    assert strategy.plan(model).alone_vmap is False  # it did fall back to the loop
+
+
+def test_the_chunk_check_weights_are_secret_and_never_all_equal(monkeypatch):
+    """Equal weights would let differences that sum to zero over the chunk (centring) cancel; the weights are
+    ±(1 + U) times the clip factors, drawn from the strategy's secret generator."""
+    seen = []
+    original = GhostGradients._weighted_alone
+
+    def spy(self, plan, model, loss_fn, batch, draws, params, weights):
+        seen.append(weights.clone())
+        return original(self, plan, model, loss_fn, batch, draws, params, weights)
+
+    monkeypatch.setattr(GhostGradients, "_weighted_alone", spy)
+    strategy = GhostGradients()
+    strategy._chunk_check_rate = 1.0
+    torch.manual_seed(1)
+    model = mlp()
+    for seed in range(3):
+        strategy.clipped_sum(model, xent, marker_batch(48, seed), {}, 1e6)  # C large: every factor is 1
+    for w in seen:
+        assert bool((w.abs() >= 1).all() and (w.abs() < 2).all())
+        assert bool((w > 0).any() and (w < 0).any())
+    assert not torch.equal(seen[0], seen[1])

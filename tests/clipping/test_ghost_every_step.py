@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from _fdp_synth import make_tabular
-from featuredp.clipping import GhostGradients, VmapGradients
+from featuredp.clipping import GhostGradients, VmapGradients, ghost_checks
 from featuredp.engine import Trainer
 from featuredp.errors import BatchMixingError
 from featuredp.features import Columns
@@ -114,13 +114,13 @@ def test_the_checked_rows_are_chosen_secretly_and_everywhere_in_the_batch(monkey
         np.random.seed(0)
         picked.clear()
         s = GhostGradients()
-        for _ in range(40):
+        for _ in range(80 // ghost_checks._SEPARABILITY_EXAMPLES):  # 80 checked rows per run
             s.clipped_sum(model, loss, batch, {}, 1.0)
         runs.append([tuple(p) for p in picked])
     assert runs[0] != runs[1]
     seen = {i for run in runs for rows in run for i in rows}
     assert len(seen) > 48 and max(seen) > 56  # not only the head of the batch
-    assert all(len(rows) == len(set(rows)) == 2 for run in runs for rows in run)
+    assert all(len(rows) == len(set(rows)) == ghost_checks._SEPARABILITY_EXAMPLES for run in runs for rows in run)
 
 
 def test_chunked_batches_check_a_random_chunk(monkeypatch):
@@ -233,3 +233,22 @@ def test_the_rounding_allowance_is_measured_alone_and_is_tiny_for_an_ordinary_mo
     norms = torch.stack([torch.cat([alone[n][j].flatten() for n in params]).norm() for j in range(2)]).double()
     assert noise is not None and (noise < 1e-5 * norms).all()  # float32 rounding of a well-conditioned example
     assert all(p.dtype == torch.float32 for p in model.parameters())  # measured on a copy
+
+
+def test_the_every_step_check_compares_directions_not_only_norms(monkeypatch):
+    """A reference with the right norms but the opposite direction is refused: the check's distance is
+    ‖ghost − alone‖ (from Gram forms and inner products), not the difference of the two norms."""
+    original = ghost_checks._example_gradient
+
+    def flipped(*args):  # every batch-of-one gradient, float32 and float64 alike (the rounding retry's too)
+        return [-g for g in original(*args)]
+
+    monkeypatch.setattr(ghost_checks, "_example_gradient", flipped)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+    def loss(m, b, d):
+        return nn.functional.cross_entropy(m(b["x"]), b["y"], reduction="none")
+
+    batch = {"x": torch.randn(16, 6), "y": torch.randint(0, 3, (16,))}
+    with pytest.raises(BatchMixingError):
+        GhostGradients().clipped_sum(model, loss, batch, {}, 1.0)

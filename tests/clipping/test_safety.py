@@ -14,6 +14,7 @@ import math
 import warnings
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -21,6 +22,7 @@ from torch import nn
 import featuredp.clipping.ghost as ghost_module
 from featuredp.clipping import VmapGradients, check_no_batch_mixing
 from featuredp.clipping.ghost import GhostGradients
+from featuredp.clipping.safety import ForwardStateGuard
 
 Loss = Callable[[nn.Module, dict, dict], torch.Tensor]
 
@@ -527,6 +529,7 @@ def test_a_parameter_written_on_a_later_call_is_refused_and_restored(via_data, s
 
 def test_above_the_copy_limit_a_write_is_still_seen_and_the_model_is_to_be_discarded(monkeypatch):
     monkeypatch.setattr("featuredp.clipping.safety._COPY_LIMIT", 0)  # fingerprints instead of copies
+    monkeypatch.setattr("featuredp.clipping.safety._EXACT_LIMIT", 0)  # even for a table this small
     model = SelfRenorm(via_data=True)
     with torch.no_grad():
         model.emb.weight.mul_(5)
@@ -553,3 +556,43 @@ def test_the_errors_are_value_errors_of_their_own_class():
         assert issubclass(cls, ValueError) and issubclass(cls, FeatureDPError)
     with pytest.raises(BatchMixingError):
         check_no_batch_mixing(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)))
+
+
+@pytest.mark.parametrize("write", ["one_row", "one_coordinate", "whole", "tiny_row"])
+def test_the_keyed_fingerprint_sees_a_write_through_data_anywhere_in_a_large_tensor(write):
+    """Above the copy limit a large weight is fingerprinted, not copied: a write through ``.data`` (no version
+    bump) to one row or one coordinate out of 200,000 is still seen, whichever row it is."""
+    from featuredp.clipping.safety import _EXACT_LIMIT, _Fingerprint
+
+    torch.manual_seed(0)
+    model = nn.Embedding(2000, 100)
+    assert model.weight.numel() > _EXACT_LIMIT
+    for row in (0, 777, 1999):
+        rng = np.random.default_rng()
+        fp = _Fingerprint(model.weight, rng)
+        assert fp.same(model.weight)
+        saved = model.weight.detach().clone()
+        w = model.weight.data
+        if write == "one_row":
+            w[row] = w[row] / w[row].norm().clamp(min=1.0) * 0.5
+        elif write == "one_coordinate":
+            w[row, 3] += 1e-3
+        elif write == "tiny_row":
+            w[row] *= 1 + 1e-4
+        else:
+            w.mul_(0.99)
+        assert not fp.same(model.weight), (write, row)
+        model.weight.data.copy_(saved)
+
+
+def test_fingerprints_are_keyed_from_os_entropy_not_the_published_seed(monkeypatch):
+    monkeypatch.setattr("featuredp.clipping.safety._COPY_LIMIT", 0)
+    model = nn.Linear(100, 80)
+    positions = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        np.random.seed(0)
+        guard = ForwardStateGuard(model).__enter__()
+        positions.append([fp.idx.tolist() for fp in guard._prints.values()])
+        guard.__exit__(None, None, None)
+    assert positions[0] and positions[0] != positions[1]

@@ -103,6 +103,22 @@ class Contribution(ABC):
         """
 
     @abstractmethod
+    def select(self, rows: torch.Tensor) -> Contribution:
+        """The contribution of the examples ``rows`` only (example j of the result is example rows[j])."""
+
+    def compare(self, rows: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(‖x_j‖², ⟨x_j, ref_j⟩) in float64 for the per-example gradients x_j of the examples ``rows`` and
+        ``ref`` (k, *param.shape): with ‖ref_j‖² they give ‖x_j − ref_j‖², the separability check's distance.
+
+        This default materialises the k gradients; kinds with a compact form override it with Gram forms
+        and inner products (float64 throughout: the distance is a difference of nearly equal terms).
+        """
+        k = len(rows)
+        mine = self.examples(rows).reshape(k, -1).to(torch.float64)
+        theirs = ref.reshape(k, -1).to(torch.float64)
+        return mine.square().sum(1), (mine * theirs).sum(1)
+
+    @abstractmethod
     def term_bounds(self, rows: torch.Tensor) -> torch.Tensor:
         """For each example of ``rows``, a bound on its gradient norm without cancellation (float64).
 
@@ -233,6 +249,27 @@ class Outer(Contribution):
         a, g = self.full_a()[rows], self.g[rows]  # (k, T, K, din), (k, T, K, dout)
         return torch.einsum("btko,btki->bkoi", g, a).reshape(a.shape[0], *self.shape)
 
+    def select(self, rows: torch.Tensor) -> Outer:
+        """The examples ``rows``' activations and output gradients."""
+        return Outer(self.a[rows], self.g[rows], self.shape, self.columns)
+
+    def compare(self, rows: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gram form Σ_{t,s} (a_t·a_s)(g_t·g_s) and Σ_t g_tᵀ ref a_t, in float64, without forming g aᵀ."""
+        a, g = self.a[rows].to(torch.float64), self.g[rows].to(torch.float64)  # (k, T, K, din), (k, T, K, dout)
+        k, T, K, _ = a.shape
+        r = ref.reshape(k, K, g.shape[-1], -1)  # elements ordered (group, dout, din)
+        if self.columns is not None:
+            r = r.index_select(-1, self.columns)
+        r = r.to(torch.float64)
+        if T == 1 and K == 1:  # one token: ‖g aᵀ‖² = ‖a‖²‖g‖², and gᵀ r a is one matrix-vector product
+            a1, g1 = a.reshape(k, -1), g.reshape(k, -1)
+            r2 = r.reshape(k, *r.shape[-2:])
+            # One matrix-vector product per example: float64 bmm of (k, dout, din) by vectors is ~5x slower.
+            inner = torch.stack([torch.dot(torch.mv(r2[j], a1[j]), g1[j]) for j in range(k)])
+            return a1.square().sum(1) * g1.square().sum(1), inner
+        inner = (torch.einsum("bkoi,btki->btko", r, a) * g).sum((1, 2, 3))
+        return _gram_sq_norms(a.permute(0, 2, 1, 3), g.permute(0, 2, 1, 3)), inner
+
     def term_bounds(self, rows: torch.Tensor) -> torch.Tensor:
         """(Σ_k (Σ_t ‖a_t‖‖g_t‖)²)^½ per example: the norm if no token cancelled another."""
         a, g = self.a[rows].to(torch.float64), self.g[rows].to(torch.float64)
@@ -348,6 +385,17 @@ class Passes(_SumOfParts):
         """Every pass without the dropped examples."""
         return Passes([p.without(drop) for p in self.parts], self.shape)
 
+    def select(self, rows: torch.Tensor) -> Passes:
+        """Every pass's rows ``rows``."""
+        return Passes([p.select(rows) for p in self.parts], self.shape)
+
+    def compare(self, rows: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Σ_{p,q} (a_p·a_q)(g_p·g_q) and Σ_p g_pᵀ ref a_p in float64, without forming Σ_p g_p a_pᵀ."""
+        wide = [Outer(p.a[rows].to(torch.float64), p.g[rows].to(torch.float64), p.shape, p.columns)
+                for p in self.parts]  # fmt: skip
+        inner = add_up([p.compare(torch.arange(len(rows), device=rows.device), ref)[1] for p in wide])
+        return _passes_sq_norms_of(wide, len(rows))[0], inner
+
     @classmethod
     def combine(cls, parts: Sequence[Passes]) -> Contribution:
         """All the passes of all the parts."""
@@ -419,6 +467,11 @@ class Rows(Contribution):
         out = torch.zeros(len(rows), dtype=torch.float64, device=self.value.device)
         return out.index_add_(0, pos, torch.linalg.vector_norm(self.value[keep].to(torch.float64), dim=1))
 
+    def select(self, rows: torch.Tensor) -> Rows:
+        """The tokens of the examples ``rows``, renumbered by their position in ``rows``."""
+        keep, pos = self._positions(rows)
+        return Rows(pos, self.index[keep], self.value[keep], len(rows), self.shape)
+
     def without(self, drop: torch.Tensor) -> Contribution:
         """The dropped examples' tokens add zero."""
         keep = ~drop.to(self.example.device)[self.example].view(-1, 1)
@@ -463,6 +516,10 @@ class Dense(Contribution):
         """The norms themselves (nothing cancels in a materialised gradient)."""
         g = self.grad[rows]
         return torch.linalg.vector_norm(g.reshape(g.shape[0], -1).to(torch.float64), dim=1)
+
+    def select(self, rows: torch.Tensor) -> Dense:
+        """grad[rows]."""
+        return Dense(self.grad[rows])
 
     def without(self, drop: torch.Tensor) -> Contribution:
         """The dropped examples' gradients set to zero."""

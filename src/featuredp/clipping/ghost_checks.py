@@ -39,7 +39,7 @@ from featuredp.clipping.base import (
 from featuredp.clipping.contributions import Contribution
 from featuredp.clipping.ghost_plan import GhostPlan
 from featuredp.clipping.safety import AutogradHookGuard
-from featuredp.errors import BatchMixingError
+from featuredp.errors import BatchMixingError, ForwardSideEffectError
 from featuredp.features.base import Batch
 
 __all__ = ["GhostChecks", "Inspect"]
@@ -126,17 +126,19 @@ _SEPARABILITY_CLIP_TOL = 1e-6
 # A failed comparison is retried allowing this many times each example's own float32 rounding (float32 against
 # float64, alone): two float32 evaluations differ by at most about twice it.
 _SEPARABILITY_NOISE_FACTOR = 8.0
-_SEPARABILITY_EXAMPLES = 2
+_SEPARABILITY_EXAMPLES = 1
 # The chunk check: on a secret share of the steps (OS entropy, never a seed), a secret random chunk of the checked
 # physical chunk (up to this many rows) is recomputed per example with torch.func, and its clipped sum compared
 # with ghost's. One row that mixes only itself with the batch (a marker row) is in the chunk with probability
 # chunk/B, so a run of T steps catches it with probability at least 1 − (1 − rate·chunk/B)^T (docs/engine.md).
-_CHUNK_CHECK_RATE = 0.125
+_CHUNK_CHECK_RATE = 0.25
 _CHUNK_CHECK_EXAMPLES = 32
 # Tolerance of the chunk's clipped sums: relative to Σ_i ‖c_i g_i‖ (rounding scales with the terms, not the sum),
 # plus a floor of 1e-6·C per row. A mismatch is confirmed example by example (batch-of-one autograd, with the
 # every-step check's tolerances and rounding retry) before the step is refused.
 _CHUNK_RTOL = 1e-3
+# A failed chunk check is confirmed on this many of its rows that differ most.
+_CONFIRM_EXAMPLES = 2
 
 
 def _owner(model: nn.Module) -> str:
@@ -265,22 +267,29 @@ class GhostChecks:
         alone = self._alone(model, loss_fn, batch, draws, params, picked, twice=not plan.deterministic)
         plan.deterministic = True
         with torch.no_grad():
-            # One comparison per example over all parameters at once: the sensitivity is about a whole example's
-            # gradient, and one (k, P) difference keeps this every-step check to a few operations (per-parameter
-            # differences are computed only to name the layers once a check has failed). The differences are in
-            # the gradients' own dtype (float32 rounding is ~1e-7 of the terms, far inside the tolerances).
-            diffs, refs, bounds = [], [], []
+            # One distance per example over all parameters at once: the sensitivity is about a whole example's
+            # gradient. ‖ghost − alone‖² = ‖ghost‖² − 2⟨ghost, alone⟩ + ‖alone‖², each term from the
+            # contribution's compact form (Gram form, inner products) in float64: ghost's k per-example
+            # gradients are never formed, and the difference of nearly equal terms keeps ~1e-8 of their size.
+            mine_sq = torch.zeros(k, dtype=torch.float64, device=norms.device)
+            inner, ref_sq = torch.zeros_like(mine_sq), torch.zeros_like(mine_sq)
+            per_param: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # (distance, ‖alone‖): names a layer
+            bounds = []
             for pname in params:
-                ref = alone[pname].reshape(k, -1)
-                refs.append(ref)
+                ref = alone[pname]
+                r_sq = torch.linalg.vector_norm(ref.reshape(k, -1), dim=1, dtype=torch.float64).square()
+                ref_sq += r_sq
                 if pname in combined:
-                    diffs.append(combined[pname].examples(rows).reshape(k, -1).to(ref.dtype) - ref)
+                    m_sq, dot = combined[pname].compare(rows, ref)
+                    mine_sq += m_sq
+                    inner += dot
+                    per_param[pname] = ((m_sq - 2 * dot + r_sq).clamp(min=0).sqrt(), r_sq.sqrt())
                     # Bound the terms over the separate calls (passes), whose sum is where cancellation happens.
                     bounds.append(add_up([c.term_bounds(rows) for c in parts.get(pname) or [combined[pname]]]))
                 else:  # no gradient reached it through the ghost path
-                    diffs.append(-ref)
-            err = torch.linalg.vector_norm(torch.cat(diffs, dim=1), dim=1).to(torch.float64)
-            ref_norms = torch.linalg.vector_norm(torch.cat(refs, dim=1), dim=1).to(torch.float64)
+                    per_param[pname] = (r_sq.sqrt(), r_sq.sqrt())
+            err = (mine_sq - 2 * inner + ref_sq).clamp(min=0).sqrt()
+            ref_norms = ref_sq.sqrt()
             bound = ref_norms if not bounds else torch.maximum(torch.stack(bounds).pow(2).sum(0).sqrt(), ref_norms)
             # The absolute floor follows the chunk's largest gradient, not only the two checked rows': a saturated
             # model has rows whose gradients are ~1e-21, where float32 Gram norms lose whole digits (their squares
@@ -310,9 +319,8 @@ class GhostChecks:
             if noise is not None:
                 failed = fails(tol + _SEPARABILITY_NOISE_FACTOR * noise)
         if failed:
-            bad = [pname for pname, d, r in zip(params, diffs, refs)
-                   if bool((torch.linalg.vector_norm(d, dim=1) > _SEPARABILITY_RTOL * torch.linalg.vector_norm(r, dim=1)
-                            + _SEPARABILITY_TERM_TOL * bound.to(d.dtype)).any())]  # fmt: skip
+            bad = [pname for pname, (d, r) in per_param.items()
+                   if bool((d > _SEPARABILITY_RTOL * r + _SEPARABILITY_TERM_TOL * bound).any())]  # fmt: skip
             raise BatchMixingError(self._mixing_message(plan, model, bad))
 
     def _compare_chunk(
@@ -328,50 +336,111 @@ class GhostChecks:
         norms: torch.Tensor,
         C: float,
     ) -> None:
-        """Raise BatchMixingError if ghost's clipped sum over a secret random chunk of rows differs from the same
-        rows' clipped sum from torch.func per-example gradients (each example alone)."""
+        """Raise BatchMixingError if ghost's clipped sum over a secret random chunk of rows, each row weighted by
+        a secret random sign and size, differs from the same weighted sum of the rows' gradients computed alone.
+
+        The reference is one forward of the chunk's rows, each alone (vmap over batches of one, or a loop where
+        the model cannot be vmapped), and one backward of their weighted losses: no per-example gradient is
+        formed on either side. The weights are w_i = s_i·c_i with c_i ghost's clip factor and s_i = ±(1 + U),
+        U uniform on [0, 1): a row whose gradient differs moves the weighted sums apart by |w_i| times its
+        difference, and no set of differing rows can cancel except on a set of weights of probability zero
+        (centring over the batch makes the rows' differences sum to zero, which equal weights would not see).
+        """
         finite = torch.isfinite(norms).nonzero().flatten().cpu().numpy()
         if len(finite) == 0:
             return
         picked = np.sort(self._secret.choice(finite, size=min(_CHUNK_CHECK_EXAMPLES, len(finite)), replace=False))
+        k = len(picked)
         rows = torch.as_tensor(picked, dtype=torch.int64, device=norms.device)
-        sub_b = {k: v[rows.to(v.device)] for k, v in batch.items()}
-        sub_d = {k: v[rows.to(v.device)] for k, v in draws.items()}
+        sizes = self._secret.choice([-1.0, 1.0], size=k) * (1.0 + self._secret.random(k))
+        weights = torch.as_tensor(sizes, device=norms.device) * clip_factors(norms[rows].to(torch.float64), C)
+        sub_b = {key: v[rows.to(v.device)] for key, v in batch.items()}
+        sub_d = {key: v[rows.to(v.device)] for key, v in draws.items()}
+        theirs = self._weighted_alone(plan, model, loss_fn, sub_b, sub_d, params, weights)
+        with torch.no_grad():
+            diff_sq = torch.zeros((), dtype=torch.float64, device=norms.device)
+            for n, t in theirs.items():
+                mine = combined[n].select(rows).weighted_sum(weights) if n in combined else torch.zeros_like(t)
+                diff_sq += (mine.to(torch.float64) - t.to(torch.float64)).square().sum()
+            # Rounding scales with Σ_i |w_i|·‖g_i‖ (the terms), not with their possibly cancelling sum.
+            scale = float((weights.abs() * norms[rows].to(torch.float64)).sum())
+            tol = _CHUNK_RTOL * scale + _SEPARABILITY_CLIP_TOL * (C if math.isfinite(C) else scale) * float(
+                np.abs(sizes).sum()
+            )
+            failed = not (float(diff_sq.sqrt()) <= tol)
+        if failed:
+            self._confirm_chunk(plan, model, loss_fn, batch, draws, params, combined, parts, norms, C, picked)
+
+    def _weighted_alone(
+        self,
+        plan: GhostPlan,
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        params: dict[str, torch.Tensor],
+        weights: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
+        """∇_θ Σ_i weights[i]·loss(example i alone), per parameter: one forward of every example as a batch of one
+        (vmap; a loop of batch-of-one calls for models vmap cannot run, remembered in the plan) and one backward."""
+        tensors = list(params.values())
+        losses = None
+        if plan.alone_vmap:
+
+            def one(b: Batch, d: Batch) -> torch.Tensor:
+                return loss_fn(model, {k: v.unsqueeze(0) for k, v in b.items()},
+                               {k: v.unsqueeze(0) for k, v in d.items()}).reshape(())  # fmt: skip
+
+            try:
+                with AutogradHookGuard(_owner(model)):
+                    losses = torch.func.vmap(one, randomness="error")(batch, draws)
+            except (BatchMixingError, ForwardSideEffectError):
+                raise
+            except Exception:
+                plan.alone_vmap = False
+        if losses is None:
+            one_at_a_time = [slice(i, i + 1) for i in range(len(weights))]
+            with AutogradHookGuard(_owner(model)):
+                losses = torch.cat([loss_fn(model, slice_batch(batch, sl), slice_batch(draws, sl)).reshape(1)
+                                    for sl in one_at_a_time])  # fmt: skip
+        gs = torch.autograd.grad((losses * weights.to(losses.dtype)).sum(), tensors, allow_unused=True)
+        return {n: torch.zeros_like(t) if g is None else g.detach() for n, g, t in zip(params, gs, tensors)}
+
+    def _confirm_chunk(
+        self,
+        plan: GhostPlan,
+        model: nn.Module,
+        loss_fn: LossFn,
+        batch: Batch,
+        draws: Batch,
+        params: dict[str, torch.Tensor],
+        combined: dict[str, Contribution],
+        parts: dict[str, list[Contribution]],
+        norms: torch.Tensor,
+        C: float,
+        picked: np.ndarray,
+    ) -> None:
+        """After a failed chunk check: the rows that differ most, compared one by one (the every-step comparison,
+        its tolerances and its rounding retry), which raises naming the layers unless rounding explains it.
+        Only here are the chunk's per-example gradients formed."""
+        rows = torch.as_tensor(picked, dtype=torch.int64, device=norms.device)
+        sub_b = {key: v[rows.to(v.device)] for key, v in batch.items()}
+        sub_d = {key: v[rows.to(v.device)] for key, v in draws.items()}
         names = list(params)
         try:
             ref = per_example_grads(model, loss_fn, sub_b, sub_d, names)
-        except Exception:  # a model torch.func cannot vmap (dynamic shapes): one example at a time
+        except Exception:
             ref = self._alone(model, loss_fn, sub_b, sub_d, params, np.arange(len(picked)), twice=False)
         k = len(picked)
         with torch.no_grad():
-            # The (k, P) gradients stay in their dtype (float32 norms of k rows: ~1e-6 relative, far inside the
-            # tolerance); only the P-vectors' difference is taken in float64. Few passes: this runs on a share of
-            # all steps.
-            ref2d = {n: ref[n].reshape(k, -1) for n in names}
-            ref_sq = add_up([torch.linalg.vector_norm(r, dim=1).to(torch.float64).square() for r in ref2d.values()])
-            ref_factors = clip_factors(ref_sq.sqrt(), C)
-            factors = clip_factors(norms[rows].to(torch.float64), C)
-            diff_sq = torch.zeros((), dtype=torch.float64, device=norms.device)
-            mine2d: dict[str, torch.Tensor] = {}
-            for n in names:
-                theirs = (ref_factors.to(ref2d[n].dtype) @ ref2d[n]).to(torch.float64)
+            row_sq = torch.zeros(k, dtype=torch.float64, device=norms.device)
+            for n, r in ref.items():
+                row_sq += r.reshape(k, -1).to(torch.float64).square().sum(1)
                 if n in combined:
-                    mine2d[n] = combined[n].examples(rows).reshape(k, -1)
-                    mine = (factors.to(mine2d[n].dtype) @ mine2d[n]).to(torch.float64)
-                    diff_sq += (mine - theirs).square().sum()
-                else:
-                    diff_sq += theirs.square().sum()
-            scale = float((ref_factors * ref_sq.sqrt()).nan_to_num(posinf=0.0).sum())
-            tol = _CHUNK_RTOL * scale + _SEPARABILITY_CLIP_TOL * (C if math.isfinite(C) else scale) * k
-            failed = not (float(diff_sq.sqrt()) <= tol)
-        if failed:
-            # Confirm on the rows that differ most, with the every-step comparison (its tolerances, its rounding
-            # retry): it raises, naming the layers, unless float rounding explains the difference.
-            with torch.no_grad():
-                row_sq = add_up([torch.linalg.vector_norm((mine2d[n].to(r.dtype) - r) if n in mine2d else r, dim=1)
-                                 .to(torch.float64).square() for n, r in ref2d.items()])  # fmt: skip
-            worst = picked[np.sort(torch.argsort(row_sq, descending=True)[:_SEPARABILITY_EXAMPLES].cpu().numpy())]
-            self._compare_with_alone(plan, model, loss_fn, batch, draws, params, combined, parts, norms, C, worst)
+                    mine_sq, dot = combined[n].compare(rows, r)
+                    row_sq += mine_sq - 2 * dot
+        worst = picked[np.sort(torch.argsort(row_sq, descending=True)[:_CONFIRM_EXAMPLES].cpu().numpy())]
+        self._compare_with_alone(plan, model, loss_fn, batch, draws, params, combined, parts, norms, C, worst)
 
     @staticmethod
     def _rounding_noise(

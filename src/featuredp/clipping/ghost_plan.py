@@ -37,4 +37,5 @@ class GhostPlan:
     validated: bool = False
     whole_model_fallback: bool = False
     deterministic: bool = False  # two batch-of-one computations of the same example agreed (checked once)
+    alone_vmap: bool = True  # the checks' batch-of-one forwards run under vmap (False once vmap failed)
 

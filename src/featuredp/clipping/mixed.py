@@ -179,6 +179,10 @@ class Mixed(_SumOfParts):
         """Every part without the dropped examples."""
         return Mixed([p.without(drop) for p in self.parts])
 
+    def select(self, rows: torch.Tensor) -> Contribution:
+        """Every part's examples ``rows``."""
+        return Mixed([p.select(rows) for p in self.parts])
+
     @classmethod
     def combine(cls, parts: Sequence[Mixed]) -> Contribution:
         """The parts of all, regrouped by kind (:func:`combine`)."""

@@ -97,9 +97,56 @@ def check_no_batch_mixing(model: nn.Module) -> None:
 
 # Parameters, buffers and plain tensor attributes up to this many elements in total are copied before every
 # private forward, so that a write that bumps no version (through ``.data``) is seen and undone exactly. Above
-# it (large models) each tensor gets a float64 fingerprint instead (sum and sum of squares, one pass, no copy):
-# a write is still seen, but a parameter cannot be restored and the error says to discard the model.
-_COPY_LIMIT = 1 << 24
+# it (larger models) each floating tensor of more than _EXACT_LIMIT elements gets a keyed fingerprint instead
+# (:class:`_Fingerprint`: no copy, one matrix-vector pass): a write is still seen, but such a parameter cannot be
+# restored and the error says to discard the model. Smaller and non-floating tensors (counters, running
+# statistics, masks) are always copied, so the usual culprits are undone at any model size.
+_COPY_LIMIT = 1 << 20
+_EXACT_LIMIT = 1 << 12
+# Coordinates per fingerprint whose exact values are kept (fresh secret positions on every call).
+_SAMPLED = 64
+
+
+def _as_matrix(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a 2-d (rows, last dim) float32 or float64 view or copy, for :class:`_Fingerprint`."""
+    x = t.detach()
+    if x.is_complex():
+        x = torch.view_as_real(x)
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.to(torch.float32)  # a low-precision matrix-vector product would round small writes away
+    return x.reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.reshape(1, -1)
+
+
+class _Fingerprint:
+    """A keyed fingerprint of a large floating tensor: the exact values at a few secret coordinates and, for
+    every row of its (rows, last dim) view X, the product X w with a secret uniform vector w.
+
+    The positions and w are drawn from OS entropy on every call, so no pattern of writes is invisible by
+    construction: a write through ``.data`` changes the products of the rows it touches unless it is orthogonal
+    to w (probability zero for a fixed write) or below float rounding of a row's product (less than ~1e-7 of
+    that row's scale); a write that changes many entries also hits the sampled coordinates, which are compared
+    exactly. Ordinary in-place writes and rebinding are caught before this, by version counters and data
+    pointers. It keeps one number per row, not a copy.
+    """
+
+    __slots__ = ("idx", "proj", "values", "w")
+
+    def __init__(self, t: torch.Tensor, rng: np.random.Generator) -> None:
+        x = _as_matrix(t)
+        self.idx = torch.as_tensor(rng.integers(0, x.numel(), size=min(_SAMPLED, x.numel())), device=x.device)
+        self.w = torch.as_tensor(rng.random(x.shape[1]), dtype=x.dtype, device=x.device)
+        self.values, self.proj = self._measure(x)
+
+    def _measure(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.reshape(-1)[self.idx].clone(), torch.mv(x, self.w)
+
+    def same(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` still has the fingerprinted values (as far as the fingerprint can tell)."""
+        try:
+            values, proj = self._measure(_as_matrix(t))
+        except RuntimeError:  # a different shape: changed
+            return False
+        return _same_values(values, self.values) and _same_values(proj, self.proj)
 
 
 _MISSING = object()
@@ -124,15 +171,6 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     if torch.equal(a, b):  # the every-call fast path; NaN never equals NaN here, hence the second look
         return True
     return (a.is_floating_point() or a.is_complex()) and bool(torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True))
-
-
-def _fingerprint(t: torch.Tensor) -> torch.Tensor:
-    """Sum and sum of squares in float64 (on the tensor's device): changes with any ordinary write."""
-    x = t.detach()
-    if x.is_complex():
-        x = torch.view_as_real(x)
-    x = x.to(torch.float64)
-    return torch.stack([x.sum(), x.pow(2).sum()])
 
 
 _NUMBER = (bool, int, float, complex, np.generic)
@@ -187,8 +225,9 @@ class ForwardStateGuard:
     records, for every module, which tensors its ``_parameters``, ``_buffers`` and ``_modules`` hold, and the
     plain attributes of its ``__dict__`` that hold data (tensors, numbers, numpy arrays, and lists, tuples or
     dicts of them one level deep: a hand-written running mean or a cache); for every such tensor its
-    ``_version``, data pointer and a copy of its values (or, above ``_COPY_LIMIT`` elements in all, a float64
-    fingerprint). On exit — normal or by an exception — anything rebound, added, removed, modified in place (a
+    ``_version``, data pointer and a copy of its values (or, above ``_COPY_LIMIT`` elements in all, a keyed
+    fingerprint of each large floating tensor: exact values at secret coordinates and a secret bilinear form).
+    On exit — normal or by an exception — anything rebound, added, removed, modified in place (a
     version bump or a changed data pointer) or changed in value (a write through ``.data``, which bumps no
     version) is put back, and :class:`ForwardSideEffectError` is raised naming the attribute and its module:
     such state would carry private-batch information into the released model (``state_dict`` or a pickled
@@ -236,9 +275,15 @@ class ForwardStateGuard:
         self._state = [(t, _version(t), _ptr(t)) for t, _ in tensors.values()]
         self._arrays = list(arrays.values())
         small = sum(t.numel() for t, _ in tensors.values()) <= _COPY_LIMIT
+        rng = None if small else np.random.default_rng()  # OS entropy: the model cannot know what is compared
+        self._copies: dict[int, torch.Tensor] = {}
+        self._prints: dict[int, _Fingerprint] = {}
         with torch.no_grad():
-            self._copies = {id(t): t.detach().clone() for t, _ in tensors.values()} if small else {}
-            self._prints = {} if small else {id(t): _fingerprint(t) for t, _ in tensors.values()}
+            for t, _ in tensors.values():
+                if rng is None or t.numel() <= _EXACT_LIMIT or not (t.is_floating_point() or t.is_complex()):
+                    self._copies[id(t)] = t.detach().clone()
+                else:
+                    self._prints[id(t)] = _Fingerprint(t, rng)
         return self
 
     def __exit__(
@@ -314,7 +359,7 @@ class ForwardStateGuard:
                 copy = self._copies.get(id(t))
                 if copy is not None and not _same_values(t, copy):
                     changed.add(id(t))  # a write that bumps no version (through .data)
-                elif copy is None and not torch.equal(_fingerprint(t), self._prints[id(t)]):
+                elif copy is None and not self._prints[id(t)].same(t):
                     changed.add(id(t))
         self._changed = changed
         if changed:
