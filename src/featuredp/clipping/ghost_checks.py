@@ -127,18 +127,28 @@ _SEPARABILITY_CLIP_TOL = 1e-6
 # float64, alone): two float32 evaluations differ by at most about twice it.
 _SEPARABILITY_NOISE_FACTOR = 8.0
 _SEPARABILITY_EXAMPLES = 1
-# The chunk check: on a secret share of the steps (OS entropy, never a seed), a secret random chunk of the checked
-# physical chunk (up to this many rows) is recomputed per example with torch.func, and its clipped sum compared
-# with ghost's. One row that mixes only itself with the batch (a marker row) is in the chunk with probability
-# chunk/B, so a run of T steps catches it with probability at least 1 − (1 − rate·chunk/B)^T (docs/engine.md).
-_CHUNK_CHECK_RATE = 0.25
-_CHUNK_CHECK_EXAMPLES = 32
-# Tolerance of the chunk's clipped sums: relative to Σ_i ‖c_i g_i‖ (rounding scales with the terms, not the sum),
-# plus a floor of 1e-6·C per row. A mismatch is confirmed example by example (batch-of-one autograd, with the
-# every-step check's tolerances and rounding retry) before the step is refused.
+# The chunk check: on a secret share of the steps (OS entropy, never a seed), a secret random chunk of the
+# checked physical chunk (up to this many rows) is recomputed example by example (vmap over batches of one) and
+# its secretly weighted clipped sum compared with ghost's. One row that mixes only itself with the batch (a marker
+# row) is in the chunk with probability chunk/B, so a run of T steps catches it with probability at least
+# 1 − (1 − rate·chunk/B)^T (docs/engine.md).
+_CHUNK_CHECK_RATE = 0.125
+_CHUNK_CHECK_EXAMPLES = 64
+# Tolerance of the chunk's weighted sums: relative to Σ_i |w_i|‖g_i‖ (rounding scales with the terms, not the
+# sum), plus a floor of 1e-6·C per row and unit of weight. A mismatch is confirmed example by example
+# (batch-of-one autograd, with the every-step check's tolerances and rounding retry) before the step is refused.
 _CHUNK_RTOL = 1e-3
 # A failed chunk check is confirmed on this many of its rows that differ most.
 _CONFIRM_EXAMPLES = 2
+
+
+def _distance(terms: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(‖ghost − alone‖, ‖alone‖) of one parameter from (‖ghost‖², ⟨ghost, alone⟩, ‖alone‖²), or from (‖alone‖²,)
+    where no ghost gradient reached it."""
+    if len(terms) == 1:
+        return terms[0].sqrt(), terms[0].sqrt()
+    m_sq, dot, r_sq = terms
+    return (m_sq - 2 * dot + r_sq).clamp(min=0).sqrt(), r_sq.sqrt()
 
 
 def _owner(model: nn.Module) -> str:
@@ -214,7 +224,7 @@ class GhostChecks:
         weights = np.array([size if size >= 2 else 0 for size in sizes], dtype=np.float64)
         if weights.sum() == 0:
             return -1, None
-        index = int(self._secret.choice(len(sizes), p=weights / weights.sum()))
+        index = 0 if len(sizes) == 1 else int(self._secret.choice(len(sizes), p=weights / weights.sum()))
         start = index * chunk
         part_b = slice_batch(batch, slice(start, start + sizes[index]))
         part_d = slice_batch(draws, slice(start, start + sizes[index]))
@@ -273,8 +283,7 @@ class GhostChecks:
             # gradients are never formed, and the difference of nearly equal terms keeps ~1e-8 of their size.
             mine_sq = torch.zeros(k, dtype=torch.float64, device=norms.device)
             inner, ref_sq = torch.zeros_like(mine_sq), torch.zeros_like(mine_sq)
-            per_param: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # (distance, ‖alone‖): names a layer
-            bounds = []
+            terms: dict[str, tuple[torch.Tensor, ...]] = {}  # per parameter, to name the layers on a failure
             for pname in params:
                 ref = alone[pname]
                 r_sq = torch.linalg.vector_norm(ref.reshape(k, -1), dim=1, dtype=torch.float64).square()
@@ -283,25 +292,11 @@ class GhostChecks:
                     m_sq, dot = combined[pname].compare(rows, ref)
                     mine_sq += m_sq
                     inner += dot
-                    per_param[pname] = ((m_sq - 2 * dot + r_sq).clamp(min=0).sqrt(), r_sq.sqrt())
-                    # Bound the terms over the separate calls (passes), whose sum is where cancellation happens.
-                    bounds.append(add_up([c.term_bounds(rows) for c in parts.get(pname) or [combined[pname]]]))
+                    terms[pname] = (m_sq, dot, r_sq)
                 else:  # no gradient reached it through the ghost path
-                    per_param[pname] = (r_sq.sqrt(), r_sq.sqrt())
+                    terms[pname] = (r_sq,)
             err = (mine_sq - 2 * inner + ref_sq).clamp(min=0).sqrt()
             ref_norms = ref_sq.sqrt()
-            bound = ref_norms if not bounds else torch.maximum(torch.stack(bounds).pow(2).sum(0).sqrt(), ref_norms)
-            # The absolute floor follows the chunk's largest gradient, not only the two checked rows': a saturated
-            # model has rows whose gradients are ~1e-21, where float32 Gram norms lose whole digits (their squares
-            # are denormal) and a comparison relative to those rows alone would refuse an ordinary model.
-            finite = norms[torch.isfinite(norms)]
-            scale = torch.maximum(bound.max(), finite.max().to(torch.float64)) if finite.numel() else bound.max()
-            tol = _SEPARABILITY_RTOL * ref_norms + _SEPARABILITY_TERM_TOL * bound + _SEPARABILITY_SCALE_TOL * scale
-            if math.isfinite(C):
-                # Differences below 1e-6·C move a clipped contribution by at most that: far inside the
-                # sensitivity, and the level of float32 noise in a model whose whole batch is saturated (every
-                # gradient ~1e-22, where Gram norms lose whole digits).
-                tol = tol + _SEPARABILITY_CLIP_TOL * C
             norm_off = (norms[rows].to(torch.float64) - ref_norms).abs()
 
             def fails(limit: torch.Tensor) -> bool:
@@ -309,6 +304,25 @@ class GhostChecks:
                 # against the same computed alone; a NaN computed alone makes every comparison false: a failure.
                 return bool(((err > limit) | (norm_off > limit) | ~torch.isfinite(ref_norms)).any())
 
+            clip_floor = _SEPARABILITY_CLIP_TOL * C if math.isfinite(C) else 0.0
+            # The tolerance below is at least this: an ordinary step (distance ~1e-7 of the norm) passes here,
+            # without the bounds that only matter when a distance comes near it.
+            if not fails(_SEPARABILITY_RTOL * ref_norms + clip_floor):
+                return
+            # Bound the terms over the separate calls (passes), whose sum is where cancellation happens.
+            bounds = [add_up([c.term_bounds(rows) for c in parts.get(pname) or [combined[pname]]])
+                      for pname in params if pname in combined]  # fmt: skip
+            bound = ref_norms if not bounds else torch.maximum(torch.stack(bounds).pow(2).sum(0).sqrt(), ref_norms)
+            # The absolute floor follows the chunk's largest gradient, not only the checked rows': a saturated
+            # model has rows whose gradients are ~1e-21, where float32 Gram norms lose whole digits (their squares
+            # are denormal) and a comparison relative to those rows alone would refuse an ordinary model.
+            finite = norms[torch.isfinite(norms)]
+            scale = torch.maximum(bound.max(), finite.max().to(torch.float64)) if finite.numel() else bound.max()
+            # Differences below 1e-6·C (clip_floor) move a clipped contribution by at most that: far inside the
+            # sensitivity, and the level of float32 noise in a model whose whole batch is saturated (every
+            # gradient ~1e-22, where Gram norms lose whole digits).
+            tol = (_SEPARABILITY_RTOL * ref_norms + _SEPARABILITY_TERM_TOL * bound + _SEPARABILITY_SCALE_TOL * scale
+                   + clip_floor)  # fmt: skip
             failed = fails(tol)
         if failed:
             # Before calling it mixing: an ill-conditioned forward (a diverged model's logits in the thousands)
@@ -319,7 +333,7 @@ class GhostChecks:
             if noise is not None:
                 failed = fails(tol + _SEPARABILITY_NOISE_FACTOR * noise)
         if failed:
-            bad = [pname for pname, (d, r) in per_param.items()
+            bad = [pname for pname, (d, r) in ((n, _distance(t)) for n, t in terms.items())
                    if bool((d > _SEPARABILITY_RTOL * r + _SEPARABILITY_TERM_TOL * bound).any())]  # fmt: skip
             raise BatchMixingError(self._mixing_message(plan, model, bad))
 
@@ -360,8 +374,10 @@ class GhostChecks:
         with torch.no_grad():
             diff_sq = torch.zeros((), dtype=torch.float64, device=norms.device)
             for n, t in theirs.items():
-                mine = combined[n].select(rows).weighted_sum(weights) if n in combined else torch.zeros_like(t)
-                diff_sq += (mine.to(torch.float64) - t.to(torch.float64)).square().sum()
+                # The difference in the gradients' dtype: its rounding is ~1e-7 of the terms, far inside the
+                # tolerance (1e-3 of them).
+                diff = combined[n].select(rows).weighted_sum(weights).to(t.dtype).sub_(t) if n in combined else t
+                diff_sq += torch.linalg.vector_norm(diff, dtype=torch.float64).square()
             # Rounding scales with Σ_i |w_i|·‖g_i‖ (the terms), not with their possibly cancelling sum.
             scale = float((weights.abs() * norms[rows].to(torch.float64)).sum())
             tol = _CHUNK_RTOL * scale + _SEPARABILITY_CLIP_TOL * (C if math.isfinite(C) else scale) * float(
@@ -477,7 +493,7 @@ class GhostChecks:
         n, k = len(norms), min(_SEPARABILITY_EXAMPLES, len(norms))
         for _ in range(8):  # the common case, every row finite: a few draws, no pass over the batch
             picked = np.unique(self._secret.integers(0, n, size=k))
-            if len(picked) == k and bool(torch.isfinite(norms[torch.as_tensor(picked, device=norms.device)]).all()):
+            if len(picked) == k and all(math.isfinite(float(norms[i])) for i in picked.tolist()):
                 return picked
         finite = torch.isfinite(norms).nonzero().flatten().cpu().numpy()
         if len(finite) == 0:
