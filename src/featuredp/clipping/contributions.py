@@ -30,9 +30,15 @@ Norms in the Gram form are checked for cancellation and recomputed in float64 wh
 terms nearly cancel (ℓ − ℓ_pub with a good ℓ_pub), because float32 would lose the small
 difference that clipping depends on.
 
+The separability checks of :mod:`featuredp.clipping.ghost_checks` read contributions too:
+:meth:`Contribution.compare` gives the squared norms and inner products with a reference gradient
+(Gram forms, no per-example gradient formed where the kind has a compact form) and
+:meth:`Contribution.select` keeps a few examples for a weighted sum over them.
+
 A new *kind* of contribution is one subclass of :class:`Contribution` in this file
 implementing its abstract methods (the registry contract tests in
-``tests/clipping/test_contract.py`` then cover it through the layers that return it).
+``tests/clipping/test_contract.py`` then cover it through the layers that return it, and
+``tests/clipping/test_contributions_compare.py`` checks its reductions against materialised gradients).
 """
 
 from __future__ import annotations
@@ -471,6 +477,17 @@ class Rows(Contribution):
         """The tokens of the examples ``rows``, renumbered by their position in ``rows``."""
         keep, pos = self._positions(rows)
         return Rows(pos, self.index[keep], self.value[keep], len(rows), self.shape)
+
+    def compare(self, rows: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Norms from the aggregated rows and Σ_j value_j · ref[index_j], in float64: the (V, d) gradients of
+        the examples are never formed (a tied GPT-2 table is 38M numbers per example)."""
+        sel = self.select(rows)
+        k = len(rows)
+        inner = torch.zeros(k, dtype=torch.float64, device=self.value.device)
+        if sel.example.numel():
+            hit = ref.reshape(k, *self.shape)[sel.example.to(ref.device), sel.index.to(ref.device)]
+            inner.index_add_(0, sel.example, (sel.value.to(torch.float64) * hit.to(torch.float64)).sum(1))
+        return sel.squared_norms(), inner
 
     def without(self, drop: torch.Tensor) -> Contribution:
         """The dropped examples' tokens add zero."""

@@ -5,11 +5,15 @@ to mix the batch are refused statically (:func:`featuredp.clipping.check_no_batc
 parameter-free code (``x - x.mean(0)``, attention over the wrong axis) is caught here, on every call
 of :class:`~featuredp.clipping.ghost.GhostGradients`:
 
-* the *separability cross-check* recomputes a few secretly chosen examples' gradients on their own
-  (a forward and backward of each example alone) and compares them, and their norms, with the ghost
-  ones;
-* the *chunk check*, on a secret share of the steps, compares ghost's clipped sum over a secret
-  random chunk of rows with the same rows' clipped sum from torch.func per-example gradients.
+* the *separability cross-check* recomputes one secretly chosen example's gradient on its own (a forward and
+  backward of the example alone) and compares it, and its norm, with the ghost one: the distance
+  ‖ghost − alone‖² = ‖ghost‖² − 2⟨ghost, alone⟩ + ‖alone‖² comes from each contribution's Gram form and inner
+  products in float64 (:meth:`~featuredp.clipping.contributions.Contribution.compare`), so ghost's per-example
+  gradient is never formed;
+* the *chunk check*, on a secret share of the steps, recomputes a secret random chunk of rows each alone (vmap
+  over batches of one; a loop where vmap cannot run) and compares one weighted sum of their gradients, weights
+  ±(1 + U)·c_i secret, with ghost's weighted sum over the same rows: one backward, no per-example gradient on
+  either side.
 
 A mismatch that float rounding does not explain raises :class:`featuredp.errors.BatchMixingError`.
 The checks are a mixin of :class:`~featuredp.clipping.ghost.GhostGradients` (its private methods,
@@ -412,7 +416,7 @@ class GhostChecks:
                     losses = torch.func.vmap(one, randomness="error")(batch, draws)
             except (BatchMixingError, ForwardSideEffectError):
                 raise
-            except Exception:
+            except Exception:  # data-dependent shapes, .item(), random draws: a loop of batches of one instead
                 plan.alone_vmap = False
         if losses is None:
             one_at_a_time = [slice(i, i + 1) for i in range(len(weights))]
@@ -445,7 +449,7 @@ class GhostChecks:
         names = list(params)
         try:
             ref = per_example_grads(model, loss_fn, sub_b, sub_d, names)
-        except Exception:
+        except Exception:  # a model torch.func cannot vmap (dynamic shapes): one example at a time
             ref = self._alone(model, loss_fn, sub_b, sub_d, params, np.arange(len(picked)), twice=False)
         k = len(picked)
         with torch.no_grad():

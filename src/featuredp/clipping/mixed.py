@@ -183,6 +183,19 @@ class Mixed(_SumOfParts):
         """Every part's examples ``rows``."""
         return Mixed([p.select(rows) for p in self.parts])
 
+    def compare(self, rows: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Σ_k ‖c_k‖² + 2 Σ_{k<l} ⟨c_k, c_l⟩ and Σ_k ⟨c_k, ref⟩ from the parts' own compact forms and the cross
+        terms' formulas, all in float64 (no (V, d) gradient per example where the pair of kinds has a formula)."""
+        parts = [p.select(rows) for p in self.parts]
+        k = len(rows)
+        here = torch.arange(k, device=rows.device)
+        own = [p.compare(here, ref) for p in parts]
+        sq, inner = add_up([o[0] for o in own]), add_up([o[1] for o in own])
+        for i in range(len(parts)):
+            for j in range(i + 1, len(parts)):
+                sq = sq + 2 * _cross(parts[i], parts[j], k, sq.device).to(sq.device)
+        return sq, inner
+
     @classmethod
     def combine(cls, parts: Sequence[Mixed]) -> Contribution:
         """The parts of all, regrouped by kind (:func:`combine`)."""
