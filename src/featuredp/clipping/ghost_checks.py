@@ -389,7 +389,8 @@ class GhostChecks:
             )
             failed = not (float(diff_sq.sqrt()) <= tol)
         if failed:
-            self._confirm_chunk(plan, model, loss_fn, batch, draws, params, combined, parts, norms, C, picked)
+            rows_alone = (picked, sub_b, sub_d)
+            self._confirm_chunk(plan, model, loss_fn, batch, draws, params, combined, parts, norms, C, rows_alone)
 
     def _weighted_alone(
         self,
@@ -438,14 +439,14 @@ class GhostChecks:
         parts: dict[str, list[Contribution]],
         norms: torch.Tensor,
         C: float,
-        picked: np.ndarray,
+        rows_alone: tuple[np.ndarray, Batch, Batch],
     ) -> None:
         """After a failed chunk check: the rows that differ most, compared one by one (the every-step comparison,
         its tolerances and its rounding retry), which raises naming the layers unless rounding explains it.
-        Only here are the chunk's per-example gradients formed."""
+        Only here are the chunk's per-example gradients formed. ``rows_alone``: the chunk's rows (indices into
+        ``batch``) and their batch and draws rows."""
+        picked, sub_b, sub_d = rows_alone
         rows = torch.as_tensor(picked, dtype=torch.int64, device=norms.device)
-        sub_b = {key: v[rows.to(v.device)] for key, v in batch.items()}
-        sub_d = {key: v[rows.to(v.device)] for key, v in draws.items()}
         names = list(params)
         try:
             ref = per_example_grads(model, loss_fn, sub_b, sub_d, names)
