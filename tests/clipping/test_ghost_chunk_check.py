@@ -130,3 +130,30 @@ def test_the_chunk_check_weights_are_secret_and_never_all_equal(monkeypatch):
         assert bool((w.abs() >= 1).all() and (w.abs() < 2).all())
         assert bool((w > 0).any() and (w < 0).any())
     assert not torch.equal(seen[0], seen[1])
+
+
+def test_the_vmap_reference_is_each_row_alone_like_the_loop():
+    """The chunk check's vmap reference must be the rows' gradients alone (batches of one), exactly what the loop
+    fallback computes, and not the batch's: on a model that centres over the batch the two differ."""
+
+    class Centre(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x - x.mean(0, keepdim=True)
+
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(7, 6), Centre(), torch.nn.Tanh(), torch.nn.Linear(6, 2))
+    batch = marker_batch(12, 4)
+    params = dict(model.named_parameters())
+    weights = torch.linspace(-1.5, 1.8, 12, dtype=torch.float64)
+    strategy = GhostGradients()
+    plan = strategy.plan(model)
+    assert plan.alone_vmap
+    by_vmap = strategy._weighted_alone(plan, model, xent, batch, {}, params, weights)
+    assert plan.alone_vmap  # vmap ran
+    plan.alone_vmap = False
+    by_loop = strategy._weighted_alone(plan, model, xent, batch, {}, params, weights)
+    losses = xent(model, batch, {})
+    batched = torch.autograd.grad((losses * weights.float()).sum(), list(params.values()))
+    for name, v in by_vmap.items():
+        torch.testing.assert_close(v, by_loop[name], rtol=1e-5, atol=1e-6)
+    assert any(not torch.allclose(v, b, atol=1e-3) for v, b in zip(by_vmap.values(), batched))
