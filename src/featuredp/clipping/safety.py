@@ -226,7 +226,8 @@ class ForwardStateGuard:
     plain attributes of its ``__dict__`` that hold data (tensors, numbers, numpy arrays, and lists, tuples or
     dicts of them one level deep: a hand-written running mean or a cache); for every such tensor its
     ``_version``, data pointer and a copy of its values (or, above ``_COPY_LIMIT`` elements in all, a keyed
-    fingerprint of each large floating tensor: exact values at secret coordinates and a secret bilinear form).
+    fingerprint of each large floating tensor: exact values at secret coordinates and each row's product with a
+    secret vector, :class:`_Fingerprint`).
     On exit — normal or by an exception — anything rebound, added, removed, modified in place (a
     version bump or a changed data pointer) or changed in value (a write through ``.data``, which bumps no
     version) is put back, and :class:`ForwardSideEffectError` is raised naming the attribute and its module:
