@@ -66,8 +66,8 @@ def test_the_chunk_check_catches_the_marker_row_whenever_it_is_in_the_chunk():
 
 @pytest.mark.statistical
 def test_a_marker_row_is_caught_at_the_stated_rate():
-    """Power: without the chunk check (rate 0) only the one-row check remains, 1/B = 3.1 % a step against
-    the stated 15.2 %: 12.5 refusals expected in 400 steps, far outside the accepted range [32, 90]."""
+    """Power: without the chunk check (rate 0) only the two-row check remains, 2/B = 6.25 % a step against
+    the stated 18 %: 25 refusals expected in 400 steps, far outside the accepted range [41, 103]."""
     B, steps = 32, 400
     strategy = GhostGradients()
     strategy._secret = np.random.default_rng(20261127)  # fixed for the test only; runs use OS entropy

@@ -5,8 +5,8 @@ to mix the batch are refused statically (:func:`featuredp.clipping.check_no_batc
 parameter-free code (``x - x.mean(0)``, attention over the wrong axis) is caught here, on every call
 of :class:`~featuredp.clipping.ghost.GhostGradients`:
 
-* the *separability cross-check* recomputes one secretly chosen example's gradient on its own (a forward and
-  backward of the example alone) and compares it, and its norm, with the ghost one: the distance
+* the *separability cross-check* recomputes two secretly chosen examples' gradients each on its own (a forward
+  and backward of the example alone) and compares them, and their norms, with the ghost ones: the distance
   ‖ghost − alone‖² = ‖ghost‖² − 2⟨ghost, alone⟩ + ‖alone‖² comes from each contribution's Gram form and inner
   products in float64 (:meth:`~featuredp.clipping.contributions.Contribution.compare`), so ghost's per-example
   gradient is never formed;
@@ -130,7 +130,7 @@ _SEPARABILITY_CLIP_TOL = 1e-6
 # A failed comparison is retried allowing this many times each example's own float32 rounding (float32 against
 # float64, alone): two float32 evaluations differ by at most about twice it.
 _SEPARABILITY_NOISE_FACTOR = 8.0
-_SEPARABILITY_EXAMPLES = 1
+_SEPARABILITY_EXAMPLES = 2
 # The chunk check: on a secret share of the steps (OS entropy, never a seed), a secret random chunk of the
 # checked physical chunk (up to this many rows) is recomputed example by example (vmap over batches of one) and
 # its secretly weighted clipped sum compared with ghost's. One row that mixes only itself with the batch (a marker
