@@ -171,3 +171,24 @@ def test_catches_the_old_bounded_float32_noise(monkeypatch):
 
     monkeypatch.setattr("featuredp.run_state.TorchNoise", lambda generator: _Float32Noise(generator.device))
     assert failed(replay(mlp()), "noise tail")
+
+
+@pytest.mark.statistical
+def test_the_every_step_check_sees_the_trimming_model_on_nearly_every_replay():
+    """Power of the every-step check alone on the replay's trimming model, where only the rows shorter than the
+    batch's longest change: with two rows checked it missed 0 of 1,000 replays, with one row 8 of 200 (4 %).
+    200 replays with fixed secret generators (for the test only; runs use OS entropy), at most 2 misses."""
+    import numpy as np
+
+    misses = 0
+    for seed in range(200):
+        strategy = GhostGradients()
+        strategy._chunk_check_rate = 0.0  # the every-step check alone
+        strategy._secret = np.random.default_rng(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            r = replay_step(trainer(ADVERSARIAL["trim_to_longest"](), "dpsgd", strategy), table(), record=RECORD,
+                            batch=BATCH)  # fmt: skip
+        misses += r.outcome != "refused"
+    assert misses <= 2, misses
