@@ -155,6 +155,33 @@ def _distance(terms: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tens
     return (m_sq - 2 * dot + r_sq).clamp(min=0).sqrt(), r_sq.sqrt()
 
 
+def _distances(
+    combined: dict[str, Contribution], rows: torch.Tensor, alone: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, tuple[torch.Tensor, ...]]]:
+    """Per example of ``rows``, over all parameters at once (the sensitivity is about a whole example's gradient):
+    ‖ghost − alone‖² and ‖alone‖² (float64, (k,)), and each parameter's terms for :func:`_distance`.
+
+    ‖ghost − alone‖² = ‖ghost‖² − 2⟨ghost, alone⟩ + ‖alone‖², each term from the contribution's compact form (Gram
+    form, inner products) in float64: ghost's per-example gradients are never formed, and the difference of nearly
+    equal terms keeps ~1e-8 of their size. ``alone`` holds every parameter's (k, *shape) gradients; a parameter
+    absent from ``combined`` got no ghost gradient (its distance is its whole alone gradient)."""
+    k = len(rows)
+    mine_sq = torch.zeros(k, dtype=torch.float64, device=rows.device)
+    inner, ref_sq = torch.zeros_like(mine_sq), torch.zeros_like(mine_sq)
+    terms: dict[str, tuple[torch.Tensor, ...]] = {}
+    for pname, ref in alone.items():
+        r_sq = torch.linalg.vector_norm(ref.reshape(k, -1), dim=1, dtype=torch.float64).square()
+        ref_sq += r_sq
+        if pname in combined:
+            m_sq, dot = combined[pname].compare(rows, ref)
+            mine_sq += m_sq
+            inner += dot
+            terms[pname] = (m_sq, dot, r_sq)
+        else:
+            terms[pname] = (r_sq,)
+    return mine_sq - 2 * inner + ref_sq, ref_sq, terms
+
+
 def _owner(model: nn.Module) -> str:
     return f"GhostGradients ({type(model).__name__})"
 
@@ -276,30 +303,12 @@ class GhostChecks:
             picked = self._pick(norms)
         if picked is None:
             return
-        k = len(picked)
         rows = torch.as_tensor(picked, dtype=torch.int64, device=norms.device)
         alone = self._alone(model, loss_fn, batch, draws, params, picked, twice=not plan.deterministic)
         plan.deterministic = True
         with torch.no_grad():
-            # One distance per example over all parameters at once: the sensitivity is about a whole example's
-            # gradient. ‖ghost − alone‖² = ‖ghost‖² − 2⟨ghost, alone⟩ + ‖alone‖², each term from the
-            # contribution's compact form (Gram form, inner products) in float64: ghost's k per-example
-            # gradients are never formed, and the difference of nearly equal terms keeps ~1e-8 of their size.
-            mine_sq = torch.zeros(k, dtype=torch.float64, device=norms.device)
-            inner, ref_sq = torch.zeros_like(mine_sq), torch.zeros_like(mine_sq)
-            terms: dict[str, tuple[torch.Tensor, ...]] = {}  # per parameter, to name the layers on a failure
-            for pname in params:
-                ref = alone[pname]
-                r_sq = torch.linalg.vector_norm(ref.reshape(k, -1), dim=1, dtype=torch.float64).square()
-                ref_sq += r_sq
-                if pname in combined:
-                    m_sq, dot = combined[pname].compare(rows, ref)
-                    mine_sq += m_sq
-                    inner += dot
-                    terms[pname] = (m_sq, dot, r_sq)
-                else:  # no gradient reached it through the ghost path
-                    terms[pname] = (r_sq,)
-            err = (mine_sq - 2 * inner + ref_sq).clamp(min=0).sqrt()
+            err_sq, ref_sq, terms = _distances(combined, rows, alone)
+            err = err_sq.clamp(min=0).sqrt()
             ref_norms = ref_sq.sqrt()
             norm_off = (norms[rows].to(torch.float64) - ref_norms).abs()
 
@@ -452,14 +461,8 @@ class GhostChecks:
             ref = per_example_grads(model, loss_fn, sub_b, sub_d, names)
         except Exception:  # a model torch.func cannot vmap (dynamic shapes): one example at a time
             ref = self._alone(model, loss_fn, sub_b, sub_d, params, np.arange(len(picked)), twice=False)
-        k = len(picked)
         with torch.no_grad():
-            row_sq = torch.zeros(k, dtype=torch.float64, device=norms.device)
-            for n, r in ref.items():
-                row_sq += r.reshape(k, -1).to(torch.float64).square().sum(1)
-                if n in combined:
-                    mine_sq, dot = combined[n].compare(rows, r)
-                    row_sq += mine_sq - 2 * dot
+            row_sq = _distances(combined, rows, ref)[0]
         worst = picked[np.sort(torch.argsort(row_sq, descending=True)[:_CONFIRM_EXAMPLES].cpu().numpy())]
         self._compare_with_alone(plan, model, loss_fn, batch, draws, params, combined, parts, norms, C, worst)
 
