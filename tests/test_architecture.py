@@ -190,6 +190,22 @@ def test_lower_packages_do_not_import_the_ones_built_on_them(lower, upper):
     assert found == [], "\n".join(found)
 
 
+# The samplers and the noise family share only the bottom module of secret words (ChaCha20) and the words-to-normals
+# transform, featuredp.random_words: the noise plans build samplers, so a sampler that imported featuredp.noise (as
+# sampling.py once did, for ChaCha20Generator) would be an arrow pointing up.
+BELOW_THE_NOISE = [
+    ("featuredp.sampling", "featuredp.noise"),
+    ("featuredp.random_words", "featuredp.noise"),
+    ("featuredp.random_words", "featuredp.sampling"),
+]
+
+
+@pytest.mark.parametrize(("module", "above"), BELOW_THE_NOISE)
+def test_the_samplers_and_the_random_words_do_not_import_the_noise_family(module, above):
+    found = [f"{module}:{line} imports {t}" for t, _, line in _imports(module) if _in(t, (above,))]
+    assert found == [], "\n".join(found)
+
+
 MAX_LINES = 800
 # Modules over MAX_LINES that are being split by work in flight (empty: every split has landed). An entry that is
 # no longer long fails the test below, so the list cannot go stale.

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from _fdp_synth import make_tabular
-from featuredp import engine, run_state, sampling
-from featuredp.batches import as_batch, to_device
+from featuredp import run as run_module
+from featuredp import run_state, sampling
+from featuredp.batches import as_batch, gather, to_device
 from featuredp.engine import Trainer
 from featuredp.errors import UnreachableTargetError
 from featuredp.features import Columns
@@ -101,7 +102,7 @@ def test_without_a_backstop_the_run_is_bit_for_bit_and_draws_no_public_noise_or_
     r = t.fit(data)
     # one noise draw and one Poisson batch per private step, nothing for pre-training or the public batch
     assert r.pretrain_steps > 0 and counts == {"noise": r.steps, "poisson_samplers": 1, "poisson_samples": r.steps}
-    assert t._state is not None and t._state.streams.record_sampling is None
+    assert t.run.state is not None and t.run.state.streams.record_sampling is None
     assert "public_loss" in r.history[-1]  # the public batch's loss is still shown: it reads Ψ(S) only
 
 
@@ -130,7 +131,7 @@ def test_the_public_step_clips_each_record_at_c() -> None:
     sums = []
     for idx in (batch, np.sort(np.append(batch, 7))):
         sampler.sample = lambda idx=idx: idx  # type: ignore[method-assign]
-        g = t._record_gradient(state, split, b_all, pre=False)
+        g = t.run.record_gradient(state, split, _fetch(b_all), pre=False)
         sums.append(torch.cat([v.flatten() for v in g.values()]) * sampler.expected_batch_size)
     moved = float((sums[1] - sums[0]).norm())
     assert moved <= 0.5 * (1 + 1e-4)
@@ -151,10 +152,10 @@ def test_the_public_step_adds_noise_of_std_sigma_pub_times_c() -> None:
     assert sampler is not None and t.plan is not None and t.plan.record_noise_multiplier is not None
     sampler.sample = lambda: np.arange(30, 54)  # type: ignore[method-assign]
     state.noise = _ZeroNoise()  # type: ignore[assignment]
-    clean = torch.cat([v.flatten() for v in t._record_gradient(state, split, b_all, pre=False).values()])
+    clean = torch.cat([v.flatten() for v in t.run.record_gradient(state, split, _fetch(b_all), pre=False).values()])
     state.noise = TorchNoise(torch_generator(12345, t.device))
     residuals = torch.cat([
-        torch.cat([v.flatten() for v in t._record_gradient(state, split, b_all, pre=False).values()]) - clean
+        torch.cat([v.flatten() for v in t.run.record_gradient(state, split, _fetch(b_all), pre=False).values()]) - clean
         for _ in range(30)]) * sampler.expected_batch_size  # fmt: skip
     target = t.plan.record_noise_multiplier * 0.5
     assert residuals.numel() >= 2000
@@ -236,7 +237,7 @@ def test_refusals_are_one_line_naming_record_epsilon(monkeypatch) -> None:
         _trainer(record_epsilon=0.1).fit(data)
     with pytest.raises(ValueError, match="needs noise on the private steps"):
         _trainer(record_epsilon=4.0, noise_multiplier=0.0).fit(data)
-    monkeypatch.setattr(engine, "context", lambda *a, **k: object())
+    monkeypatch.setattr(run_module, "context", lambda *a, **k: object())
     with pytest.raises(ValueError, match="not supported in data-parallel runs"):
         _trainer(record_epsilon=4.0)
 
@@ -251,11 +252,13 @@ def test_a_backstop_run_resumes_from_its_checkpoint(tmp_path) -> None:
     assert r.steps == 6 and r.record_epsilon is not None and r.record_epsilon <= 8.0
 
 
-def test_the_replay_self_test_refuses_a_backstop_trainer_rather_than_misjudge_it() -> None:
+def test_the_replay_self_test_covers_a_backstop_trainer_and_its_record_batch() -> None:
     from featuredp.testing import replay_step
 
-    with pytest.raises(ValueError, match="does not cover the record-level backstop"):
-        replay_step(_trainer(record_epsilon=8.0), make_tabular(60, seed=1), record=3, batch=[5, 6, 7])
+    r = replay_step(_trainer(record_epsilon=8.0), make_tabular(60, seed=1), record=3, batch=[5, 6, 7])
+    assert r.outcome == "passed", str(r)
+    names = {c.name for c in r.checks}
+    assert {"clipped sum sensitivity", "record clipped sum sensitivity", "record noise std requested"} <= names
 
 
 def test_encoding_statistics_from_the_data_are_named_outside_the_record_level_guarantee() -> None:
@@ -289,3 +292,7 @@ def test_a_resume_rekeys_the_backstop_coins(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(PoissonSampler, "rekey", lambda self: (rekeyed.append(self.sampling_rate), original(self)))
     _trainer(record_epsilon=8.0, steps=6, secure_rng=True).fit(data, checkpoint=ck, resume=True, max_steps=1)
     assert len(rekeyed) == 2  # the private sampler's key and the backstop's (shared by its two samplers)
+
+
+def _fetch(batch):
+    return lambda idx: gather(batch, idx)

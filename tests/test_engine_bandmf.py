@@ -239,7 +239,7 @@ def test_bands_that_do_not_fit_the_run_are_refused_before_training(kw, needle):
     with pytest.raises(ValueError) as err:
         t.fit(make_tabular(200, seed=0))
     assert needle in str(err.value) and "\n" not in str(err.value)
-    assert t._state is None  # nothing ran
+    assert t.run.state is None  # nothing ran
 
 
 # ---------------------------------------------------------------------------------------------------------

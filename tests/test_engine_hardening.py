@@ -344,7 +344,7 @@ def test_an_interrupt_after_the_update_never_leaves_an_uncounted_noisy_step(tmp_
     with pytest.raises(KeyboardInterrupt):
         t.fit(make_tabular(200, seed=3))
     assert applied == 5
-    assert t._state is not None and t._state.private_steps >= applied
+    assert t.run.state is not None and t.run.state.private_steps >= applied
     assert ledger.spent() >= accounting.epsilon_for(1.0, 0.1, applied, 1e-4) * (1 - 1e-9)
     assert not ledger.pending()
 

@@ -247,3 +247,52 @@ def test_forked_pate_with_a_given_aggregator_refuses_before_training_a_teacher()
     code, _ = _in_child(child)
     assert code == 0
     assert PATE(teacher, 4, n_classes=2, aggregator=agg).fit(X, y, X[:3]).queries_asked_ == 3  # the parent's own
+
+
+# ---------------------------------------------------------------------------------------------- torch.save
+# Issue 42: torch.save(path) opens the file before it pickles, so a refusal used to leave a ~670-byte zip at
+# path that looks like a saved model (and a user who kept the file would ship or load it later).
+def _wrapped():
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from featuredp import PrivacyEngine
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 3, generator=g)
+    y = (x[:, 0] > 0).long()
+    raw = nn.Linear(3, 2)
+    model, optimizer, criterion, _loader = PrivacyEngine().make_private(
+        module=raw, optimizer=torch.optim.SGD(raw.parameters(), lr=0.1),
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=10), criterion=nn.CrossEntropyLoss(),
+        noise_multiplier=1.0, max_grad_norm=1.0)  # fmt: skip
+    return raw, {"model": model, "optimizer": optimizer, "criterion": criterion}
+
+
+@pytest.mark.parametrize("zipfile", [True, False], ids=["zip", "legacy"])
+@pytest.mark.parametrize("as_str", [True, False], ids=["str", "path"])
+def test_a_refused_torch_save_leaves_no_file(tmp_path, zipfile, as_str):
+    import torch
+
+    raw, wrappers = _wrapped()
+    for name, obj in wrappers.items():
+        for what in (obj, {"epoch": 3, "model": obj}):  # the wrapper alone, or inside a checkpoint dict
+            path = tmp_path / f"{name}.pt"
+            with pytest.raises(TypeError, match="state_dict|secret"):
+                torch.save(what, str(path) if as_str else path, _use_new_zipfile_serialization=zipfile)
+            assert not path.exists(), f"a refused torch.save of the {name} left {path.stat().st_size} bytes"
+    torch.save(raw.state_dict(), tmp_path / "weights.pt")  # the weights alone are still saved
+    assert set(torch.load(tmp_path / "weights.pt")) == {"weight", "bias"}
+
+
+def test_a_refused_torch_save_into_a_file_object_leaves_the_callers_file_alone(tmp_path):
+    import torch
+
+    _raw, wrappers = _wrapped()
+    path = tmp_path / "mine.pt"
+    with open(path, "wb") as fh:
+        fh.write(b"header")
+        with pytest.raises(TypeError, match="state_dict|secret"):
+            torch.save(wrappers["model"], fh)
+    assert path.exists()  # the caller opened it and owns it: not ours to delete

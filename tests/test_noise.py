@@ -10,19 +10,17 @@ import pytest
 import torch
 from scipy import integrate, stats
 
-import featuredp.noise.sources as noise_mod
+import featuredp.random_words as noise_mod
 from _noise_reference import reference_normals
 from featuredp.accounting import bounded_sampler_delta
 from featuredp.engine import Trainer
-from featuredp.noise.sources import (
+from featuredp.noise.sources import SecureNoise, TorchNoise, add_noise
+from featuredp.random_words import (
     MAX_RADIUS,
     TAIL_MASS_PER_PAIR,
     ChaCha20Generator,
-    SecureNoise,
-    TorchNoise,
     _keystream,
     _random_words,
-    add_noise,
     normals_from_words,
     refinement_words,
 )
@@ -321,3 +319,17 @@ def test_noise_too_small_for_the_sampler_tail_is_refused():
     # σ = 0.05 on a full batch: ε ≈ 280, and (1 + e^ε)·η dwarfs δ: the run is refused before any step.
     with pytest.raises(ValueError, match=r"noise_multiplier=0.05 with steps=1 .*raise noise_multiplier .*lower steps"):
         _fit(noise_multiplier=0.05, steps=1, batch_size=200)
+
+
+def test_the_words_and_the_transform_keep_their_old_import_paths():
+    # They moved to featuredp.random_words (below featuredp.sampling and featuredp.noise); the old paths are the same
+    # objects, so code written against featuredp.noise.sources or featuredp.noise keeps working.
+    import featuredp.noise as noise_pkg
+    import featuredp.noise.sources as sources
+    import featuredp.random_words as words
+
+    for name in ("ChaCha20Generator", "normals_from_words", "normals_from_words_lazy", "refinement_words",
+                 "MAX_RADIUS", "TAIL_MASS_PER_PAIR", "WORDS_PER_PAIR"):  # fmt: skip
+        assert getattr(sources, name) is getattr(words, name) is getattr(noise_pkg, name), name
+    for name in ("REFINE_BELOW", "REFINE_OVERFLOW_BOUND", "BLOCK_PAIRS", "_random_words"):
+        assert getattr(sources, name) is getattr(words, name), name

@@ -11,17 +11,16 @@ import pytest
 import torch
 from scipy import stats
 
-import featuredp.noise.sources as noise_mod
+import featuredp.random_words as noise_mod
 from _noise_reference import reference_normals
 from featuredp.accounting import sampler_tail_delta
-from featuredp.noise.sources import (
+from featuredp.noise.sources import SecureNoise, TorchNoise
+from featuredp.random_words import (
     MAX_RADIUS,
     REFINE_BELOW,
     REFINE_OVERFLOW_BOUND,
     TAIL_MASS_PER_PAIR,
     ChaCha20Generator,
-    SecureNoise,
-    TorchNoise,
     _draw_normals,
     _random_words,
     normals_from_words,

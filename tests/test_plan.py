@@ -85,6 +85,20 @@ def test_epsilon_by_method_and_steps() -> None:
         _plan("fdp", delta=None).epsilon()
 
 
+def test_epsilon_matches_dp_accounting_on_the_plan_numbers_directly() -> None:
+    # An independent reference (not the plan's own terms): the Poisson-subsampled Gaussian at q = m/n, σ, T,
+    # self-composed, through dp-accounting's PLD accountant. DP-SGD accounted at q/2 gives about half this ε.
+    import dp_accounting
+
+    for method in ("dpsgd", "fdp"):
+        plan = _plan(method)
+        step = dp_accounting.PoissonSampledDpEvent(100 / 1000, dp_accounting.GaussianDpEvent(1.0))
+        acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3)
+        acc.compose(dp_accounting.SelfComposedDpEvent(step, 50))
+        ref = acc.get_epsilon(1e-5)
+        assert plan.epsilon() == pytest.approx(ref, rel=5e-3), method
+
+
 def test_plan_round_trips_through_json() -> None:
     plan = _plan("fdp", target_epsilon=math.inf, budget_steps=40)
     data = json.loads(json.dumps(plan.to_dict()))

@@ -76,7 +76,7 @@ def test_the_epsilon_matches_opacus_for_the_same_sigma_rate_and_steps():
     for sigma, q, steps in ((1.0, 0.1, 20), (0.8, 0.01, 1000)):
         engine, (_raw, _model, _optimizer, _criterion, _loader), _ = _private(1000, round(1000 * q), sigma=sigma,
                                                                          steps=steps)  # fmt: skip
-        engine._state.private_steps = steps  # the count only: ε is a function of (σ, q, T)
+        engine.run.state.private_steps = steps  # the count only: ε is a function of (σ, q, T)
         prv = PRVAccountant()
         prv.history = [(sigma, q, steps)]
         assert engine.get_epsilon(1e-5) == pytest.approx(prv.get_epsilon(1e-5), rel=0.01), opacus.__version__
@@ -86,14 +86,15 @@ def test_the_epsilon_matches_opacus_for_the_same_sigma_rate_and_steps():
 
 
 def test_no_gradient_can_bypass_the_engine():
-    engine, (_raw, model, optimizer, criterion, _loader), (x, y) = _private()
-    out = model(x[:5])
+    engine, (_raw, model, optimizer, criterion, loader), _ = _private()
+    xb, yb = next(iter(loader))
+    out = model(xb)
     assert not out.requires_grad  # the user-visible forward builds no graph
     with pytest.raises(RuntimeError):
-        nn.functional.cross_entropy(out, y[:5]).backward()  # the unwrapped criterion gives nothing to differentiate
+        nn.functional.cross_entropy(out, yb).backward()  # the unwrapped criterion gives nothing to differentiate
     with pytest.raises(RuntimeError, match=r"without loss\.backward"):
         optimizer.step()
-    loss = criterion(model(x[:5]), y[:5])
+    loss = criterion(model(xb), yb)
     loss.backward()
     with pytest.raises(RuntimeError, match="twice"):
         loss.backward()  # two batches' sums in one step would double the sensitivity
@@ -194,10 +195,13 @@ def test_the_loader_samples_poisson_batches_at_rate_one_over_its_length_from_sec
 
 
 def test_an_empty_poisson_batch_still_steps_with_noise():
-    engine, (raw, model, optimizer, criterion, _loader), (x, y) = _private()
+    engine, (raw, model, optimizer, criterion, loader), _ = _private()
     before = [p.detach().clone() for p in raw.parameters()]
+    engine.run.state.private_sampler.sample = lambda: np.zeros(0, dtype=np.int64)
+    xb, yb = next(iter(loader))
+    assert xb.shape[0] == 0
     optimizer.zero_grad()
-    criterion(model(x[:0]), y[:0]).backward()
+    criterion(model(xb), yb).backward()
     optimizer.step()
     assert engine.steps == 1
     assert all(not torch.equal(a, p) for a, p in zip(before, raw.parameters(), strict=True))  # noise alone
@@ -213,10 +217,8 @@ def test_the_budget_stop_refuses_a_step_past_the_target():
         epochs=2, max_grad_norm=1.0)  # fmt: skip
     _loop(m, o, c, loader, epochs=2)
     assert engine.get_epsilon(1e-5) <= 2.0
-    xb, yb = next(iter(loader))
-    c(m(xb), yb).backward()
     with pytest.raises(BudgetExceededError, match="planned private steps are spent"):
-        o.step()
+        next(iter(loader))  # refused when drawn, before any model call
     assert engine.steps == 20
 
 
@@ -346,7 +348,7 @@ def test_secure_mode_draws_noise_and_batches_from_the_csprng_and_replays():
     from featuredp.noise import SecureNoise
 
     engine, (_raw, _model, _optimizer, _criterion, _loader), (x, y) = _private(engine={"secure_mode": True})
-    assert isinstance(engine._state.noise, SecureNoise)
+    assert isinstance(engine.run.state.noise, SecureNoise)
     assert engine.result().privacy_report["randomness"]["secure_rng"] is True
     reports = engine.check_model({"x": x, "y": y}, records=1, batch_size=12)
     assert reports[0].outcome == "passed" and reports[0].secure_rng

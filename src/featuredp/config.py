@@ -32,7 +32,7 @@ from featuredp._validate import (
     check_sampling_rate,
 )
 from featuredp.accounting.events import check_accountant, check_relation
-from featuredp.noise import NOISE_PLANS, Independent, NoisePlan, noise_plan
+from featuredp.noise import NOISE_PLANS, Independent, NoisePlan, noise_plan, plan_settings
 
 __all__ = ["PerformanceConfig", "PrivacyConfig", "ScheduleConfig", "resolve_config", "split_settings"]
 
@@ -89,8 +89,8 @@ class PrivacyConfig:
         noise = noise_plan(self.noise)
         if self.bands is not None:
             _set(self, "bands", check_int("bands", self.bands, minimum=1))
-            if not type(noise).takes_bands:
-                takes = " or ".join(repr(k) for k, c in NOISE_PLANS.items() if c.takes_bands)
+            if "bands" not in plan_settings(type(noise)):
+                takes = " or ".join(repr(k) for k, c in NOISE_PLANS.items() if "bands" in plan_settings(c))
                 raise ValueError(f"bands is for noise={takes}, got bands={self.bands!r} with noise={noise.kind!r}")
             given = noise.settings().get("bands")
             if given is not None and given != self.bands:

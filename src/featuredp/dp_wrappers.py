@@ -4,7 +4,7 @@
 - :class:`DPCriterion` / :class:`DPLoss`: the criterion; ``loss.backward()`` is the engine's clipped sum of the
   per-example losses (:class:`PerExampleLoss` recomputes them as the user's loop computed the batch's).
 - :class:`DPOptimizer`: the optimizer; ``step()`` is the engine's noisy step, then the user's optimizer's.
-- :func:`private_loader`: the loader, its batches drawn by the run's secret sampler.
+- the loader, its batches drawn by the run's secret sampler, is :mod:`featuredp.private_loader`'s.
 """
 
 from __future__ import annotations
@@ -12,17 +12,15 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Sampler
 
 from featuredp._keys import Uncopyable
 from featuredp.batches import Batch
 from featuredp.errors import PrivacyLeakWarning
-from featuredp.run_state import RunState
 
 # The engine is typed Any here: this module is what featuredp.privacy_engine returns, and imports nothing back.
 PrivacyEngine = Any
@@ -31,7 +29,7 @@ PrivacyEngine = Any
 _WRAPPER_NOT_COPIED = ("the private wrapper holds the run's secret sampler and noise state: save model.state_dict() "
                        "(or the original model) instead of pickling or copying the wrapper")
 
-__all__ = ["DPCriterion", "DPLoss", "DPModule", "DPOptimizer", "PerExampleLoss", "private_loader", "unwrap"]
+__all__ = ["DPCriterion", "DPLoss", "DPModule", "DPOptimizer", "PerExampleLoss", "unwrap"]
 
 
 class DPModule(Uncopyable, nn.Module):
@@ -243,47 +241,6 @@ class _Reshape:
 
     def __call__(self, out: Any) -> Any:
         return self.source(out).reshape(-1, *self.tail)
-
-
-class _PlanSampler(Sampler[list[int]]):
-    """Batches from the run's secret sampler (Poisson at rate q, or BandMF/BLT's cyclic one), ``batches`` per
-    epoch as the original loader had."""
-
-    def __init__(self, state: RunState, batches: int) -> None:
-        self.state, self.batches = state, batches
-
-    def __len__(self) -> int:
-        return self.batches
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for _ in range(self.batches):
-            yield [int(i) for i in self.state.private_sampler.sample()]
-
-
-def private_loader(loader: DataLoader, state: RunState, batches: int) -> DataLoader:
-    """The user's loader with its batches drawn by the run's sampler; an empty batch keeps the records' shape."""
-    dataset = loader.dataset
-    collate = loader.collate_fn
-
-    def collate_or_empty(items: list[Any]) -> Any:
-        if items:
-            return collate(items)
-        # The shape of one record is public (the schema); its values are not used.
-        one = collate([dataset[0]])
-        return _empty_like(one)
-
-    return DataLoader(dataset, batch_sampler=_PlanSampler(state, batches), collate_fn=collate_or_empty,
-                      num_workers=loader.num_workers, pin_memory=loader.pin_memory)  # fmt: skip
-
-
-def _empty_like(batch: Any) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch[:0]
-    if isinstance(batch, dict):
-        return {k: _empty_like(v) for k, v in batch.items()}
-    if isinstance(batch, list | tuple):
-        return type(batch)(_empty_like(v) for v in batch)
-    return batch
 
 
 def unwrap(module: nn.Module) -> nn.Module:

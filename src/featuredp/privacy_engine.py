@@ -27,7 +27,14 @@ separability cross-check included); ``optimizer.step()`` adds N(0, σ²C²) from
 the expected batch size m = q·n, adds Algorithm 1's public term on an independent public batch drawn by the
 engine from the loader's dataset, counts the step and applies the user's optimizer. The arithmetic is
 :class:`featuredp.step.StepCore`, the same the Trainer's loop runs; the run (plan, streams, samplers, noise source,
-ledger) is a :class:`featuredp.engine.Trainer`'s, so both loops are one engine.
+ledger, report) is a :class:`featuredp.run.PrivateRun`, the object the Trainer's loop builds on too.
+
+What the user's loop may not do, refused in one line (docs/own-loop.md, "What your loop may not do"): train on a
+batch the returned loader did not draw (the original loader, a validation batch, a batch changed in the loop),
+train twice on one draw, reload an older checkpoint to rewind ε (it is charged instead), use a collate that makes a
+record's loss or gradient depend on the batch (checked on a secret subset of steps against the record collated
+alone), or a sampler / ``drop_last`` the private loader would replace. Every batch the loader draws is charged as a
+step when it is drawn.
 
 What is trusted: as for the Trainer, the model code is trusted not to be adversarial; the checks catch the
 accidental ways to break the bound (batch statistics, hooks, writes to the model in the forward). The loss the
@@ -36,10 +43,11 @@ user's own code reads (``loss.item()``) is the private batch's: it is not covere
 
 from __future__ import annotations
 
+import math
 import warnings
 import weakref
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -62,14 +70,15 @@ from featuredp.dp_wrappers import (
     DPModule,
     DPOptimizer,
     PerExampleLoss,
-    private_loader,
     unwrap,
 )
-from featuredp.engine import Trainer
-from featuredp.errors import BudgetExceededError
+from featuredp.errors import BudgetExceededError, PrivacyLeakWarning
+from featuredp.features import PublicFeatureMap
 from featuredp.losses import LossSplit
 from featuredp.methods import get_method
 from featuredp.plan import PrivacyPlan, TrainResult
+from featuredp.private_loader import Draw, Draws, at, check_loader, private_loader
+from featuredp.run import PrivateRun
 from featuredp.run_state import RunState, reserve, settle
 from featuredp.step import clipped_loss
 from featuredp.testing.replay import replay_engine_step
@@ -99,14 +108,13 @@ class PlanAccountant:
     @property
     def history(self) -> list[tuple[float, float, int]]:
         """[(σ, q, T)] as accounted (for BandMF/BLT the terms of their event, not the raw σ and q)."""
-        state = self._engine._state
+        state = None if self._engine._run is None else self._engine._run.state
         if state is None or state.private_steps == 0 or not state.plan.noise_multiplier:
             return []
         return [state.plan.dpsgd_terms(state.private_steps)]
 
     def __len__(self) -> int:
-        state = self._engine._state
-        return 0 if state is None else state.private_steps
+        return self._engine.steps
 
 
 class PrivacyEngine(Uncopyable):
@@ -136,9 +144,10 @@ class PrivacyEngine(Uncopyable):
         self._seed = seed
         self._ledger = ledger
         self.accountant = PlanAccountant(self)
-        self._trainer: Any = None
-        self._state: RunState | None = None
-        self._split: LossSplit | None = None
+        self._run: PrivateRun | None = None
+        self._draws = Draws()
+        self._check_coins = np.random.default_rng()  # OS entropy: which draws and rows the record-alone check reads
+        self._output_warned = False
         self._steps_allowed: int | None = None
         self._reservation: Any = None
         self._finalizer: Any = None
@@ -159,27 +168,59 @@ class PrivacyEngine(Uncopyable):
         criterion: nn.Module | None = None,
         poisson_sampling: bool = True,
         grad_sample_mode: str = "ghost",
-        **options: Any,
+        clipping: str = "flat",
+        noise_generator: Any = None,
+        batch_first: bool = True,
+        loss_reduction: str = "mean",
+        wrap_model: bool = True,
+        feature_map: PublicFeatureMap | None = None,
+        loss_split: LossSplit | None = None,
+        method: str | None = None,
+        dataset: Any = None,
+        feature_names: Sequence[str] | None = None,
+        epochs: float | None = None,
+        steps: int | None = None,
+        target_delta: float | None = None,
+        noise: Any = None,
+        bands: int | None = None,
+        alpha: float | None = None,
+        public_batch_size: int | None = None,
+        public_weight: float | None = None,
+        record_epsilon: float | None = None,
+        precision: str | None = None,
+        physical_batch_size: int | str | None = None,
+        relation: str | None = None,
     ) -> tuple[DPModule, DPOptimizer, DPCriterion, DataLoader]:
         """(model, optimizer, criterion, data_loader), private, for the user's own loop.
 
         As Opacus: ``noise_multiplier`` σ and ``max_grad_norm`` C; the loader's batches are Poisson samples at rate
         1/len(data_loader) (``poisson_sampling=False`` is refused: the ε would answer a question the run does not
         pose); ``grad_sample_mode`` ``"ghost"`` (default) or ``"vmap"`` (featuredp's strategies; the criterion is
-        wrapped in both). ``criterion`` defaults to ``nn.CrossEntropyLoss()``.
+        wrapped in both). ``criterion`` defaults to ``nn.CrossEntropyLoss()``. ``clipping`` (``"flat"`` only),
+        ``noise_generator`` (refused: the noise is secret), ``batch_first`` (True only), ``loss_reduction`` (the
+        criterion's own reduction is used per example) and ``wrap_model`` are Opacus's, accepted where they mean
+        what featuredp does.
 
-        featuredp's options: ``noise`` (a registered name or a noise plan, ``featuredp.noise.BandMF(bands=4)``),
-        ``bands``;
-        ``feature_map`` (Ψ) or ``loss_split``, ``method`` (``"fdp"`` by default with a feature map, else
-        ``"dpsgd"``; ``"fdp_dpsgd"``), ``alpha``, ``public_batch_size``, ``public_weight``; ``dataset`` (a featuredp
-        TabularDataset that names the loader's columns) or ``feature_names``; ``epochs`` or ``steps`` (the planned
-        run: needed for ``ledger=``, correlated noise and a target ε); ``target_delta`` (the δ the run is planned
-        at, default 1e-5; :meth:`get_epsilon` takes its own); ``precision`` (``"bf16"``); ``physical_batch_size``;
-        ``relation``.
+        featuredp's options: ``noise`` (a registered name or a noise plan, ``featuredp.noise.BandMF(bands=4)``) and
+        ``bands``; ``feature_map`` (Ψ) or ``loss_split``, ``method`` (``"fdp"`` by default with a feature map, else
+        ``"dpsgd"``; ``"fdp_dpsgd"``), ``alpha``, ``public_batch_size``, ``public_weight``; ``record_epsilon`` (the
+        record-level backstop: Algorithm 1's public batches become Poisson-sampled, clipped, noised steps, and the
+        whole run is (E, δ)-DP for whole records); ``dataset`` (a featuredp TabularDataset that names the loader's
+        columns) or ``feature_names``; ``epochs`` or ``steps`` (the planned run: needed for a ledger, correlated noise
+        and a target ε); ``target_delta`` (the δ the run is planned at, default 1e-5; :meth:`get_epsilon` takes its
+        own); ``precision`` (``"bf16"``); ``physical_batch_size``; ``relation``. ``None`` leaves the Trainer's
+        default.
         """
+        opacus = _OpacusOptions(clipping, noise_generator, batch_first, loss_reduction, wrap_model)
+        own = _RunOptions(feature_map=feature_map, loss_split=loss_split, method=method, dataset=dataset,
+                          feature_names=feature_names, epochs=epochs, steps=steps, target_delta=target_delta,
+                          settings={"noise": noise, "bands": bands, "alpha": alpha,
+                                    "public_batch_size": public_batch_size, "public_weight": public_weight,
+                                    "record_epsilon": record_epsilon, "precision": precision,
+                                    "physical_batch_size": physical_batch_size, "relation": relation})  # fmt: skip
         return self._make(module=module, optimizer=optimizer, data_loader=data_loader, criterion=criterion,
-                          poisson_sampling=poisson_sampling, grad_sample_mode=grad_sample_mode,
-                          noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, **options)  # fmt: skip
+                          poisson_sampling=poisson_sampling, grad_sample_mode=grad_sample_mode, opacus=opacus,
+                          own=own, privacy={"noise_multiplier": noise_multiplier, "max_grad_norm": max_grad_norm})
 
     def make_private_with_epsilon(
         self,
@@ -194,24 +235,42 @@ class PrivacyEngine(Uncopyable):
         criterion: nn.Module | None = None,
         poisson_sampling: bool = True,
         grad_sample_mode: str = "ghost",
-        **options: Any,
+        clipping: str = "flat",
+        noise_generator: Any = None,
+        batch_first: bool = True,
+        loss_reduction: str = "mean",
+        wrap_model: bool = True,
+        feature_map: PublicFeatureMap | None = None,
+        loss_split: LossSplit | None = None,
+        method: str | None = None,
+        dataset: Any = None,
+        feature_names: Sequence[str] | None = None,
+        noise: Any = None,
+        bands: int | None = None,
+        alpha: float | None = None,
+        public_batch_size: int | None = None,
+        public_weight: float | None = None,
+        record_epsilon: float | None = None,
+        precision: str | None = None,
+        physical_batch_size: int | str | None = None,
+        relation: str | None = None,
     ) -> tuple[DPModule, DPOptimizer, DPCriterion, DataLoader]:
         """As :meth:`make_private`, with σ calibrated so that ``epochs`` epochs are (``target_epsilon``,
-        ``target_delta``)-DP (or FDP); a step past them is refused (the budget stop)."""
-        if "noise_multiplier" in options:
-            raise TypeError("make_private_with_epsilon calibrates noise_multiplier: give target_epsilon alone")
+        ``target_delta``)-DP (or FDP); a draw past them is refused (the budget stop)."""
+        opacus = _OpacusOptions(clipping, noise_generator, batch_first, loss_reduction, wrap_model)
+        own = _RunOptions(feature_map=feature_map, loss_split=loss_split, method=method, dataset=dataset,
+                          feature_names=feature_names, epochs=epochs, steps=None, target_delta=target_delta,
+                          settings={"noise": noise, "bands": bands, "alpha": alpha,
+                                    "public_batch_size": public_batch_size, "public_weight": public_weight,
+                                    "record_epsilon": record_epsilon, "precision": precision,
+                                    "physical_batch_size": physical_batch_size, "relation": relation})  # fmt: skip
         return self._make(module=module, optimizer=optimizer, data_loader=data_loader, criterion=criterion,
-                          poisson_sampling=poisson_sampling, grad_sample_mode=grad_sample_mode,
-                          target_epsilon=target_epsilon, target_delta=target_delta, epochs=epochs,
-                          max_grad_norm=max_grad_norm, **options)  # fmt: skip
+                          poisson_sampling=poisson_sampling, grad_sample_mode=grad_sample_mode, opacus=opacus,
+                          own=own, privacy={"target_epsilon": target_epsilon, "max_grad_norm": max_grad_norm})
 
     def get_epsilon(self, delta: float) -> float:
-        """ε(δ) of the private steps taken so far (0 before the first)."""
-        state = self._require_state()
-        plan = state.plan
-        if state.private_steps == 0:
-            return 0.0
-        return replace(plan, delta=float(delta)).epsilon(state.private_steps)
+        """ε(δ) of the private steps charged so far (every batch the loader drew; 0 before the first)."""
+        return self._require_run().epsilon(delta)
 
     def get_replacement_epsilon(self, delta: float) -> float:
         """ε(δ) for the replace-one question (two values of one record's private part) so far."""
@@ -221,21 +280,26 @@ class PrivacyEngine(Uncopyable):
         return replace(state.plan, delta=float(delta)).replacement_epsilon(state.private_steps)
 
     @property
+    def run(self) -> PrivateRun:
+        """The run the user's loop trains (:class:`featuredp.run.PrivateRun`)."""
+        return self._require_run()
+
+    @property
     def plan(self) -> PrivacyPlan:
         """The run's privacy plan (public: everything the guarantee depends on)."""
         return self._require_state().plan
 
     @property
     def steps(self) -> int:
-        """Private steps taken so far."""
-        return 0 if self._state is None else self._state.private_steps
+        """Private steps charged so far (every batch the private loader drew)."""
+        return 0 if self._run is None or self._run.state is None else self._run.state.private_steps
 
     def result(self) -> TrainResult:
         """The run so far as a :class:`featuredp.plan.TrainResult`: ε, δ (with the noise sampler's tail), the
-        replace-one ε, the guarantee sentence and the privacy report, as ``Trainer.fit`` returns them."""
-        state = self._require_state()
-        return self._trainer._result(state, self._split, self._steps_allowed is None or (
-            state.private_steps >= self._steps_allowed))  # fmt: skip
+        replace-one ε, the record-level ε, the guarantee sentence and the privacy report, as ``Trainer.fit``
+        returns them."""
+        state, run = self._require_state(), self._require_run()
+        return run.report(state, run.split, self._steps_allowed is None or state.private_steps >= self._steps_allowed)
 
     def save_checkpoint(self, *, path: str | Path, module: nn.Module, optimizer: Any = None,
                         checkpoint_dict: dict[str, Any] | None = None, **_: Any) -> None:  # fmt: skip
@@ -252,20 +316,29 @@ class PrivacyEngine(Uncopyable):
 
     def load_checkpoint(self, *, path: str | Path, module: nn.Module, optimizer: Any = None, **_: Any
                         ) -> dict[str, Any]:  # fmt: skip
-        """Continue the run saved by :meth:`save_checkpoint` (same plan; the noise is re-keyed from OS entropy).
-        Returns the ``checkpoint_dict`` saved with it."""
+        """Continue the run saved by :meth:`save_checkpoint` (same plan; the noise and the coins are re-keyed from
+        OS entropy). The steps already charged are never taken back: loading a checkpoint older than what ran keeps
+        charging every step that ran (ε, the ledger and the budget stop count them); a correlated-noise run, whose
+        accounting is for its planned participations, refuses it. Returns the ``checkpoint_dict`` saved with it."""
         state = self._require_state()
         ck = load_torch_safely(path, what="checkpoint")
         if not isinstance(ck, dict) or "featuredp_privacy_engine" not in ck:
             raise ValueError(f"{path} is not a checkpoint written by PrivacyEngine.save_checkpoint")
+        charged = state.private_steps
+        saved = int(ck["state"].get("private_steps", 0))
+        if saved < charged and state.plan.noise.correlated:
+            raise ValueError(f"{path} holds step {saved} of a correlated-noise run that has charged {charged}: "
+                             "its accounting covers each planned participation once, so it cannot rewind")
         state.load_state_dict(ck["state"], unwrap(module))
+        state.private_steps = max(charged, state.private_steps)  # ε never goes down: a rewind is charged
         inner = optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
         if inner is not None and ck.get("optimizer") is not None:
             inner.load_state_dict(ck["optimizer"])
+        self._draws.current = None  # a batch drawn before the load is not this state's
         return dict(ck.get("extra") or {})
 
     def close(self) -> None:
-        """Settle the ledger's reservation at the private steps that ran (also done when the engine is collected)."""
+        """Settle the ledger's reservation at the private steps charged (also done when the engine is collected)."""
         if self._finalizer is not None:
             self._finalizer()
 
@@ -291,84 +364,97 @@ class PrivacyEngine(Uncopyable):
 
     # -- building the run ------------------------------------------------------------------------------------
     def _make(self, *, module: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader,
-              criterion: nn.Module | None, poisson_sampling: bool, grad_sample_mode: str,
-              **options: Any) -> tuple[DPModule, DPOptimizer, DPCriterion, DataLoader]:  # fmt: skip
-        if self._state is not None:
+              criterion: nn.Module | None, poisson_sampling: bool, grad_sample_mode: str, opacus: _OpacusOptions,
+              own: _RunOptions, privacy: dict[str, Any]
+              ) -> tuple[DPModule, DPOptimizer, DPCriterion, DataLoader]:  # fmt: skip
+        if self._run is not None:
             raise ValueError("this PrivacyEngine already made a run private: one engine is one run (build another)")
-        if not isinstance(module, nn.Module):
-            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-        if isinstance(module, DPModule):
-            raise ValueError("module is already private (a DPModule): pass the original model")
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if not isinstance(data_loader, DataLoader):
-            raise TypeError(f"data_loader must be a torch DataLoader, got {type(data_loader).__name__}")
-        if not poisson_sampling:
-            raise ValueError("poisson_sampling=False: featuredp accounts Poisson (or its cyclic) sampling only; the "
-                             "printed ε would not answer the run's question. Use poisson_sampling=True")  # fmt: skip
+        criterion = _check_make(module, optimizer, data_loader, criterion, poisson_sampling, own)
         grad_sample_mode = check_choice("grad_sample_mode", grad_sample_mode, GRAD_SAMPLE_MODES)
-        criterion = nn.CrossEntropyLoss() if criterion is None else criterion
-        if (options.get("feature_map") is not None and options.get("loss_split") is None
-                and type(criterion) is not nn.CrossEntropyLoss):  # fmt: skip
-            raise ValueError(f"criterion={type(criterion).__name__}: with feature_map= the losses ℓ and ℓ_pub are the "
-                             "loss split's (cross-entropy); give loss_split= for another loss")  # fmt: skip
-        _check_opacus_options(options)
+        opacus.check()
+        check_loader(data_loader)
         n, batches = len(data_loader.dataset), len(data_loader)  # type: ignore[arg-type]
         if n < 1 or batches < 1:
             raise ValueError(f"data_loader is empty ({n} records, {batches} batches)")
-        feature_map, split = options.pop("feature_map", None), options.pop("loss_split", None)
-        dataset, names = options.pop("dataset", None), options.pop("feature_names", None)
-        method = options.pop("method", None) or ("fdp" if feature_map is not None or split is not None else "dpsgd")
-        epochs, steps = options.pop("epochs", None), options.pop("steps", None)
-        delta = options.pop("target_delta", None)
-        planned = steps if steps is not None else (max(1, round(float(epochs) * batches)) if epochs else None)
+        method = own.method or ("fdp" if own.feature_map is not None or own.loss_split is not None else "dpsgd")
+        planned = own.steps if own.steps is not None else (max(1, round(float(own.epochs) * batches))
+                                                           if own.epochs else None)  # fmt: skip
         settings: dict[str, Any] = {
-            "sampling_rate": 1.0 / batches, "steps": planned or batches, "delta": 1e-5 if delta is None else delta,
+            "sampling_rate": 1.0 / batches, "steps": planned or batches,
+            "delta": 1e-5 if own.target_delta is None else own.target_delta,
             "strategy": grad_sample_mode, "seed": self._seed, "secure_rng": self.secure_mode,
             "accountant": self._accountant, "progress": False, "lr": float(optimizer.param_groups[0].get("lr", 0.1)),
             # The correlated noise's workload: the user's SGD momentum, else the prefix sums (Adam is not linear).
             "momentum": float(optimizer.param_groups[0].get("momentum", 0.0) or 0.0)
             if isinstance(optimizer, torch.optim.SGD) else 0.0,
-            **options,
+            **privacy,
+            **{k: v for k, v in own.settings.items() if v is not None},
         }  # fmt: skip
-        trainer = Trainer(module, method, feature_map=feature_map, loss_split=split, ledger=self._ledger, **settings)
-        correlated = trainer.privacy.noise_plan.correlated
+        run = PrivateRun(module, method, feature_map=own.feature_map, loss_split=own.loss_split, ledger=self._ledger,
+                         **settings)  # fmt: skip
+        correlated = run.privacy.noise_plan.correlated
         if planned is None and (self._ledger is not None or correlated or "target_epsilon" in settings):
             raise ValueError("epochs= (or steps=) is needed to plan the run: a ledger, correlated noise and a target "
                              "epsilon all charge a planned number of steps")  # fmt: skip
-        bind = dataset if dataset is not None else (_named(names) if names is not None else {})
-        state, split = trainer._start_run(bind, f"loader of {n} records ({type(data_loader.dataset).__name__})", n)
-        self._trainer, self._state, self._split = trainer, state, split
+        bind = own.dataset if own.dataset is not None else (_named(own.feature_names)
+                                                           if own.feature_names is not None else {})  # fmt: skip
+        state, _ = run.start(bind, f"loader of {n} records ({type(data_loader.dataset).__name__})", n)
+        self._run = run
         self._dataset, self._collate = data_loader.dataset, data_loader.collate_fn
         # Independent noise accounts any number of steps exactly; a calibrated or correlated plan only its own.
         self._steps_allowed = planned if (planned is not None and (correlated or state.plan.budget_steps)) else None
         if state.plan.budget_steps is not None:
             self._steps_allowed = min(self._steps_allowed or state.plan.budget_steps, state.plan.budget_steps)
-        if trainer.dist is not None:  # every rank must hold the same plan, settings and model shapes
-            agree_across_ranks(trainer._rank_settings(state, split, None, n))
-        self._reservation = reserve(trainer.ledger, state)
+        if run.dist is not None:  # every rank must hold the same plan, settings and model shapes
+            agree_across_ranks(run.rank_settings(state, run.split, None, n))
+        self._reservation = reserve(run.ledger, state)
         self._finalizer = weakref.finalize(self, _settle, self._reservation, state)
         self._model, self._optimizer = DPModule(module, self), DPOptimizer(optimizer, self)
         self._criterion = DPCriterion(criterion, self)
-        return self._model, self._optimizer, self._criterion, private_loader(data_loader, state, batches)
+        return self._model, self._optimizer, self._criterion, private_loader(data_loader, state, batches, self._drawn)
+
+    def _require_run(self) -> PrivateRun:
+        if self._run is None:
+            raise ValueError("call make_private (or make_private_with_epsilon) first")
+        return self._run
 
     def _require_state(self) -> RunState:
-        if self._state is None:
-            raise ValueError("call make_private (or make_private_with_epsilon) first")
-        return self._state
+        state = self._require_run().state
+        assert state is not None  # started in make_private
+        return state
 
-    # -- the step (called by the wrapped loss and optimizer) -------------------------------------------------
+    # -- the draws (called by the private loader) ------------------------------------------------------------
+    def _drawn(self, indices: np.ndarray, batch: Any) -> None:
+        """A batch the private loader drew: charged as one private step now, whether or not the loop trains on it
+        (skipping a batch can only over-count), and refused past the run's budget."""
+        state = self._require_state()
+        if self._steps_allowed is not None and state.private_steps + 1 > self._steps_allowed:
+            raise BudgetExceededError(
+                f"the run's {self._steps_allowed} planned private steps are spent "
+                f"(epsilon={self.get_epsilon(state.plan.delta or 1e-5):.4g}); a further batch is outside the "
+                "accounted run: plan more epochs in a new run")  # fmt: skip
+        self._pending = None
+        self._draws.drawn(indices, batch)
+        self._require_run().count_private_step(state)
+
+    # -- the step (called by the wrapped model, loss and optimizer) ------------------------------------------
     def _forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The user-visible forward: no graph (no gradient can bypass the engine) and no write to the model."""
         self._inputs = (args, kwargs)
         with torch.no_grad(), ForwardStateGuard(module, first_call=False):
             out = module(*args, **kwargs)
         self._output = out
+        if not self._output_warned and self._draws.current is not None and torch.is_grad_enabled():
+            self._output_warned = True
+            warnings.warn("the model's outputs on a private batch are not covered by epsilon: keep them (and "
+                          "anything computed from them) out of what you publish", PrivacyLeakWarning,
+                          stacklevel=3)  # fmt: skip
         return out
 
     def _backward(self, loss: DPLoss) -> None:
-        """The clipped sum of the batch the model last saw (kept until ``optimizer.step()``)."""
+        """The clipped sum of the current draw's batch (kept until ``optimizer.step()``)."""
         state = self._require_state()
+        run = self._require_run()
         if self._pending is not None:
             raise RuntimeError("loss.backward() was called twice before optimizer.step(): featuredp accounts one "
                                "Poisson batch per step (no gradient accumulation across batches)")  # fmt: skip
@@ -376,28 +462,78 @@ class PrivacyEngine(Uncopyable):
             raise RuntimeError("the loss was not computed from the private model's output")
         plan, record = state.plan, get_method(state.plan.method)
         batch, loss_fn = self._batch_and_loss(loss)
+        draw, paths = self._provenance(batch)
         size = int(next(iter(batch.values())).shape[0])
-        core = self._trainer._core
         if plan.max_grad_norm is None:
             raise ValueError("the plan has no clipping bound")
+        draw.backward = True
         if size == 0:  # an empty Poisson batch: no model call, the noise is still added at step()
-            self._pending = {k: torch.zeros_like(p) for k, p in trainable_parameters(core.model).items()}
+            self._pending = {k: torch.zeros_like(p) for k, p in trainable_parameters(run.model).items()}
             return
-        if self._split is not None:
-            draws = self._split.draws(batch, state.private_draws)
-            loss_fn = clipped_loss(self._split, record, plan.public_weight)
+        if run.split is not None:
+            draws = run.split.draws(batch, state.private_draws)
+            loss_fn = clipped_loss(run.split, record, plan.public_weight)
         else:
             draws = {}
-        self._pending = core.clipped_sum(loss_fn, batch, draws, plan.max_grad_norm)
+        self._record_alone_check(draw, batch, paths, loss_fn, draws)
+        self._pending = run.core.clipped_sum(loss_fn, batch, draws, plan.max_grad_norm)
+
+    def _provenance(self, batch: Batch) -> tuple[Draw, dict[str, tuple[Any, ...]]]:
+        """The current draw, if every tensor of the loss's batch is one of its tensors (moved, cast, reshaped
+        batch-first); refused in one line otherwise. Returns the draw and where each tensor came from."""
+        draw = self._draws.current
+        if draw is None:
+            raise RuntimeError("this batch was not drawn by the data loader make_private returned: iterate that "
+                               "loader (not the original one, not a validation set) for every private step")
+        if draw.stepped:
+            raise RuntimeError("this batch was already trained on: featuredp takes one optimizer.step() per batch "
+                               "the private loader draws (draw the next batch)")  # fmt: skip
+        paths: dict[str, tuple[Any, ...]] = {}
+        for key, t in batch.items():
+            path = self._draws.match(t, draw)
+            if path is None:
+                raise RuntimeError(
+                    f"the batch's tensor {key!r} is not the private loader's last batch (a batch of another loader, "
+                    "an older batch, or one changed in the loop): only .to(device), a dtype cast and a batch-first "
+                    "reshape are allowed; put transforms in the dataset or the collate, per record")  # fmt: skip
+            paths[key] = path
+        return draw, paths
+
+    def _record_alone_check(self, draw: Draw, batch: Batch, paths: dict[str, tuple[Any, ...]],
+                            loss_fn: Callable[..., torch.Tensor], draws: Batch) -> None:  # fmt: skip
+        """On the first draw and a secret quarter of the others: one secret record of the batch, collated alone by
+        the loader's collate, must make the same loss and gradient as its row in the batch. A collate that pads to
+        the batch's longest record, or any collate that lets records mix, changes what the model makes of a row
+        with the batch, and so one record's clipped contribution: refused."""
+        if draw.number > 1 and self._check_coins.random() >= RECORD_ALONE_RATE:
+            return
+        row = int(self._check_coins.integers(draw.size))
+        alone_items = self._one_record(int(draw.indices[row]))
+        alone: Batch = {}
+        for key, t in batch.items():
+            leaf = at(alone_items, paths[key])
+            leaf = leaf if leaf.dim() == t.dim() else leaf.reshape(1, -1)
+            alone[key] = leaf.to(device=t.device, dtype=t.dtype)
+        in_batch = {k: v[row:row + 1] for k, v in batch.items()}
+        mine = {k: v[row:row + 1] for k, v in draws.items()}
+        model = self._require_run().model
+        a, b = _loss_and_gradient(model, loss_fn, in_batch, mine), _loss_and_gradient(model, loss_fn, alone, mine)
+        if a is None or b is None or not _same(a, b):
+            raise RuntimeError(
+                "the data loader's collate makes a record's loss or gradient depend on the other records of its batch "
+                "(for example padding to the batch's longest text with a model that averages over positions): "
+                "collate each record the same way whatever the batch (pad to a fixed length, or mask the padding "
+                "in the model)")  # fmt: skip
 
     def _batch_and_loss(self, loss: DPLoss) -> tuple[Batch, Callable[..., torch.Tensor]]:
         """The loss's batch as a dict of batch-first tensors, and the per-example loss the strategy differentiates."""
         args, kwargs = loss.inputs
         target = loss.target
-        if self._split is not None:  # ℓ and ℓ_pub are the split's (cross-entropy on Ψ(x) for column maps)
+        split = self._require_run().split
+        if split is not None:  # ℓ and ℓ_pub are the split's (cross-entropy on Ψ(x) for column maps)
             if len(args) != 1 or kwargs or not isinstance(args[0], torch.Tensor):
                 raise TypeError("with a feature map the model must be called as model(x) on one tensor x")
-            return {"x": args[0], "y": target}, self._split.loss
+            return {"x": args[0], "y": target}, split.loss
         size = next((int(v.shape[0]) for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
         tail = tuple(target.shape[1:])
         if size is not None and target.dim() >= 1 and int(target.shape[0]) != size:
@@ -413,59 +549,53 @@ class PrivacyEngine(Uncopyable):
         return {**tensors, "y": target}, PerExampleLoss(loss.criterion, loss.transform, len(args), constants, tail)
 
     def _step(self, inner: torch.optim.Optimizer, closure: Any = None) -> Any:
-        """Noise, Algorithm 1's public term, the count, then the user's optimizer step."""
+        """Noise, Algorithm 1's public term (record-level noised with the backstop), then the user's optimizer step.
+        The step was charged when its batch was drawn."""
         state = self._require_state()
+        run = self._require_run()
         sums = self._pending
-        if sums is None:
-            raise RuntimeError("optimizer.step() without loss.backward() on the private criterion's loss")
+        draw = self._draws.current
+        if sums is None or draw is None:
+            raise RuntimeError("optimizer.step() without loss.backward() on the private criterion's loss of the "
+                               "private loader's last batch")  # fmt: skip
+        if draw.stepped:
+            raise RuntimeError("optimizer.step() was already called for this batch: one step per drawn batch")
         self._pending = None
-        plan = state.plan
-        if self._steps_allowed is not None and state.private_steps + 1 > self._steps_allowed:
-            raise BudgetExceededError(
-                f"the run's {self._steps_allowed} planned private steps are spent (epsilon={self.get_epsilon(plan.delta or 1e-5):.4g}); "  # noqa: E501
-                "a further step is outside the accounted run: plan more epochs in a new run"
-            )
-        core = self._trainer._core
-        grads = core.noisy_mean(plan, state.noise, sums)
-        record = get_method(plan.method)
-        if record.public_batch:
-            grads = core.combine(plan, grads, self._public_term(state) if plan.public_weight != 0 else None)
-        params = trainable_parameters(core.model)
-        for k, p in params.items():
+        draw.stepped = True
+        shown: dict[str, float] = {}
+        grads = run.release(state, run.split, sums, self._fetch_public, shown)
+        if "public_loss" in shown:
+            self.public_loss = shown["public_loss"]
+        for k, p in trainable_parameters(run.model).items():
             p.grad = grads[k].detach().to(p.dtype)
-        # Counted before it is applied (as the Trainer): an interrupt leaves at most one step counted, not applied.
-        state.private_steps += 1
         out = inner.step(closure) if closure is not None else inner.step()
         inner.zero_grad(set_to_none=True)
         return out
 
-    def _public_term(self, state: RunState) -> Callable[[], dict[str, torch.Tensor]]:
-        """Algorithm 1's public batch, drawn by the engine from the loader's dataset with its own sampler."""
-        assert self._split is not None
-        split = self._split
-
-        def gradient() -> dict[str, torch.Tensor]:
-            idx = state.public_sampler.sample()
-            batch = to_device(self._public_batch(idx), self._trainer.device)
-            total = self._trainer._public_total(state.plan)  # m', as the Trainer's loop divides it
-            grads, self.public_loss = self._trainer._core.public_gradient(state, split, batch, total)
-            return grads
-
-        return gradient
+    def _fetch_public(self, idx: np.ndarray) -> Batch:
+        """Algorithm 1's public batch (and the backstop's), read by the engine from the loader's dataset."""
+        return to_device(self._public_batch(idx), self._require_run().device)
 
     def _replay_step(self, data: Batch) -> None:
         """One step of the user's loop on the batch the private sampler draws from ``data`` (the replay test's);
         Algorithm 1's public batch reads ``data`` too."""
-        batch = gather(data, self._require_state().private_sampler.sample())
-        own = self._public_batch
+        idx = np.asarray(self._require_state().private_sampler.sample(), dtype=np.int64)
+        batch = gather(data, idx)
+        own = self._public_batch, self._one_record
         self._public_batch = lambda idx: gather(data, idx)  # type: ignore[method-assign]
+        self._one_record = lambda index: gather(data, np.asarray([index]))  # type: ignore[method-assign]
         try:
+            self._drawn(idx, batch)
             self._optimizer.zero_grad()
             self._criterion(self._model(batch["x"]), batch["y"]).backward()
             self._optimizer.step()
         finally:
-            del self._public_batch  # the method again
-            assert self._public_batch == own
+            del self._public_batch, self._one_record  # the methods again
+            assert (self._public_batch, self._one_record) == own
+
+    def _one_record(self, index: int) -> Any:
+        """The record at ``index`` collated alone by the loader's collate."""
+        return self._collate([self._dataset[index]])
 
     def _public_batch(self, idx: np.ndarray) -> Batch:
         batch = self._collate([self._dataset[int(i)] for i in idx])
@@ -475,17 +605,93 @@ class PrivacyEngine(Uncopyable):
         return {"x": x, "y": y}
 
 
-def _check_opacus_options(options: dict[str, Any]) -> None:
+#: the share of draws (after the first, always checked) on which a secret record is collated alone and compared
+RECORD_ALONE_RATE = 0.25
+
+
+@dataclass(frozen=True)
+class _OpacusOptions:
     """Opacus options with one meaning here: accepted at their default, refused otherwise (one line each)."""
-    if options.pop("clipping", "flat") != "flat":
-        raise ValueError("clipping: featuredp clips each example's whole gradient (clipping='flat') only")
-    if options.pop("noise_generator", None) is not None:
-        raise ValueError("noise_generator: the noise's randomness is secret (OS entropy); for a reproducible "
-                         "research run give PrivacyEngine(seed=...)")  # fmt: skip
-    if not options.pop("batch_first", True):
-        raise ValueError("batch_first=False: featuredp's strategies need batch-first inputs")
-    options.pop("wrap_model", None)
-    options.pop("loss_reduction", None)  # the criterion's own reduction is used per example
+
+    clipping: str
+    noise_generator: Any
+    batch_first: bool
+    loss_reduction: str
+    wrap_model: bool
+
+    def check(self) -> None:
+        if self.clipping != "flat":
+            raise ValueError(f"clipping={self.clipping!r}: featuredp clips each example's whole gradient "
+                             "(clipping='flat') only")  # fmt: skip
+        if self.noise_generator is not None:
+            raise ValueError("noise_generator: the noise's randomness is secret (OS entropy); for a reproducible "
+                             "research run give PrivacyEngine(seed=...)")  # fmt: skip
+        if not self.batch_first:
+            raise ValueError("batch_first=False: featuredp's strategies need batch-first inputs")
+        check_choice("loss_reduction", self.loss_reduction, ("mean", "sum"))
+
+
+@dataclass(frozen=True)
+class _RunOptions:
+    """featuredp's own make_private options, as given (None: the Trainer's default)."""
+
+    feature_map: PublicFeatureMap | None
+    loss_split: LossSplit | None
+    method: str | None
+    dataset: Any
+    feature_names: Sequence[str] | None
+    epochs: float | None
+    steps: int | None
+    target_delta: float | None
+    settings: dict[str, Any]
+
+
+def _check_make(module: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader,
+                criterion: nn.Module | None, poisson_sampling: bool, own: _RunOptions) -> nn.Module:  # fmt: skip
+    """The one-line refusals of make_private's arguments; returns the criterion (cross-entropy by default)."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if isinstance(module, DPModule):
+        raise ValueError("module is already private (a DPModule): pass the original model")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if not isinstance(data_loader, DataLoader):
+        raise TypeError(f"data_loader must be a torch DataLoader, got {type(data_loader).__name__}")
+    if not poisson_sampling:
+        raise ValueError("poisson_sampling=False: featuredp accounts Poisson (or its cyclic) sampling only; the "
+                         "printed ε would not answer the run's question. Use poisson_sampling=True")  # fmt: skip
+    criterion = nn.CrossEntropyLoss() if criterion is None else criterion
+    if own.feature_map is not None and own.loss_split is None and type(criterion) is not nn.CrossEntropyLoss:
+        raise ValueError(f"criterion={type(criterion).__name__}: with feature_map= the losses ℓ and ℓ_pub are the "
+                         "loss split's (cross-entropy); give loss_split= for another loss")  # fmt: skip
+    return criterion
+
+
+def _loss_and_gradient(model: nn.Module, loss_fn: Callable[..., torch.Tensor], batch: Batch, draws: Batch
+                       ) -> tuple[float, torch.Tensor] | None:  # fmt: skip
+    """One example's loss and flat gradient, in eval mode (no dropout draw can differ between two calls); None
+    where the model cannot take the batch (a shape the batch's collate would not make)."""
+    params = list(trainable_parameters(model).values())
+    was = model.training
+    model.eval()
+    try:
+        loss = loss_fn(model, batch, draws).sum()
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+    except (RuntimeError, ValueError, IndexError):
+        return None
+    finally:
+        model.train(was)
+    flat = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double() for p, g in zip(params, grads)])
+    return float(loss.detach()), flat
+
+
+def _same(a: tuple[float, torch.Tensor], b: tuple[float, torch.Tensor]) -> bool:
+    """Equal up to float32 rounding: the loss within 1e-4 relative, the gradient within 1e-3 of its norm."""
+    (la, ga), (lb, gb) = a, b
+    if not math.isclose(la, lb, rel_tol=1e-4, abs_tol=1e-6):
+        return False
+    scale = float(ga.norm() + gb.norm())
+    return float((ga - gb).norm()) <= 1e-3 * scale + 1e-7
 
 
 def _named(names: Any) -> Any:

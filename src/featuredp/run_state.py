@@ -154,6 +154,8 @@ class RunState:
     complete: bool = False
     # Which run this is, for ModelRuns: never id(self), which a later run can get once this one is freed.
     run_id: int = field(default_factory=lambda: next(_RUN_IDS))
+    # Which run a checkpoint belongs to, across processes: the key of its spent-steps record (featuredp.run).
+    run_token: str = field(default_factory=lambda: os.urandom(8).hex())
 
     @classmethod
     def start(
@@ -246,6 +248,7 @@ class RunState:
             "fingerprint": dict(self.fingerprint),
             "step": self.step,
             "private_steps": self.private_steps,
+            "run_token": self.run_token,
             "stop_reason": self.stop_reason,
             "history": self.history,
             "accountant_phases": [
@@ -304,6 +307,7 @@ class RunState:
             self.record_sampler.load_state_dict(ck["record_sampler"])
         self.step = int(ck["step"])
         self.private_steps = int(ck["private_steps"])
+        self.run_token = str(ck.get("run_token", self.run_token))
         self.stop_reason = ck.get("stop_reason")
         self.history = list(ck.get("history", []))
         model.load_state_dict(ck["model"])
@@ -409,7 +413,8 @@ def reserve(ledger: BudgetLedger | None, state: RunState) -> Reservation | None:
     if ledger is None or not plan.is_private or plan.noise_multiplier is None:
         return None
     planned = plan.steps if plan.budget_steps is None else min(plan.steps, plan.budget_steps)
-    remaining = planned - state.private_steps
+    # What the loop may still run from its position (a rewound run's charged count can be ahead of it).
+    remaining = planned - min(state.private_steps, max(0, state.step - plan.pretrain_steps))
     if remaining <= 0:
         return None
     # A segment's event (BandMF: every band's column norm), so that a resumed run's parts never add up to less.

@@ -9,7 +9,7 @@ Prop. 3). Each sampler owns its own ``numpy.random.Generator``;
 statistically independent streams. The private streams come from OS entropy
 unless the user seeds the run (docs/engine.md, "Randomness, runs and budgets"); in secure mode the Poisson
 sampler draws its coins from a ChaCha20 keystream
-(:class:`featuredp.noise.ChaCha20Generator`).
+(:class:`featuredp.random_words.ChaCha20Generator`).
 
 :class:`BMinSepSampler` is the cyclic Poisson sampler of the correlated-noise mechanisms (BandMF,
 :mod:`featuredp.noise.bandmf`; BLT, :mod:`featuredp.noise.blt`): a secret partition of the records, each part sampled
@@ -31,7 +31,7 @@ from featuredp._validate import check_int, check_positive, check_sampling_rate
 
 # defined with the light checks so that numpy-only modules (featuredp.mechanisms.classic) warn without importing torch
 from featuredp._validate import warn_private_seed as warn_private_seed
-from featuredp.noise.sources import ChaCha20Generator
+from featuredp.random_words import ChaCha20Generator
 
 STREAM_NAMES = ("private_sampling", "public_sampling", "noise", "private_draws", "public_draws", "init")
 PRIVATE_STREAMS = ("private_sampling", "noise", "private_draws")
@@ -283,8 +283,8 @@ class BMinSepSampler:
     move records between partitions when one is added).
 
     ``generator`` is a ``numpy.random.Generator`` (from :func:`featuredp.sampling.make_streams`, OS entropy unless
-    the user seeds the run) or a :class:`~featuredp.noise.ChaCha20Generator`; an integer seed is refused, so that no
-    published seed can fix the partition. With ``bands = 1`` nothing is permuted and the batches are those of
+    the user seeds the run) or a :class:`~featuredp.random_words.ChaCha20Generator`; an integer seed is refused, so
+    that no published seed can fix the partition. With ``bands = 1`` nothing is permuted and the batches are those of
     ``PoissonSampler(dataset_size, expected_batch/dataset_size, generator)``, draw for draw. The assignment is
     secret (it says which steps can contain a record): it is in :meth:`state_dict` only.
 

@@ -139,3 +139,22 @@ def test_attribute_audit_with_30_targets_is_inconclusive(runs, tmp_path, capsys)
     assert "within Theorem 4's bound" not in out and "INCONCLUSIVE" in out
     res = json.loads((tmp_path / "attribute.json").read_text())
     assert res["bound_verdict"] == "inconclusive" and res["groups"]["members"]["within_bound"] is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 42: attribute inference attacks the run's private columns only. A public column was released with the
+# model (Ψ(x) holds it): "inferring" it measures nothing, yet the audit used to run and write a report for it.
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("given", ["age", "sex,age", "education"])
+def test_a_public_attribute_is_refused_naming_the_flag_and_the_private_columns(runs, tmp_path, capsys, given):
+    assert main(["audit", str(runs / "fdp"), "--attribute", given, "--targets", "100", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    public = [c for c in given.split(",") if c != "sex"][0]
+    assert len(err.splitlines()) == 1 and "--attribute" in err and repr(public) in err
+    assert "(sex, race)" in err  # what can be attacked
+    assert not list(tmp_path.iterdir())  # refused before any attack or report
+
+
+def test_attribute_with_another_attack_is_refused(runs, capsys):
+    assert main(["audit", str(runs / "np"), "--attack", "membership", "--attribute", "sex"]) == 2
+    assert "--attribute is for --attack attribute" in capsys.readouterr().err

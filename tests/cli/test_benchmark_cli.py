@@ -146,7 +146,7 @@ def test_blt_is_timed_beside_independent_noise_and_bandmf_in_the_same_rounds(cap
     for _ in range(6):
         runner.step()
     trainer = runner.info["trainer"]
-    state = trainer._state
+    state = trainer.run.state
     assert isinstance(state.noise, BLTNoise) and state.noise.buffers == runner.info["buffers"] >= 1
     assert state.noise.step == 6 and isinstance(state.private_sampler, BMinSepSampler)
     assert trainer.plan.noise.kind == "blt" and trainer.plan.bands is None

@@ -1,4 +1,5 @@
-"""`train --task text` reports the boundary (spans per type, largest repeat), warns, and states the group bound."""
+"""`train --task text` reports the boundary (spans per type), warns, and with --group-stats the largest repeat and
+the group bound (tests/cli/test_text_group_stats_cli.py: none of it without the flag)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def test_boundary_group_and_the_repeat_warning(shared_name_file: Path, tmp_path:
                                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     argv = ["train", "--task", "text", "--data", str(shared_name_file), "--spans", "name,email,phone", "--detect",
             "email,phone", "--method", "fdp", "--epsilon", "3", "--epochs", "1", "--out", str(tmp_path / "run"),
-            "--json"]  # fmt: skip
+            "--json", "--group-stats"]  # fmt: skip
     with pytest.warns(PrivacyRiskWarning, match=r"a name value appears in 1[2-5] training records") as caught:
         summary = _train(capsys, argv)
     assert any(issubclass(w.category, PrivacyLeakWarning) and "--detect phone found nothing" in str(w.message)
@@ -75,7 +76,7 @@ def test_the_printed_summary_has_the_boundary_and_group_lines(shared_name_file: 
                                                               capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     with pytest.warns(PrivacyRiskWarning):
         assert main(["train", "--task", "text", "--data", str(shared_name_file), "--spans", "name,email",
-                     "--method", "public", "--epochs", "1"]) == 0  # fmt: skip
+                     "--method", "public", "--epochs", "1", "--group-stats"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "boundary          email 54 annotated" in out and "name 54 annotated, largest repeat" in out
     assert "group             values of type name repeat in up to" in out and "(0, 0) too" in out

@@ -162,10 +162,15 @@ def test_a_quick_grid_never_overwrites_a_full_one(tmp_path, tiny_csv) -> None:
     assert quick.calls == []  # refused before any work
     assert {name: (full.out / name).read_bytes() for name in outputs} == outputs
 
+    # On a user's table --quick trains exactly what the full grid trains (train's fitted schedule, issue 42), so the
+    # cells it shares with the full grid (the same ε and seeds: all of them here) are reused, not retrained.
     run_grid(_cfg(tmp_path, tiny_csv, quick=True, overwrite=True), trainer_fn=quick)
-    assert len(quick.calls) == 16  # its own cells: the full grid's were trained with other settings
+    assert quick.calls == []
+    # Another ε: its own cells (the references, trained alike, are shared); the full grid's are never overwritten.
+    run_grid(_cfg(tmp_path, tiny_csv, quick=True, overwrite=True, epsilons=[2]), trainer_fn=quick)
+    assert len(quick.calls) == 2 * 3  # seeds × private methods
     after = {p.name: p.read_bytes() for p in (full.out / "cells").iterdir()}
-    assert len(after) == 32 and all(after[name] == data for name, data in cells.items())  # none overwritten
+    assert len(after) == 16 + 6 and all(after[name] == data for name, data in cells.items())  # none overwritten
     assert (full.out / "results.csv").read_bytes() != outputs["results.csv"]
 
     again = FakeTrainer()  # the full grid comes back from its cells, training nothing
@@ -312,3 +317,21 @@ def test_compare_relation_replace_one_calibrates_for_the_replacement_question(tm
     # other tasks, and the paper protocol (steps from the add/remove accountant), refuse it with one line
     assert main(["compare", "--task", "text", "--relation", "replace-one", "--out", str(tmp_path / "t")]) == 2
     assert main([*base, "--out", str(tmp_path / "p"), "--relation", "replace-one", "--protocol", "paper"]) == 2
+
+
+@pytest.mark.parametrize("private", [None, ["s", "label"]], ids=["features-private", "label-private"])
+def test_a_grid_on_a_users_table_uses_trains_parameters_with_and_without_quick(tmp_path, tiny_csv, private) -> None:
+    """Issue 42: `--quick` capped the fitted schedule at 2 epochs (DP-SGD: 88 steps where `train` runs about 600),
+    so its accuracies were not what `train` gives on the table. The grid now asks train's own function."""
+    from featuredp.experiments.grid import METHODS
+    from featuredp.experiments.train_one import resolved_params
+
+    n = GridRunner(_cfg(tmp_path, tiny_csv)).data[0].n
+    full = GridRunner(_cfg(tmp_path, tiny_csv, private=private))
+    quick = GridRunner(_cfg(tmp_path, tiny_csv, private=private, quick=True))
+    for method in METHODS:
+        trains = resolved_params(method, "csv", n, {}, label_dp=private is not None)
+        assert full.params_for(method, 2.0) == trains, method
+        assert quick.params_for(method, 2.0) == trains, method
+    assert quick.params_for("dpsgd", 2.0)["epochs"] > 2  # before: min(fitted, 2)
+    assert quick.params_for("fdp", 2.0)["pretrain_epochs"] == (0 if private else 3)  # before: capped at 2

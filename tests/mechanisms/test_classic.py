@@ -9,6 +9,7 @@ reject p < 1e-6.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from featuredp.mechanisms.classic import (
     LaplaceMechanism,
     RandomizedResponse,
     VectorMechanism,
+    _on_grid,
     analytic_gaussian_sigma,
     classic_gaussian_sigma,
 )
@@ -124,6 +126,8 @@ def test_vector_release_shape_and_validation():
     assert out.shape == (4,)
     with pytest.raises(ValueError, match="1-d"):
         mech.release(np.ones((2, 2)), rng=0)
+    with pytest.raises(ValueError, match="1-d"):
+        mech.release(np.ones(0), rng=0)
     with pytest.raises(ValueError, match="dim"):
         mech.noise(0)
 
@@ -312,4 +316,84 @@ def test_release_draws_from_os_entropy_by_default(monkeypatch):
     monkeypatch.setattr(secrets, "randbelow", lambda n: calls.append(n) or real(n))
     LaplaceMechanism(1.0).release(0.5)
     GaussianMechanism(1.0, 1e-5).release([0.5, 1.0])
+    VectorMechanism(1.0).release([0.5, 1.0])
     assert len(calls) > 4
+
+
+# ------------------------------------------------------------------ the vector mechanism's release (issue 42, item 1)
+
+
+def _porous_vector(value: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """The old release: fl(value + CMS11 noise), the float64 exp(−‖b‖₂) noise of ``VectorMechanism.noise`` (ε = 1)."""
+    return value + VectorMechanism(1.0).noise(value.size, size=n, rng=rng)
+
+
+def _vector_releases(mech: VectorMechanism, value: np.ndarray, n: int, seed: int) -> np.ndarray:
+    return np.array([mech.release(value, rng=np.random.default_rng([seed, i])) for i in range(n)])
+
+
+def test_the_low_bit_attack_separates_the_old_vector_release():
+    rng = np.random.default_rng(42)
+    zero, e1 = np.zeros(3), np.array([1.0, 0.0, 0.0])  # neighbours: L2 distance 1 = Δ₂
+    fire0 = _low_bits_fire(_porous_vector(zero, 4000, rng)[:, 0])
+    fire1 = _low_bits_fire(_porous_vector(e1, 4000, rng)[:, 0])
+    assert fire0.mean() > 0.1 and fire1.mean() == 0.0  # "pure" ε = 1, yet one output rules e1 out for good
+    assert not _rates_equal(fire0, fire1)
+
+
+def test_the_vector_release_does_not_separate_neighbours_by_their_low_bits():
+    mech, n = VectorMechanism(1.0), 4000
+    zero, e1 = np.zeros(3), np.array([1.0, 0.0, 0.0])
+    outs = {0: _vector_releases(mech, zero, n, 0), 1: _vector_releases(mech, e1, n, 1)}
+    # the attack first: on the old release it fires for 16 % of the releases of 0 and never for e1
+    assert _rates_equal(_low_bits_fire(outs[0][:, 0]), _low_bits_fire(outs[1][:, 0]))
+    low = {v: (outs[v][:, 0].view(np.uint64) & np.uint64(0xFF)) == 0 for v in (0, 1)}
+    assert _rates_equal(low[0], low[1])
+    grid = mech.grid_for(3)
+    assert grid == 2.0 ** round(math.log2(grid)) and 1 / grid == int(1 / grid)
+    for out in outs.values():
+        assert np.array_equal(out / grid, np.round(out / grid))  # every output on the grid: no other support
+    mods = {v: np.mod(np.round(outs[v][:, 0] / grid), 16).astype(int) for v in (0, 1)}
+    assert stats.chi2_contingency(np.array([np.bincount(mods[v], minlength=16) for v in (0, 1)])).pvalue > 1e-4
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "sensitivity", "dim"), [(1.0, 1.0, 1), (1.0, 1.0, 3), (0.3, 2.5, 7), (4.0, 0.1, 64)]
+)
+def test_the_vector_release_is_pure_epsilon_exactly_on_the_grid(epsilon, sensitivity, dim):
+    """The accounting, exactly: for neighbours at L2 distance Δ₂ (worst directions, worst grid offsets), the grid
+    L1 distance is at most K and K/t <= ε, so P(y | a)/P(y | b) = exp((|y − r(b)|₁ − |y − r(a)|₁)/t) <= e^ε."""
+    mech = VectorMechanism(epsilon, sensitivity)
+    grid, t = mech.grid_for(dim), mech.grid_scale(dim)
+    k = math.ceil(math.sqrt(dim) * sensitivity / grid - 1e-9) + dim - 1
+    assert t.denominator == 1 and Fraction(k) / t <= Fraction(epsilon)  # ε exactly, never more
+    assert Fraction(k) / (t - 1) > Fraction(epsilon)  # and t the smallest such
+    rng = np.random.default_rng(dim)
+    worst = 0
+    for _ in range(300):
+        direction = rng.choice([-1.0, 1.0], size=dim) if rng.random() < 0.5 else rng.standard_normal(dim)
+        delta = direction * (sensitivity / np.linalg.norm(direction))
+        # start just below a rounding boundary where the step goes up (and above it where it goes down)
+        a = (rng.integers(-50, 50, size=dim) + 0.5 - np.sign(delta) * 1e-7) * grid
+        b = a + delta
+        assert np.linalg.norm(b - a) <= sensitivity * (1 + 1e-12)
+        worst = max(worst, int(np.abs(np.subtract(_on_grid(a, grid), _on_grid(b, grid))).sum()))
+    assert worst <= k
+    assert worst >= k - dim  # the construction is near the worst case: the bound is not vacuous
+
+
+@pytest.mark.statistical
+def test_the_vector_release_noise_has_its_stated_scale_and_a_two_thirds_scale_fails():
+    dim, n = 5, 1000
+    mech, under = VectorMechanism(2.0, 0.5), VectorMechanism(3.0, 0.5)  # β × 3/2: scale × 2/3
+    scale = float(mech.grid_scale(dim)) * mech.grid_for(dim)  # t·Λ_d, the discrete Laplace's scale in value units
+    assert 1 <= scale / (math.sqrt(dim) * 0.5 / 2.0) <= 1 + (1 + 1 / 2.0) / 1024
+
+    def check(out):
+        return stats.kstest(out.ravel(), stats.laplace(scale=scale).cdf).pvalue
+
+    _assert_power(check, _vector_releases(mech, np.zeros(dim), n, 2), _vector_releases(under, np.zeros(dim), n, 3))
+    # against the continuous CMS11 noise the RMS norm is √(2d/(d + 1)) larger (the price of exactness)
+    rms = math.sqrt(float((_vector_releases(mech, np.zeros(dim), n, 4) ** 2).sum(axis=1).mean()))
+    continuous = math.sqrt(dim * (dim + 1)) / mech.beta
+    assert rms / continuous == pytest.approx(math.sqrt(2 * dim / (dim + 1)), rel=0.05)

@@ -33,6 +33,7 @@ from featuredp.noise import (
     TorchNoise,
     noise_plan,
     noise_plan_from_dict,
+    plan_settings,
     register_noise_plan,
 )
 from featuredp.plan import PrivacyPlan
@@ -54,6 +55,16 @@ def _plan(kind: str, sigma: float = 1.0) -> PrivacyPlan:
 def test_the_library_registers_its_three_kinds_default_first():
     assert KINDS[:1] == ["independent"] and {"bandmf", "blt"} <= set(KINDS)
     assert all(NOISE_PLANS[k].kind == k for k in KINDS)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_plan_carries_privacy_not_presentation(kind):
+    # Plot styles live with the plots (featuredp.experiments.plots), whether --bands applies with the CLI, which
+    # reads the plan's settings (plan_settings); the protocol keeps what the privacy needs.
+    cls = NOISE_PLANS[kind]
+    assert not {"takes_bands", "line_style", "plot_style"} & set(dir(cls))
+    assert ("bands" in plan_settings(cls)) == (cls is BandMF)
+    assert set(_planned(kind).settings()) <= set(plan_settings(cls))
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -20,6 +20,7 @@ from featuredp.clipping import STRATEGIES, GhostGradients
 from featuredp.engine import Trainer
 from featuredp.features import Columns
 from featuredp.methods import PRIVATE_METHODS
+from featuredp.run import PrivateRun
 from featuredp.testing import replay_step
 
 RECORD = 5  # the added record: every column nonzero, the largest first feature (the adversarial models' target)
@@ -92,7 +93,7 @@ def test_the_trainer_and_its_model_are_left_as_they_were():
     t = trainer(model)
     replay_step(t, table(), record=RECORD, batch=BATCH)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert t._state is None
+    assert t.run.state is None
     t.fit(table())  # and it still trains as a fresh run
 
 
@@ -155,14 +156,14 @@ def test_catches_noise_drawn_at_two_thirds_of_its_scale(monkeypatch):
 
 
 def test_catches_a_divisor_taken_from_the_realised_batch(monkeypatch):
-    real = Trainer._private_gradient
+    real = PrivateRun.private_gradient
 
-    def realised(self, state, split, data, record):
-        grads = real(self, state, split, data, record)
+    def realised(self, state, split, fetch, record):
+        grads = real(self, state, split, fetch, record)
         size = max(1, len(state.private_sampler.sample()))
         return {k: v * state.plan.expected_batch_size / size for k, v in grads.items()}
 
-    monkeypatch.setattr(Trainer, "_private_gradient", realised)
+    monkeypatch.setattr(PrivateRun, "private_gradient", realised)
     assert failed(replay(mlp()), "update divisor")
 
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from featuredp.data.schema import Schema
 
 #: datasets read from a file the user names with --data
 _FILE_DATASETS = ("csv", "purchase100", "criteo")
@@ -168,46 +171,25 @@ def _sep(args: argparse.Namespace) -> str | None:
 
 def _table_options(args: argparse.Namespace, data: str, path: str, sep: str | None) -> dict[str, Any]:
     """The loader options of your table: every flag checked against the header (and the schema against it)."""
-    from featuredp.data.files import check_schema_header, read_header
-    from featuredp.data.schema import read_schema
+    from featuredp.data.files import read_header
 
     opts: dict[str, Any] = {"path": path}
     if sep is not None:
         opts["sep"] = sep
     header = read_header(path, sep=sep)
-    schema = None
-    if getattr(args, "schema", None):
-        schema_path = Path(args.schema).expanduser()
-        if not schema_path.is_file():
-            raise FileNotFoundError(f"--schema {args.schema}: no such file")
-        try:
-            schema = read_schema(schema_path)
-            named = [c for k in ("categorical", "numeric", "drop") for c in getattr(args, k, None) or []]
-            check_schema_header(schema, header, path, declared=named)
-        except ValueError as exc:
-            raise ValueError(f"--schema {args.schema}: {exc}") from None
-        opts["schema"] = os.path.abspath(schema_path)
+    schema = _checked_schema(args, header, path)
+    if schema is not None:
+        opts["schema"] = os.path.abspath(Path(args.schema).expanduser())
     label = getattr(args, "label", None)
     if label is None and schema is None:
         raise ValueError("--data needs --label COL (the column to predict) or a --schema that names it")
     if label is not None:
-        if label not in header:
-            one = len(header) == 1 and any(c in header[0] for c in ",;|\t")
-            raise ValueError(f"--label {label}: no such column in {data}; columns: {', '.join(header)}"
-                             + ("; the header reads as one column: check --sep" if one else ""))
-        if schema is not None and label != schema.label:
-            raise ValueError(f"--label {label} differs from the label {schema.label!r} of --schema {args.schema}")
+        _check_label(args, label, schema, header, data)
         opts["label"] = label
     private = getattr(args, "private", None)
     if private is None and (schema is None or not schema.private):
         raise ValueError("--data needs --private A,B (the sensitive columns) or a --schema that marks them private")
-    named_flags = {"--private": private,
-                   **{f"--{k}": getattr(args, k, None) for k in ("categorical", "numeric", "drop")}}  # fmt: skip
-    for flag, cols in named_flags.items():
-        unknown = [c for c in cols or [] if c not in header]
-        if unknown:
-            raise ValueError(f"{flag} {','.join(cols or [])}: no column {unknown[0]!r} in {data}; "
-                             f"columns: {', '.join(header)}")  # fmt: skip
+    _check_named_columns(args, private, header, data)
     for key in ("private", "categorical", "numeric", "drop"):
         if getattr(args, key, None):
             opts[key] = list(getattr(args, key))
@@ -216,6 +198,43 @@ def _table_options(args: argparse.Namespace, data: str, path: str, sep: str | No
     if getattr(args, "test_data", None):
         opts["test"] = _file("--test-data", args.test_data, sep)
     return opts
+
+
+def _checked_schema(args: argparse.Namespace, header: list[str], path: str) -> Schema | None:
+    from featuredp.data.files import check_schema_header
+    from featuredp.data.schema import read_schema
+
+    if not getattr(args, "schema", None):
+        return None
+    schema_path = Path(args.schema).expanduser()
+    if not schema_path.is_file():
+        raise FileNotFoundError(f"--schema {args.schema}: no such file")
+    try:
+        schema = read_schema(schema_path)
+        named = [c for k in ("categorical", "numeric", "drop") for c in getattr(args, k, None) or []]
+        check_schema_header(schema, header, path, declared=named)
+    except ValueError as exc:
+        raise ValueError(f"--schema {args.schema}: {exc}") from None
+    return schema
+
+
+def _check_label(args: argparse.Namespace, label: str, schema: Schema | None, header: list[str], data: str) -> None:
+    if label not in header:
+        one = len(header) == 1 and any(c in header[0] for c in ",;|\t")
+        raise ValueError(f"--label {label}: no such column in {data}; columns: {', '.join(header)}"
+                         + ("; the header reads as one column: check --sep" if one else ""))
+    if schema is not None and label != schema.label:
+        raise ValueError(f"--label {label} differs from the label {schema.label!r} of --schema {args.schema}")
+
+
+def _check_named_columns(args: argparse.Namespace, private: Any, header: list[str], data: str) -> None:
+    named_flags = {"--private": private,
+                   **{f"--{k}": getattr(args, k, None) for k in ("categorical", "numeric", "drop")}}  # fmt: skip
+    for flag, cols in named_flags.items():
+        unknown = [c for c in cols or [] if c not in header]
+        if unknown:
+            raise ValueError(f"{flag} {','.join(cols or [])}: no column {unknown[0]!r} in {data}; "
+                             f"columns: {', '.join(header)}")  # fmt: skip
 
 
 def use_data_args_for_run(run: Any, args: argparse.Namespace) -> None:

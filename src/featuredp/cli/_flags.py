@@ -54,10 +54,18 @@ NOISES = _NoiseKinds()
 
 
 def noise_kind(name: str) -> Any:
-    """The noise plan class registered as ``name`` (its ``correlated``, ``takes_bands``, ``label``...)."""
+    """The noise plan class registered as ``name`` (its ``correlated``, ``label``...)."""
     from featuredp.noise import NOISE_PLANS
 
     return NOISE_PLANS[name]
+
+
+def takes_bands(name: str) -> bool:
+    """Whether ``--bands`` applies to the noise ``name``: its plan class has a ``bands`` setting
+    (:func:`featuredp.noise.plan_settings`; BandMF's), so the CLI's flag is decided here, not by the plan."""
+    from featuredp.noise import plan_settings
+
+    return "bands" in plan_settings(noise_kind(name))
 
 
 def default_noise() -> str:
@@ -240,24 +248,35 @@ del TRAIN_FLAGS["steps"]  # train has no --steps: a step count in a message is t
 
 def check_training_values(args: argparse.Namespace) -> None:
     """The training flags present on ``args`` (``train``, ``demo``), each checked with its flag's name."""
-    from featuredp._validate import check_int, check_nonnegative, check_open_unit, check_positive
+    # the order of the checks is the order of the errors a user with several bad flags sees first
+    _check_budget_and_schedule(args)
+    _check_sizes_and_rates(args)
+
+
+def _check_budget_and_schedule(args: argparse.Namespace) -> None:
+    from featuredp._validate import check_nonnegative, check_open_unit, check_positive
+
+    if getattr(args, "epsilon", None) is not None:
+        check_epsilon("--epsilon", args.epsilon)
+    if getattr(args, "delta", None) is not None:
+        check_open_unit("--delta", args.delta)
+    if getattr(args, "epochs", None) is not None:
+        check_epochs("--epochs", args.epochs)
+    if getattr(args, "pretrain_epochs", None) is not None:
+        check_nonnegative("--pretrain-epochs", args.pretrain_epochs)
+        check_epochs("--pretrain-epochs", args.pretrain_epochs or None)
+    if getattr(args, "noise_multiplier", None) is not None:
+        check_nonnegative("--noise-multiplier", args.noise_multiplier)
+    if getattr(args, "max_grad_norm", None) is not None:
+        check_positive("--max-grad-norm", args.max_grad_norm, allow_inf=True)
+
+
+def _check_sizes_and_rates(args: argparse.Namespace) -> None:
+    from featuredp._validate import check_int, check_nonnegative, check_positive
 
     def given(name: str) -> object:
         return getattr(args, name, None)
 
-    if given("epsilon") is not None:
-        check_epsilon("--epsilon", args.epsilon)
-    if given("delta") is not None:
-        check_open_unit("--delta", args.delta)
-    if given("epochs") is not None:
-        check_epochs("--epochs", args.epochs)
-    if given("pretrain_epochs") is not None:
-        check_nonnegative("--pretrain-epochs", args.pretrain_epochs)
-        check_epochs("--pretrain-epochs", args.pretrain_epochs or None)
-    if given("noise_multiplier") is not None:
-        check_nonnegative("--noise-multiplier", args.noise_multiplier)
-    if given("max_grad_norm") is not None:
-        check_positive("--max-grad-norm", args.max_grad_norm, allow_inf=True)
     for name in ("batch_size", "public_batch_size", "pretrain_batch_size"):
         if given(name) is not None:
             check_int("--" + name.replace("_", "-"), given(name), minimum=1)

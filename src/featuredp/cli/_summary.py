@@ -21,34 +21,54 @@ def record_line(summary: Mapping[str, Any]) -> str:
 
 def privacy_lines(summary: Mapping[str, Any]) -> list[str]:
     """The ε line, the question each ε answers (add/remove; replace-one), and for a private run the noise line:
-    BandMF's bands and partitions, BLT's buffers and epochs
-    (from the summary's ``correlated_noise``, the privacy report's block), or DP-SGD's σ and rate."""
+    BandMF's bands and partitions, BLT's buffers and epochs (from the summary's ``correlated_noise``, the privacy
+    report's block), or DP-SGD's σ and rate. Which one is read from the summary's ``noise`` field (the run plan's
+    noise kind, ``plan.noise.kind``), never guessed from which keys the block happens to hold."""
     eps = "inf (no privacy)" if summary["epsilon"] is None else f"{summary['epsilon']:.4g}"
     lines = [f"epsilon           {eps}" + (f" (delta={summary['delta']:g})" if summary["delta"] else "")]
     if summary.get("epsilon") is not None and summary["epsilon"] > 0 and "replacement_epsilon" in summary:
         lines.extend(_question_lines(summary))
     if summary["noise_multiplier"] is None:
         return lines
-    block = summary.get("correlated_noise") or {}
-    # The report's correlated_noise block (its noise plan's) says which strategy ran: BandMF's has bands, BLT's
-    # buffers.
-    if summary.get("bands") is not None:
-        lines.append(f"noise             bandmf, {summary['bands']} bands: correlated noise of std "
-                     f"{summary['noise_multiplier']:.4g}·C (C={summary['max_grad_norm']:g}), cyclic Poisson sampling "
-                     f"over {summary['bands']} partitions, {summary['steps']} private steps")
-    elif "buffers" in block:
-        d, b, k = block["buffers"], block["min_separation"], block["participations"]
-        # BLT gives up amplification: its ε is one Gaussian's at the min-sep sensitivity, which the line must say,
-        # or σ would read as a multiplier amplified by sampling.
-        lines.append(f"noise             blt, {d} buffer{'' if d == 1 else 's'}, epochs of {b} steps: correlated noise "
-                     f"of std {summary['noise_multiplier']:.4g}·C (C={summary['max_grad_norm']:g}), cyclic sampling "
-                     f"over {b} partitions (each record in at most {k} step{'' if k == 1 else 's'}), "
-                     f"{summary['steps']} private steps, one Gaussian at sensitivity {block['sensitivity']:.4g} "
-                     "(no amplification)")
-    else:
-        lines.append(f"noise multiplier  {summary['noise_multiplier']:.4g}  (C={summary['max_grad_norm']:g}, "
-                     f"sampling rate {summary['sampling_rate']:.4g}, {summary['steps']} private steps)")
+    lines.append(_noise_line(summary))
     return lines
+
+
+def _noise_line(summary: Mapping[str, Any]) -> str:
+    """The noise line of a private run, by the kind the summary names (``noise``; the default noise if absent)."""
+    from featuredp.noise import BLT, DEFAULT_NOISE, NOISE_PLANS, BandMF
+
+    block = summary.get("correlated_noise") or {}
+    kind = summary.get("noise") or block.get("noise") or DEFAULT_NOISE
+    cls = NOISE_PLANS.get(kind)
+    if cls is None:
+        raise ValueError(f"the run summary's noise must be one of {', '.join(NOISE_PLANS)}, got {kind!r}")
+    described = {BandMF: _bandmf_line, BLT: _blt_line}.get(cls)
+    if described is not None:
+        return described(summary, block)
+    if cls.correlated:  # a kind registered after this table: say what is certain, point to the report's block
+        return (f"noise             {kind}: correlated noise of std {summary['noise_multiplier']:.4g}·C "
+                f"(C={summary['max_grad_norm']:g}), {summary['steps']} private steps (its privacy report's "
+                "correlated_noise block has the strategy and the accounting)")  # fmt: skip
+    return (f"noise multiplier  {summary['noise_multiplier']:.4g}  (C={summary['max_grad_norm']:g}, "
+            f"sampling rate {summary['sampling_rate']:.4g}, {summary['steps']} private steps)")
+
+
+def _bandmf_line(summary: Mapping[str, Any], block: Mapping[str, Any]) -> str:
+    bands = summary.get("bands") or block["bands"]
+    return (f"noise             bandmf, {bands} bands: correlated noise of std {summary['noise_multiplier']:.4g}·C "
+            f"(C={summary['max_grad_norm']:g}), cyclic Poisson sampling over {bands} partitions, "
+            f"{summary['steps']} private steps")
+
+
+def _blt_line(summary: Mapping[str, Any], block: Mapping[str, Any]) -> str:
+    d, b, k = block["buffers"], block["min_separation"], block["participations"]
+    # BLT gives up amplification: its ε is one Gaussian's at the min-sep sensitivity, which the line must say, or σ
+    # would read as a multiplier amplified by sampling.
+    return (f"noise             blt, {d} buffer{'' if d == 1 else 's'}, epochs of {b} steps: correlated noise of std "
+            f"{summary['noise_multiplier']:.4g}·C (C={summary['max_grad_norm']:g}), cyclic sampling over {b} "
+            f"partitions (each record in at most {k} step{'' if k == 1 else 's'}), {summary['steps']} private steps, "
+            f"one Gaussian at sensitivity {block['sensitivity']:.4g} (no amplification)")
 
 
 def _question_lines(summary: Mapping[str, Any]) -> list[str]:

@@ -31,7 +31,8 @@ def _counts(text: str) -> list[int]:
 
 
 def add_text_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``text`` argument group: --spans, --detect, --names-file, --max-len, --text-train-size, --canaries."""
+    """The ``text`` argument group: --spans, --detect, --names-file, --max-len, --text-train-size, --canaries,
+    --group-stats (train only)."""
     g = parser.add_argument_group(
         "text (--task text; docs/text.md)",
         "a causal LM on texts whose private spans are protected: --data FILE.jsonl (one {\"text\", \"spans\": "
@@ -53,6 +54,10 @@ def add_text_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--canaries", type=_counts, default=None, metavar="R1,R2",
                    help="plant the exposure audit's canaries this many times each (compare: default 1,10,100; "
                    "train: none unless given; 0: none). They are private spans of type 'secret' from a public seed")
+    g.add_argument("--group-stats", action="store_true",
+                   help="train only: also print which private values repeat across training records (the largest "
+                   "repeat per type) and the group ε of such a value. These numbers read the private values, are not "
+                   "covered by ε and are printed only (run.json records that they were asked for, not them)")
 
 
 def read_names(path: str) -> list[str]:
@@ -63,8 +68,18 @@ def read_names(path: str) -> list[str]:
     return [n.strip() for n in names_path.read_text(encoding="utf-8").splitlines() if n.strip()]
 
 
-def text_data_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``load_text_data`` keyword arguments from the flags, each checked with a one-line error naming it."""
+def text_data_options(args: argparse.Namespace, *, train: bool = False) -> dict[str, Any]:
+    """``load_text_data`` keyword arguments from the flags, each checked with a one-line error naming it.
+
+    ``train``: the caller is ``train --task text``, the one command that takes ``--group-stats`` (read from
+    ``args`` by the caller, never part of these options); elsewhere the flag is refused."""
+    if getattr(args, "group_stats", False) and not train:
+        raise ValueError("--group-stats is for train --task text (it prints statistics of the private values)")
+    return {**_file_options(args), **_span_options(args), **_size_options(args), **_canary_options(args)}
+
+
+def _file_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``path`` (--data, which then needs --spans) and ``test`` (--test-data, which needs --data)."""
     opts: dict[str, Any] = {}
     data = getattr(args, "data", None)
     if data is not None:
@@ -82,6 +97,13 @@ def text_data_options(args: argparse.Namespace) -> dict[str, Any]:
         if not Path(test_data).is_file():
             raise ValueError(f"--test-data: no file {test_data!r}")
         opts["test"] = str(Path(test_data))
+    return opts
+
+
+def _span_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``spans``, ``detect`` (each a built-in detector of a private type) and ``names`` (--names-file, for
+    --detect name)."""
+    opts: dict[str, Any] = {}
     if args.spans:
         opts["spans"] = list(args.spans)
     for d in args.detect:
@@ -95,6 +117,12 @@ def text_data_options(args: argparse.Namespace) -> dict[str, Any]:
         if not args.names_file:
             raise ValueError("--detect name needs --names-file FILE (one name per line)")
         opts["names"] = read_names(args.names_file)
+    return opts
+
+
+def _size_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``max_len`` (--max-len >= 16) and ``n_train`` (--text-train-size >= 10)."""
+    opts: dict[str, Any] = {}
     if args.max_len is not None:
         if args.max_len < 16:
             raise ValueError(f"--max-len must be >= 16, got {args.max_len}")
@@ -103,9 +131,14 @@ def text_data_options(args: argparse.Namespace) -> dict[str, Any]:
         if args.text_train_size < 10:
             raise ValueError(f"--text-train-size must be >= 10, got {args.text_train_size}")
         opts["n_train"] = args.text_train_size
-    if args.canaries is not None:
-        counts = [c for c in args.canaries if c != 0]
-        if any(c < 0 for c in counts):
-            raise ValueError(f"--canaries must be non-negative counts, got {args.canaries}")
-        opts["canary_repeats"] = counts
     return opts
+
+
+def _canary_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``canary_repeats`` (--canaries: non-negative counts, the zeros dropped)."""
+    if args.canaries is None:
+        return {}
+    counts = [c for c in args.canaries if c != 0]
+    if any(c < 0 for c in counts):
+        raise ValueError(f"--canaries must be non-negative counts, got {args.canaries}")
+    return {"canary_repeats": counts}

@@ -33,7 +33,7 @@ def train_text(args: argparse.Namespace) -> int:
     if args.method not in _TEXT_METHODS:
         raise ValueError(f"--method for --task text must be one of {', '.join(_TEXT_METHODS)}, got {args.method!r}")
     check_device(args.device, args.precision)
-    options = text_data_options(args)
+    options = text_data_options(args, train=True)
     options.setdefault("canary_repeats", [])
     torch.set_num_threads(1)
     overrides = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
@@ -55,7 +55,8 @@ def train_text(args: argparse.Namespace) -> int:
             settings[name] = getattr(args, name)
     summary = train_text_run(out=args.out, method=args.method, epsilon=args.epsilon, delta=args.delta,
                              given=options, overrides=overrides, public_seed=args.public_seed,
-                             device=args.device, progress=not (args.quiet or args.json), **settings)  # fmt: skip
+                             device=args.device, progress=not (args.quiet or args.json),
+                             group_stats=bool(getattr(args, "group_stats", False)), **settings)  # fmt: skip
     if args.json:
         print(json.dumps(summary))
         return 0
@@ -80,13 +81,17 @@ def train_text(args: argparse.Namespace) -> int:
     return 0
 
 
+#: printed without --group-stats: the same words whatever the data (no statistic of the private values)
+GROUP_HINT = ("ε covers one record; a private value repeated in k records is a group of k, covered at a larger ε_k "
+              "(--group-stats computes k and ε_k from the private values, outside ε)")
+
+
 def boundary_lines(summary: dict[str, Any]) -> list[str]:
-    """What Ψ hid in the training texts (spans per type: annotated, detected) and each type's largest repeat,
-    then the group sentences (a value in k > 1 records is a group of k)."""
+    """What Ψ hid in the training texts (spans per type: annotated, detected); with ``--group-stats``, each type's
+    largest repeat, the warning that these read the private values, and the group sentences (a value in k > 1
+    records is a group of k); without it, one fixed hint."""
     b = summary.get("boundary") or {}
     types = list(dict.fromkeys([*b.get("annotated", {}), *b.get("detected", {}), *b.get("largest_repeat", {})]))
-    if not types:
-        return []
     cells = []
     for t in types:
         det = b.get("detected", {}).get(t)
@@ -94,6 +99,9 @@ def boundary_lines(summary: dict[str, Any]) -> list[str]:
         cells.append(f"{t} {b.get('annotated', {}).get(t, 0)} annotated"
                      + ("" if det is None else f", {det} detected")
                      + ("" if rep is None else f", largest repeat {rep}"))  # fmt: skip
-    lines = [f"boundary          {'; '.join(cells)} (training texts)"]
+    lines = [f"boundary          {'; '.join(cells)} (training texts)"] if cells else []
+    if not summary.get("group_stats"):
+        return [*lines, f"group             {GROUP_HINT}"]
+    lines.append(f"WARNING           {summary.get('group_stats_warning', '')}")
     lines += [f"group             {g}" for g in summary.get("group_notes") or ()]
     return lines

@@ -41,7 +41,8 @@ def register(subparsers: Any) -> None:
                    "against Theorem 4's bound; default), exposure (the canaries planted by train --canaries), "
                    "extraction")
     p.add_argument("--attribute", type=_columns, default=None,
-                   help="private attribute(s) to infer, comma-separated (default: the run's private columns)")
+                   help="private attribute(s) to infer, comma-separated: columns the run declared private (default: "
+                   "all of them); a public column is refused (Ψ released it with the model: nothing to infer)")
     p.add_argument("--targets", type=whole_number, default=None,
                    help="member and non-member targets each (default 2000, or as many as the data has); at most half "
                    "the test split for attribute inference, the smaller split for membership inference")
@@ -84,6 +85,24 @@ def _plain(obj: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Run the requested audit, write the reports, print a summary (or JSON)."""
+    _check_values(args)
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "run.json").exists():
+        raise FileNotFoundError(f"RUN_DIR must be a run directory with run.json, got {str(run_dir)!r}")
+    if _is_text_run(run_dir):
+        return _audit_text(args, run_dir)
+    if args.attack in TEXT_ATTACKS:
+        raise ValueError(f"--attack {args.attack} audits a text run (featuredp train --task text); {run_dir} is "
+                         "not one")
+    args.attack = args.attack or "attribute"
+    if args.attribute is not None and args.attack != "attribute":
+        raise ValueError(f"--attribute is for --attack attribute, got --attribute {','.join(args.attribute)} with "
+                         f"--attack {args.attack}")  # fmt: skip
+    return _audit_tabular(args, run_dir)
+
+
+def _check_values(args: argparse.Namespace) -> None:
+    """The numeric flags and --out, before anything is read (one line naming the flag)."""
     from featuredp._validate import check_int, check_open_unit
 
     if args.targets is not None:
@@ -97,84 +116,138 @@ def run(args: argparse.Namespace) -> int:
         check_int("--train-size", args.train_size, minimum=10)
     if args.steps is not None and args.epochs is not None:
         raise ValueError("give --steps or --epochs, not both")
-    run_dir = Path(args.run_dir)
-    if not (run_dir / "run.json").exists():
-        raise FileNotFoundError(f"RUN_DIR must be a run directory with run.json, got {str(run_dir)!r}")
-    if _is_text_run(run_dir):
-        return _audit_text(args, run_dir)
-    if args.attack in TEXT_ATTACKS:
-        raise ValueError(f"--attack {args.attack} audits a text run (featuredp train --task text); {run_dir} is "
-                         "not one")
-    args.attack = args.attack or "attribute"
 
+
+def attribute_choices(args: argparse.Namespace, private_columns: list[str]) -> list[str]:
+    """The attributes to attack: ``--attribute`` checked against the run's private columns (the columns its Ψ hid),
+    or all of them by default.
+
+    A public column was released with the model (Ψ(x) holds it): inferring it measures nothing, and Theorem 4 does
+    not speak about it, so it is refused with one line that lists what can be attacked.
+
+    >>> attribute_choices(argparse.Namespace(attribute=None), ["sex", "race"])
+    ['sex', 'race']
+    >>> attribute_choices(argparse.Namespace(attribute=["age"]), ["sex", "race"])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: --attribute must name the run's private columns (sex, race): 'age' is public in this run ...
+    """
+    if not private_columns:
+        given = f", got --attribute {','.join(args.attribute)}" if args.attribute else ""
+        raise ValueError("--attribute: this run declares no private columns (every column is public), so there is "
+                         f"no private attribute to infer{given}")  # fmt: skip
+    if args.attribute is None:
+        return list(private_columns)
+    public = [a for a in args.attribute if a not in private_columns]
+    if public:
+        raise ValueError(f"--attribute must name the run's private columns ({', '.join(private_columns)}): "
+                         f"{public[0]!r} is public in this run (Ψ releases it), got --attribute "
+                         f"{','.join(args.attribute)}")  # fmt: skip
+    return list(dict.fromkeys(args.attribute))
+
+
+def _audit_tabular(args: argparse.Namespace, run_dir: Path) -> int:
+    """``--attack attribute|membership|canary`` on a tabular run: attack, write the reports, print."""
     import torch
 
-    from featuredp._io import atomic_write_json, inside, safe_filename
-    from featuredp.attacks import report, tabular
     from featuredp.experiments.runs import check_data_fingerprint, load_run
-    from featuredp.experiments.train_one import retrain_like
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     run_ = load_run(run_dir)
+    attributes = attribute_choices(args, run_.private_columns) if args.attack == "attribute" else []
     use_data_args_for_run(run_, args)  # --data FILE ... or the files run.json names: checked before any attack
     if not (args.attack == "canary" and args.canary_kind == "gradient"):  # gradient canaries read no data
         # Other records at the same path would be audited as the run's members: refused before any attack.
         check_data_fingerprint(run_)
     out_dir = Path(args.out) if args.out else run_dir / "audit"
-    method = run_.info.get("method")
     eps = run_.epsilon
-    delta = float(run_.plan.delta) if run_.plan is not None and run_.plan.delta else 0.0
-    title = f"{method}, ε = {'∞' if math.isinf(eps) else f'{eps:.3g}'}"
+    title = f"{run_.info.get('method')}, ε = {'∞' if math.isinf(eps) else f'{eps:.3g}'}"
     progress = not (args.quiet or args.json)
-    results: list[dict[str, Any]] = []
-    files: list[str] = []
-
     if args.attack == "canary":
-        res = tabular.canary_audit(run_, kind=args.canary_kind, canaries=args.canaries, runs=args.runs,
-                                   train_size=args.train_size, flip_label=not args.no_flip_label, beta=args.beta,
-                                   seed=args.seed, progress=progress,
-                                   train_fn=functools.partial(retrain_like, run_, steps=args.steps, epochs=args.epochs,
-                                                              progress=progress))  # fmt: skip
-        files += report.write_canary_report(res, out_dir, title=title)
-        results.append(res)
+        results, files = _canary(args, run_, out_dir, title, progress)
     else:
         train, test = run_.load_data()
         _settle_targets(args, train.n, test.n)  # more targets than the data holds: refused, not clamped
         if getattr(train, "X_cat", None) is not None and run_.info.get("model_spec", {}).get("kind") == "sparse_logreg":
             raise ValueError("featuredp audit supports dense models (mlp, logreg); this run uses sparse_logreg")
         if args.attack == "attribute":
-            attrs = args.attribute or run_.private_columns
-            if not attrs:
-                raise ValueError("--attribute is required: this run declares no private columns")
-            for a in attrs:
-                res = tabular.attribute_audit(
-                    run_.model, train, test, a, private_columns=run_.private_columns,
-                    label_public=not bool(run_.dataset.get("label_private")), epsilon=eps, delta=delta,
-                    plan=run_.plan, steps=(run_.info.get("result") or {}).get("steps"), n_targets=args.targets,
-                    seed=args.seed,
-                )  # fmt: skip
-                files += report.write_attribute_report(res, out_dir, title=title)
-                results.append(res)
+            results, files = _attribute(args, run_, (train, test), attributes, out_dir, title)
         else:
-            counter = iter(range(10**6))
+            results, files = _membership(args, run_, (train, test), out_dir, title, progress)
+    return _finish(args, run_, run_dir, out_dir, results, files)
 
-            def train_fn(ds: Any) -> Any:
-                return retrain_like(run_, ds, steps=args.steps, epochs=args.epochs,
-                                    seed=args.seed + 1000 + next(counter))[0]  # fmt: skip
 
-            res = tabular.membership_audit(run_.model, train, test, n_targets=args.targets, shadows=args.shadows,
-                                           train_fn=train_fn, shadow_train_size=args.train_size, seed=args.seed,
-                                           progress=progress)  # fmt: skip
-            res["epsilon_claimed"] = None if math.isinf(eps) else eps
-            res["method"] = method
-            res["verdict"] = tabular.membership_verdict(res, method, eps, delta)
-            files += report.write_membership_report(res, out_dir, title=title)
-            results.append(res)
+def _delta(run_: Any) -> float:
+    return float(run_.plan.delta) if run_.plan is not None and run_.plan.delta else 0.0
 
+
+def _canary(args: argparse.Namespace, run_: Any, out_dir: Path, title: str, progress: bool
+            ) -> tuple[list[dict[str, Any]], list[str]]:  # fmt: skip
+    """The canary audit: audit models trained like the run, with and without canaries."""
+    from featuredp.attacks import report, tabular
+    from featuredp.experiments.train_one import retrain_like
+
+    res = tabular.canary_audit(run_, kind=args.canary_kind, canaries=args.canaries, runs=args.runs,
+                               train_size=args.train_size, flip_label=not args.no_flip_label, beta=args.beta,
+                               seed=args.seed, progress=progress,
+                               train_fn=functools.partial(retrain_like, run_, steps=args.steps, epochs=args.epochs,
+                                                          progress=progress))  # fmt: skip
+    return [res], report.write_canary_report(res, out_dir, title=title)
+
+
+def _attribute(args: argparse.Namespace, run_: Any, data: tuple[Any, Any], attributes: list[str], out_dir: Path,
+               title: str) -> tuple[list[dict[str, Any]], list[str]]:  # fmt: skip
+    """Attribute inference of each private attribute against the run's model."""
+    from featuredp.attacks import report, tabular
+
+    train, test = data
+    results: list[dict[str, Any]] = []
+    files: list[str] = []
+    for a in attributes:
+        res = tabular.attribute_audit(
+            run_.model, train, test, a, private_columns=run_.private_columns,
+            label_public=not bool(run_.dataset.get("label_private")), epsilon=run_.epsilon, delta=_delta(run_),
+            plan=run_.plan, steps=(run_.info.get("result") or {}).get("steps"), n_targets=args.targets,
+            seed=args.seed,
+        )  # fmt: skip
+        files += report.write_attribute_report(res, out_dir, title=title)
+        results.append(res)
+    return results, files
+
+
+def _membership(args: argparse.Namespace, run_: Any, data: tuple[Any, Any], out_dir: Path, title: str,
+                progress: bool) -> tuple[list[dict[str, Any]], list[str]]:  # fmt: skip
+    """Membership inference against the run's model (shadow models trained like the run)."""
+    from featuredp.attacks import report, tabular
+    from featuredp.experiments.train_one import retrain_like
+
+    train, test = data
+    counter = iter(range(10**6))
+
+    def train_fn(ds: Any) -> Any:
+        return retrain_like(run_, ds, steps=args.steps, epochs=args.epochs,
+                            seed=args.seed + 1000 + next(counter))[0]  # fmt: skip
+
+    res = tabular.membership_audit(run_.model, train, test, n_targets=args.targets, shadows=args.shadows,
+                                   train_fn=train_fn, shadow_train_size=args.train_size, seed=args.seed,
+                                   progress=progress)  # fmt: skip
+    eps, method = run_.epsilon, run_.info.get("method")
+    res["epsilon_claimed"] = None if math.isinf(eps) else eps
+    res["method"] = method
+    res["verdict"] = tabular.membership_verdict(res, method, eps, _delta(run_))
+    return [res], report.write_membership_report(res, out_dir, title=title)
+
+
+def _finish(args: argparse.Namespace, run_: Any, run_dir: Path, out_dir: Path, results: list[dict[str, Any]],
+            files: list[str]) -> int:  # fmt: skip
+    """Write the audit's JSON next to its reports and print the summary (or the JSON)."""
+    from featuredp._io import atomic_write_json, inside, safe_filename
+
+    eps = run_.epsilon
     plain = [_plain(r) for r in results]
     for r in plain:
         r.setdefault("epsilon_claimed", None if math.isinf(eps) else eps)
-        r["method"] = method
+        r["method"] = run_.info.get("method")
         r["run_dir"] = str(run_dir)
     payload: dict[str, Any] = plain[0] if len(plain) == 1 else {"attack": args.attack, "results": plain}
     payload["report_files"] = [str(out_dir / f) for f in files]

@@ -7,11 +7,14 @@ import json
 import math
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from featuredp.cli._device import add_device_argument, add_precision_argument, check_device
-from featuredp.cli._flags import NOISES, default_noise, noise_kind, whole_number
+from featuredp.cli._flags import NOISES, default_noise, noise_kind, takes_bands, whole_number
 from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS
+
+if TYPE_CHECKING:
+    from featuredp.experiments.throughput import BenchmarkResult
 
 #: what is timed by default: the non-private reference, DP-SGD and FDP (any registered method can be asked for)
 DEFAULT_METHODS = ("nonprivate", "dpsgd", "fdp")
@@ -98,12 +101,7 @@ def run(args: argparse.Namespace) -> int:
     threads = check_int("--threads", args.threads, minimum=1)
     rounds = check_int("--rounds", args.rounds, minimum=1)
     min_time = check_positive("--min-time", args.min_time)
-    if args.dataset_size is not None:
-        n = check_int("--dataset-size", args.dataset_size, minimum=1)
-        if n < batch:
-            raise ValueError(f"--dataset-size must be >= --batch-size={batch}, got {n}")
-    else:
-        n = 16 * batch
+    n = _dataset_size(args, batch)
     check_memory(batch, n, args.strategy, dataset_size_given=args.dataset_size is not None)
     noises = _check_noise(args, batch, n)
     if args.nproc is not None:
@@ -128,22 +126,13 @@ def run(args: argparse.Namespace) -> int:
         throughput.engine_runner(
             m, data, public, batch_size=batch, strategy=args.strategy, seed=args.seed,
             name=_arm_name(m, secure, what, noise), loss_split=args.loss_split, secure_rng=secure, device=args.device,
-            ablate=what, noise=noise, bands=args.bands if noise_kind(noise).takes_bands else None,
+            ablate=what, noise=noise, bands=args.bands if takes_bands(noise) else None,
         )
         for m, secure, what, noise in variants
     ]  # fmt: skip
     res = throughput.interleaved(runners, rounds=rounds, min_time=min_time, progress=not args.json)
     names = [r.name for r in runners]
-    out: dict[str, Any] = {name: res.median(name) for name in names}
-    for name in names[1:]:
-        out[f"ratio_{name}"] = res.median_ratio(name)
-    if args.secure_rng:
-        for m in methods[1:]:
-            out[f"secure_vs_normal_{m}"] = res.median_ratio_to(f"{m}_secure", m)
-    if args.ablate:  # what each safety measure costs: 1 - (samples/s with it) / (samples/s without it)
-        for m in methods[1:]:
-            out[f"checks_cost_{m}"] = 1.0 - res.median_ratio_to(m, _arm_name(m, False, "checks"))
-            out[f"float64_noise_cost_{m}"] = 1.0 - res.median_ratio_to(m, _arm_name(m, False, "noise"))
+    out = _medians_and_ratios(args, res, names, methods)
     # Each correlated noise's time per step / independent noise's, within each round.
     ratios = [(noise, m) for noise in correlated for m in private] if plain in noises else []
     for noise, m in ratios:
@@ -155,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         "batch_size": batch, "threads": threads, "rounds": rounds, "strategy": args.strategy, "model": args.model,
         "loss_split": args.loss_split, "dataset_size": n, "spread_nonprivate": res.spread("nonprivate"),
         "secure_rng": args.secure_rng, "ablate": args.ablate, "device": args.device or "cpu",
-        "noise": noises, "bands": bands if any(noise_kind(n).takes_bands for n in noises) else None, "buffers": buffers,
+        "noise": noises, "bands": bands if any(takes_bands(n) for n in noises) else None, "buffers": buffers,
         "precision": args.precision,
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
     })
@@ -176,11 +165,38 @@ def run(args: argparse.Namespace) -> int:
               f"{out[f'float64_noise_cost_{m}']:.1%} (medians of within-round ratios)")
     for noise, m in ratios:
         kind = noise_kind(noise)
-        what = f"{kind.label} (b = {bands})" if kind.takes_bands else f"{kind.label} (d = {buffers})"
+        what = f"{kind.label} (b = {bands})" if takes_bands(noise) else f"{kind.label} (d = {buffers})"
         print(f"{what} costs {m} {out[f'{noise}_cost_ratio_{m}']:.3f} x independent noise's time per step (median "
               "of within-round ratios)")
     print("spread = (max - min) / median of samples/s over rounds (machine noise)")
     return 0
+
+
+def _dataset_size(args: argparse.Namespace, batch: int) -> int:
+    from featuredp._validate import check_int
+
+    if args.dataset_size is None:
+        return 16 * batch
+    n = check_int("--dataset-size", args.dataset_size, minimum=1)
+    if n < batch:
+        raise ValueError(f"--dataset-size must be >= --batch-size={batch}, got {n}")
+    return n
+
+
+def _medians_and_ratios(
+    args: argparse.Namespace, res: BenchmarkResult, names: list[str], methods: list[str]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {name: res.median(name) for name in names}
+    for name in names[1:]:
+        out[f"ratio_{name}"] = res.median_ratio(name)
+    if args.secure_rng:
+        for m in methods[1:]:
+            out[f"secure_vs_normal_{m}"] = res.median_ratio_to(f"{m}_secure", m)
+    if args.ablate:  # what each safety measure costs: 1 - (samples/s with it) / (samples/s without it)
+        for m in methods[1:]:
+            out[f"checks_cost_{m}"] = 1.0 - res.median_ratio_to(m, _arm_name(m, False, "checks"))
+            out[f"float64_noise_cost_{m}"] = 1.0 - res.median_ratio_to(m, _arm_name(m, False, "noise"))
+    return out
 
 
 def _check_noise(args: argparse.Namespace, batch: int, n: int) -> list[str]:
@@ -189,7 +205,7 @@ def _check_noise(args: argparse.Namespace, batch: int, n: int) -> list[str]:
     if not given or any(n not in NOISES for n in given):
         raise ValueError(f"--noise must be a comma-separated subset of {','.join(NOISES)}, got {','.join(given)!r}")
     noises = [n for n in NOISES if n in given]
-    banded = any(noise_kind(n).takes_bands for n in noises)
+    banded = any(takes_bands(n) for n in noises)
     if not banded and args.bands is not None:
         raise ValueError(f"--bands is for --noise with bandmf, got --bands {args.bands} with --noise "
                          f"{','.join(noises)}")  # fmt: skip

@@ -120,37 +120,11 @@ def _check(args: argparse.Namespace) -> tuple[list[float], list[str] | None]:
                          f"got {args.threshold!r}")  # fmt: skip
     if args.dataset is None and args.data is None:
         raise ValueError("--dataset NAME or --data FILE is required (the data the classifier is trained on)")
-    attributes = None
-    if args.attributes is not None:
-        attributes = [a.strip() for a in args.attributes.split(",") if a.strip()]
-        if not attributes:
-            raise ValueError(f"--attributes must name columns, comma-separated, got {args.attributes!r}")
-        if args.data is not None:
-            if args.private is None:
-                args.private = attributes  # the attributes measured are the sensitive ones
-            unknown = [a for a in attributes if a not in args.private]
-            if unknown:
-                raise ValueError(f"--attributes {args.attributes}: {unknown[0]!r} is not one of the --private columns "
-                                 f"{','.join(args.private)}")  # fmt: skip
-        elif args.dataset != "adult":
-            raise ValueError(f"--attributes applies to --dataset adult only (Fashion-MNIST has no attributes), "
-                             f"got --attributes {args.attributes}")  # fmt: skip
-        from featuredp.data.adult import ADULT_CATEGORIES
-
-        for a in attributes:
-            if a not in ADULT_CATEGORIES:
-                raise ValueError(f"--attributes must be categorical Adult columns ({', '.join(ADULT_CATEGORIES)}), "
-                                 f"got {a!r}")  # fmt: skip
+    attributes = _attributes(args)
     if args.compare_fdp and (args.data is not None or args.dataset != "adult"):
         raise ValueError("--compare-fdp applies to --dataset adult only")
     check_epsilon("--fdp-epsilon", args.fdp_epsilon)
-    if args.dataset_path is not None:
-        if args.dataset != "fashion-mnist":
-            raise ValueError(f"--dataset-path applies to --dataset fashion-mnist only, got --dataset-path "
-                             f"{args.dataset_path}")  # fmt: skip
-        if not Path(args.dataset_path).is_dir():
-            raise FileNotFoundError(f"--dataset-path must be a folder holding the Fashion-MNIST IDX files, got "
-                                    f"{args.dataset_path!r}")  # fmt: skip
+    _check_dataset_path(args)
     check_int("--repeats", args.repeats, minimum=0)
     if args.repeats > MAX_REPEATS:
         raise ValueError(f"--repeats must be <= {MAX_REPEATS} (each repeat trains a classifier), got {args.repeats}")
@@ -159,6 +133,42 @@ def _check(args: argparse.Namespace) -> tuple[list[float], list[str] | None]:
             check_int(flag, value, minimum=0)
     check_out_dir("--out", args.out)
     return lambdas, attributes
+
+
+def _attributes(args: argparse.Namespace) -> list[str] | None:
+    if args.attributes is None:
+        return None
+    attributes = [a.strip() for a in args.attributes.split(",") if a.strip()]
+    if not attributes:
+        raise ValueError(f"--attributes must name columns, comma-separated, got {args.attributes!r}")
+    if args.data is not None:
+        if args.private is None:
+            args.private = attributes  # the attributes measured are the sensitive ones
+        unknown = [a for a in attributes if a not in args.private]
+        if unknown:
+            raise ValueError(f"--attributes {args.attributes}: {unknown[0]!r} is not one of the --private columns "
+                             f"{','.join(args.private)}")  # fmt: skip
+    elif args.dataset != "adult":
+        raise ValueError(f"--attributes applies to --dataset adult only (Fashion-MNIST has no attributes), "
+                         f"got --attributes {args.attributes}")  # fmt: skip
+    from featuredp.data.adult import ADULT_CATEGORIES
+
+    for a in attributes:
+        if a not in ADULT_CATEGORIES:
+            raise ValueError(f"--attributes must be categorical Adult columns ({', '.join(ADULT_CATEGORIES)}), "
+                             f"got {a!r}")  # fmt: skip
+    return attributes
+
+
+def _check_dataset_path(args: argparse.Namespace) -> None:
+    if args.dataset_path is None:
+        return
+    if args.dataset != "fashion-mnist":
+        raise ValueError(f"--dataset-path applies to --dataset fashion-mnist only, got --dataset-path "
+                         f"{args.dataset_path}")  # fmt: skip
+    if not Path(args.dataset_path).is_dir():
+        raise FileNotFoundError(f"--dataset-path must be a folder holding the Fashion-MNIST IDX files, got "
+                                f"{args.dataset_path!r}")  # fmt: skip
 
 
 def _print(result: dict[str, Any]) -> None:

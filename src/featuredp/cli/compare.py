@@ -20,7 +20,7 @@ from typing import Any
 
 from featuredp.cli._data_args import add_data_arguments, resolve_data
 from featuredp.cli._device import add_device_argument, check_device
-from featuredp.cli._flags import NOISES, default_noise, noise_kind, number_list
+from featuredp.cli._flags import NOISES, default_noise, noise_kind, number_list, takes_bands
 from featuredp.cli._text_args import add_text_arguments
 from featuredp.experiments.diffusion_options import add_diffusion_arguments
 from featuredp.experiments.presets import IMAGE_FEATURE_MAPS
@@ -78,7 +78,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", required=True, help="results folder")
     p.add_argument("--quick", action="store_true",
                    help="a reduced grid for CI and trying things (about 6 s on Adult; --task text: about 8 min, "
-                   "2 cores)")
+                   "2 cores). On your own table (--data) every cell keeps train's fitted schedule, so its accuracies "
+                   "are the ones train gives: --quick only runs fewer ε (2, 8) and one seed")
     p.add_argument("--tune", action="store_true",
                    help="tune a small grid per method and ε on a validation split of the training data "
                         "(not accounted for in ε; summary.md says so)")
@@ -151,21 +152,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.protocol != "default" and args.task != "tabular":
         raise ValueError(f"--protocol {args.protocol} is for --task tabular, got --task {args.task}")
     noises = _check_noise(args)
-    if args.record_epsilon is not None:
-        from featuredp._validate import check_positive
-
-        check_positive("--record-epsilon", args.record_epsilon)
-        if args.task not in ("tabular", "text"):
-            raise ValueError(f"--record-epsilon is for --task tabular and text, got --task {args.task}")
-        if args.tune or args.protocol != "default" or any(noise_kind(n).correlated for n in noises):
-            raise ValueError("--record-epsilon does not combine with --tune, --protocol paper or --noise bandmf/blt "
-                             "yet")  # fmt: skip
-    relation = getattr(args, "relation", None)
-    if relation is not None and args.task != "tabular":
-        raise ValueError(f"--relation is for --task tabular, got --task {args.task}")
-    if relation == "replace-one" and args.protocol == "paper":
-        raise ValueError("--relation replace-one: --protocol paper sets the steps from the add/remove accountant; "
-                         "use --protocol default")
+    _check_record_epsilon(args, noises)
+    relation = _check_relation(args)
     if args.task == "diffusion":
         from featuredp.experiments.diffusion import run_compare
 
@@ -181,28 +169,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
-    if args.epsilon is not None and args.epsilons is not None:
-        raise ValueError(f"give --epsilons or --epsilon, not both (got {args.epsilons} and {args.epsilon})")
-    epsilons = args.epsilons if args.epsilons is not None else [args.epsilon] if args.epsilon is not None else None
-    n_seeds = args.seeds if args.seeds is not None else (1 if args.quick or args.task == "text" else 3)
-    if n_seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {n_seeds}")
-    first = args.seed or 0
-    if first < 0:
-        raise ValueError(f"--seed must be >= 0, got {first}")
+    epsilons, seeds = _epsilons_and_seeds(args)
     if args.task == "image-classification":
-        return _run_images(args, epsilons, list(range(first, first + n_seeds)))
+        return _run_images(args, epsilons, seeds)
     if args.task == "text":
-        return _run_text(args, epsilons, list(range(first, first + n_seeds)))
-    dataset = args.dataset or "adult"
-    options: dict[str, Any] = {"cache_dir": args.cache_dir} if args.cache_dir else {}
-    if getattr(args, "dataset_path", None):  # your own file: --dataset csv|purchase100|criteo --dataset-path FILE
-        options = {"path": args.dataset_path}
-        if dataset == "csv":
-            if not args.label or not args.private:
-                raise ValueError("--dataset csv needs --dataset-path FILE, --label COLUMN and --private a,b")
-            options.update(label=args.label, private=args.private)
-    dataset, options = resolve_data(args, dataset, options)  # bad --data/--schema/...: exit 2 before any work
+        return _run_text(args, epsilons, seeds)
+    dataset, options = _tabular_data(args)
     if epsilons is None:
         epsilons = [2.0, 8.0] if args.quick else PAPER_EPSILONS if args.protocol == "paper" else [1.0, 2.0, 4.0, 8.0]
     cfg = GridConfig(
@@ -210,7 +182,7 @@ def _run(args: argparse.Namespace) -> int:
         out=args.out,
         methods=args.methods or list(METHOD_NAMES),
         epsilons=epsilons,
-        seeds=list(range(first, first + n_seeds)),
+        seeds=seeds,
         quick=args.quick,
         tune=args.tune,
         delta=getattr(args, "delta", None),
@@ -232,6 +204,59 @@ def _run(args: argparse.Namespace) -> int:
     return _report(args, cfg, run_grid(cfg))
 
 
+def _check_record_epsilon(args: argparse.Namespace, noises: list[str]) -> None:
+    """``--record-epsilon`` against the task, --tune, the protocol and the noises (one line naming the flag)."""
+    if args.record_epsilon is None:
+        return
+    from featuredp._validate import check_positive
+
+    check_positive("--record-epsilon", args.record_epsilon)
+    if args.task not in ("tabular", "text"):
+        raise ValueError(f"--record-epsilon is for --task tabular and text, got --task {args.task}")
+    if args.tune or args.protocol != "default" or any(noise_kind(n).correlated for n in noises):
+        raise ValueError("--record-epsilon does not combine with --tune, --protocol paper or --noise bandmf/blt "
+                         "yet")  # fmt: skip
+
+
+def _check_relation(args: argparse.Namespace) -> str | None:
+    """``--relation`` against the task and the protocol; returns it (None: the default, add-remove)."""
+    relation = getattr(args, "relation", None)
+    if relation is not None and args.task != "tabular":
+        raise ValueError(f"--relation is for --task tabular, got --task {args.task}")
+    if relation == "replace-one" and args.protocol == "paper":
+        raise ValueError("--relation replace-one: --protocol paper sets the steps from the add/remove accountant; "
+                         "use --protocol default")
+    return relation
+
+
+def _epsilons_and_seeds(args: argparse.Namespace) -> tuple[list[float] | None, list[int]]:
+    """The ε targets given (None: the task's default) and the public seeds of the cells."""
+    if args.epsilon is not None and args.epsilons is not None:
+        raise ValueError(f"give --epsilons or --epsilon, not both (got {args.epsilons} and {args.epsilon})")
+    epsilons = args.epsilons if args.epsilons is not None else [args.epsilon] if args.epsilon is not None else None
+    n_seeds = args.seeds if args.seeds is not None else (1 if args.quick or args.task == "text" else 3)
+    if n_seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {n_seeds}")
+    first = args.seed or 0
+    if first < 0:
+        raise ValueError(f"--seed must be >= 0, got {first}")
+    return epsilons, list(range(first, first + n_seeds))
+
+
+def _tabular_data(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The tabular grid's dataset and loader options (--dataset, --dataset-path, --data ...), checked before any
+    work."""
+    dataset = args.dataset or "adult"
+    options: dict[str, Any] = {"cache_dir": args.cache_dir} if args.cache_dir else {}
+    if getattr(args, "dataset_path", None):  # your own file: --dataset csv|purchase100|criteo --dataset-path FILE
+        options = {"path": args.dataset_path}
+        if dataset == "csv":
+            if not args.label or not args.private:
+                raise ValueError("--dataset csv needs --dataset-path FILE, --label COLUMN and --private a,b")
+            options.update(label=args.label, private=args.private)
+    return resolve_data(args, dataset, options)  # bad --data/--schema/...: exit 2 before any work
+
+
 def _check_noise(args: argparse.Namespace) -> list[str]:
     """``--noise`` and ``--bands`` checked against each other, the task, the methods and the protocol (one line
     naming the flag, before any work); returns the noises."""
@@ -242,7 +267,7 @@ def _check_noise(args: argparse.Namespace) -> list[str]:
     if args.bands is not None:
         if args.bands < 1:
             raise ValueError(f"--bands must be >= 1, got {args.bands}")
-        if not any(noise_kind(n).takes_bands for n in noises):
+        if not any(takes_bands(n) for n in noises):
             raise ValueError(f"--bands is for --noise with bandmf, got --bands {args.bands} with --noise "
                              f"{','.join(noises)}")  # fmt: skip
     if args.noise is not None and args.task in ("diffusion", "text"):

@@ -7,10 +7,13 @@ import argparse
 import json
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from featuredp.cli._data_args import _columns, add_data_arguments, resolve_data
 from featuredp.cli._text_args import _list
+
+if TYPE_CHECKING:
+    from featuredp.data.tabular import TabularDataset
 
 FETCHABLE = ("census-income", "purchase-style", "criteo-style", "fashion-mnist", "animal-mnist", "debian-changelogs")
 #: the image sets `data fetch` gets from another ecosystem's package (apt, pip), never installing it
@@ -111,24 +114,34 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch ``featuredp data ACTION``."""
-    from featuredp.data import available_datasets, dataset_info, load_dataset
-
     if args.data_command == "list":
-        rows = [dataset_info(n) for n in available_datasets()]
-        if args.json:
-            print(json.dumps([{"name": r.name, "summary": r.summary, "default_private": list(r.default_private),
-                               "needs_fetch": r.needs_fetch, "needs_path": r.needs_path} for r in rows], indent=2))
-        else:
-            for r in rows:
-                note = " (downloaded on first use)" if r.needs_fetch else " (--data FILE)" if r.needs_path else ""
-                print(f"{r.name:16s} {r.summary}{note}")
-        return 0
+        return _list_datasets(args)
     if args.data_command == "fetch":
         return _fetch(args)
     if args.data_command == "schema":
         return _schema(args)
     if args.data_command == "scan":
         return _scan(args)
+    return _info(args)
+
+
+def _list_datasets(args: argparse.Namespace) -> int:
+    from featuredp.data import available_datasets, dataset_info
+
+    rows = [dataset_info(n) for n in available_datasets()]
+    if args.json:
+        print(json.dumps([{"name": r.name, "summary": r.summary, "default_private": list(r.default_private),
+                           "needs_fetch": r.needs_fetch, "needs_path": r.needs_path} for r in rows], indent=2))
+    else:
+        for r in rows:
+            note = " (downloaded on first use)" if r.needs_fetch else " (--data FILE)" if r.needs_path else ""
+            print(f"{r.name:16s} {r.summary}{note}")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from featuredp.data import dataset_info, load_dataset
+
     if args.name is not None:
         dataset_info(args.name)  # an unknown name: exit 2 naming the choices, before any work
     name, options = resolve_data(args, args.name)
@@ -163,24 +176,28 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        private = list(train.default_private or [])
-        for k, v in out.items():
-            if k == "default_private" and len(private) > 8:
-                v = f"{len(private)} columns: {', '.join(private[:5])}, ..."
-            if k == "column_types":
-                if not v:
-                    continue
-                v = ", ".join(f"{c} {t}{' (from dtype)' if c in train.inferred_types else ''}" for c, t in v.items())
-            if k == "inferred_types":
-                continue
-            if k == "statistics_from_data":
-                v = ", ".join(f"{c} ({s})" for c, s in (v or {}).items()) or "none (all public knowledge)"
-            if k == "flagged_columns":
-                if not v:
-                    continue
-                v = "; ".join(f"{c} ({why})" for c, why in v.items()) + f" (--drop {','.join(v)})"
-            print(f"{k:20s} {v}")
+        _print_info(out, train)
     return 0
+
+
+def _print_info(out: dict[str, Any], train: TabularDataset) -> None:
+    private = list(train.default_private or [])
+    for k, v in out.items():
+        if k == "default_private" and len(private) > 8:
+            v = f"{len(private)} columns: {', '.join(private[:5])}, ..."
+        if k == "column_types":
+            if not v:
+                continue
+            v = ", ".join(f"{c} {t}{' (from dtype)' if c in train.inferred_types else ''}" for c, t in v.items())
+        if k == "inferred_types":
+            continue
+        if k == "statistics_from_data":
+            v = ", ".join(f"{c} ({s})" for c, s in (v or {}).items()) or "none (all public knowledge)"
+        if k == "flagged_columns":
+            if not v:
+                continue
+            v = "; ".join(f"{c} ({why})" for c, why in v.items()) + f" (--drop {','.join(v)})"
+        print(f"{k:20s} {v}")
 
 
 def _fetch(args: argparse.Namespace) -> int:

@@ -149,24 +149,29 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
     if args.seed is not None:
         check_int("--seed", args.seed, minimum=0)
     check_out_dir("--out", args.out)
-    if args.learner == "hf":
-        if args.model_dir is None:
-            raise ValueError("--learner hf needs --model-dir DIR, a locally saved causal LM (nothing is downloaded)")
-        from featuredp.icl.hf import check_model_dir
+    extras.update(_learner_extras(args))
+    return extras
 
-        check_model_dir(args.model_dir, name="--model-dir")
-        import importlib.util
 
-        if importlib.util.find_spec("transformers") is None:
-            raise ValueError("--learner hf needs transformers: pip install 'featuredp[llm]'")
-        if args.label_words is not None:
-            extras["label_words"] = [w.strip() for w in args.label_words.split(",")]
-    else:
+def _learner_extras(args: argparse.Namespace) -> dict[str, Any]:
+    if args.learner != "hf":
         for flag, value in (("--model-dir", args.model_dir), ("--label-words", args.label_words)):
             if value is not None:
                 raise ValueError(f"{flag} applies to --learner hf only, got {flag} {value} with --learner "
                                  f"{args.learner}")  # fmt: skip
-    return extras
+        return {}
+    if args.model_dir is None:
+        raise ValueError("--learner hf needs --model-dir DIR, a locally saved causal LM (nothing is downloaded)")
+    from featuredp.icl.hf import check_model_dir
+
+    check_model_dir(args.model_dir, name="--model-dir")
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        raise ValueError("--learner hf needs transformers: pip install 'featuredp[llm]'")
+    if args.label_words is not None:
+        return {"label_words": [w.strip() for w in args.label_words.split(",")]}
+    return {}
 
 
 def run(args: argparse.Namespace) -> int:

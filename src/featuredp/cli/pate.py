@@ -127,19 +127,7 @@ def _check(args: argparse.Namespace) -> None:
                          f"{args.mechanism}")
     check_out_dir("--out", args.out)
     if args.compare:
-        if args.data is not None:
-            raise ValueError(f"--compare runs on --dataset adult only, got --data {args.data}")
-        if args.dataset not in (None, "adult"):
-            raise ValueError(f"--compare runs on --dataset adult only, got --dataset {args.dataset}")
-        for flag, given in (("--epsilon", args.epsilon), ("--mechanism", args.mechanism != "gnmax" or None),
-                            ("--threshold", args.threshold), ("--seed", args.seed), ("--ledger", args.ledger)):
-            if given is not None:
-                raise ValueError(f"{flag} does not apply to --compare (use --epsilons; the noise is fresh OS entropy)")
-        for e in args.epsilons or []:
-            check_epsilon("--epsilons", e)
-        check_int("--repeats", args.repeats, minimum=1)
-        if args.out is None:
-            raise ValueError("--compare needs --out DIR (results.csv, summary.md and the plot go there)")
+        _check_compare(args)
         return
     for flag, given in (("--epsilons", args.epsilons), ("--quick", args.quick or None)):
         if given is not None:
@@ -149,6 +137,25 @@ def _check(args: argparse.Namespace) -> None:
     check_epsilon("--epsilon", args.epsilon)
     if args.queries is not None and len(args.queries) != 1:
         raise ValueError(f"--queries takes one number without --compare, got {','.join(map(str, args.queries))}")
+
+
+def _check_compare(args: argparse.Namespace) -> None:
+    from featuredp._validate import check_int
+    from featuredp.cli._flags import check_epsilon
+
+    if args.data is not None:
+        raise ValueError(f"--compare runs on --dataset adult only, got --data {args.data}")
+    if args.dataset not in (None, "adult"):
+        raise ValueError(f"--compare runs on --dataset adult only, got --dataset {args.dataset}")
+    for flag, given in (("--epsilon", args.epsilon), ("--mechanism", args.mechanism != "gnmax" or None),
+                        ("--threshold", args.threshold), ("--seed", args.seed), ("--ledger", args.ledger)):
+        if given is not None:
+            raise ValueError(f"{flag} does not apply to --compare (use --epsilons; the noise is fresh OS entropy)")
+    for e in args.epsilons or []:
+        check_epsilon("--epsilons", e)
+    check_int("--repeats", args.repeats, minimum=1)
+    if args.out is None:
+        raise ValueError("--compare needs --out DIR (results.csv, summary.md and the plot go there)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from featuredp.cli._flags import (
     flag_names,
     is_default_noise,
     noise_kind,
+    takes_bands,
     whole_number,
 )
 from featuredp.cli._summary import privacy_lines, record_line
@@ -287,7 +288,12 @@ def _reference_lines(summary: dict[str, Any]) -> list[str]:
     noise = _one_run_noise(summary.get("accuracy"), refs.get("public_only"), refs.get("test_rows"))
     if refs.get("public_only") is not None:
         spread = f", ±{noise:.4f} test noise" if noise is not None else ""
-        parts.append(f"public only {refs['public_only']:.4f} (one run{spread}; Ψ alone: free)")
+        if refs.get("public_only_record_backstop"):  # trained under the run's backstop, as the run's public steps
+            rec = refs.get("public_only_record_epsilon")
+            cost = "Ψ alone under the record-level backstop" + ("" if rec is None else f", record ε {rec:.4g}")
+        else:
+            cost = "Ψ alone: free"
+        parts.append(f"public only {refs['public_only']:.4f} (one run{spread}; {cost})")
     elif refs.get("public_only_note"):
         parts.append(f"public only: not trained ({refs['public_only_note']})")
     lines = [f"references        {', '.join(parts)}"] if parts else []
@@ -328,7 +334,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         from featuredp._validate import check_int
 
         check_int("--bands", args.bands, minimum=1)
-        if not noise_kind(args.noise).takes_bands:
+        if not takes_bands(args.noise):
             raise ValueError(f"--bands is for --noise bandmf, got --bands {args.bands} with --noise {args.noise}")
     if not is_default_noise(args.noise):
         from featuredp.methods import PRIVATE_METHODS

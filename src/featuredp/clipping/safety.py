@@ -11,6 +11,7 @@ separability cross-check (:mod:`featuredp.clipping.ghost`).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -149,6 +150,8 @@ class _Fingerprint:
         return _same_values(values, self.values) and _same_values(proj, self.proj)
 
 
+#: how a change report names what changed: (module, attribute, kind) -> "kind 'qual.name' of module ..."
+_Where = Callable[[nn.Module, str, str], str]
 _MISSING = object()
 # What every nn.Module keeps in its __dict__ (hook tables, registries, the training flag): the guard's own
 # subject (parameters, buffers, submodules) or torch's book-keeping, which hooks legitimately touch during a call.
@@ -314,7 +317,6 @@ class ForwardStateGuard:
 
     def _changes(self) -> list[str]:
         names: dict[int, str] | None = None
-        out: list[str] = []
 
         def where(m: nn.Module, attr: str, kind: str) -> str:
             nonlocal names
@@ -324,6 +326,17 @@ class ForwardStateGuard:
             qual = f"{mname}.{attr}" if mname else attr
             return f"{kind} {qual!r} of module {mname or '<root>'!r} ({type(m).__name__})"
 
+        out = self._dict_changes(where)
+        out += self._plain_changes(where)
+        self._changed = self._changed_tensors()
+        if self._changed:
+            out += self._in_place_changes(where, self._changed)
+        out += self._array_changes()
+        return out
+
+    def _dict_changes(self, where: _Where) -> list[str]:
+        """Parameters, buffers and submodules rebound, added or removed."""
+        out: list[str] = []
         for m, params, buffers, mods in self._modules:
             for kind, now, before in (
                 ("parameter", m._parameters, params),
@@ -338,7 +351,11 @@ class ForwardStateGuard:
                     elif now[k] is not v:
                         out.append(f"{where(m, k, kind)} was reassigned")
                 out.extend(f"{where(m, k, kind)} was added" for k in now if k not in before)
-        # Plain attributes: rebound to other data, changed in their items, added (holding data) or removed.
+        return out
+
+    def _plain_changes(self, where: _Where) -> list[str]:
+        """Plain attributes: rebound to other data, changed in their items, added (holding data) or removed."""
+        out: list[str] = []
         self._plain_changed: list[tuple[nn.Module, dict[str, Any], list[str]]] = []
         recorded = {id(m): plain for m, plain in self._plain}
         for m, *_ in self._modules:
@@ -352,6 +369,10 @@ class ForwardStateGuard:
             out.extend(f"{where(m, a, 'attribute')} was added" for a in added)
             if bad or added:
                 self._plain_changed.append((m, plain, added))
+        return out
+
+    def _changed_tensors(self) -> set[int]:
+        """The ids of the recorded tensors modified in place: a new version or data pointer, or other values."""
         changed = {id(t) for t, version, ptr in self._state if _version(t) != version or _ptr(t) != ptr}
         with torch.no_grad():
             for t, _, _ in self._state:
@@ -362,25 +383,33 @@ class ForwardStateGuard:
                     changed.add(id(t))  # a write that bumps no version (through .data)
                 elif copy is None and not self._prints[id(t)].same(t):
                     changed.add(id(t))
-        self._changed = changed
-        if changed:
-            for m, params, buffers, _ in self._modules:
-                for kind, d in (("parameter", params), ("buffer", buffers)):
-                    out.extend(
-                        f"{where(m, k, kind)} was modified in place"
-                        for k, t in d.items()
-                        if t is not None and id(t) in changed
-                    )
-            for m, plain in self._plain:
+        return changed
+
+    def _in_place_changes(self, where: _Where, changed: set[int]) -> list[str]:
+        """The parameters, buffers and plain attributes holding a tensor of ``changed``."""
+        out: list[str] = []
+        for m, params, buffers, _ in self._modules:
+            for kind, d in (("parameter", params), ("buffer", buffers)):
                 out.extend(
-                    f"{where(m, a, 'attribute')} was modified in place"
-                    for a, (_, contents) in plain.items()
-                    if any(id(t) in changed for t in _tensors_in(contents))
+                    f"{where(m, k, kind)} was modified in place"
+                    for k, t in d.items()
+                    if t is not None and id(t) in changed
                 )
-        for array, saved in self._arrays:
-            if not np.array_equal(array, saved, equal_nan=array.dtype.kind in "fc"):
-                out.append(f"a numpy array held in an attribute (shape {array.shape}) was modified in place")
+        for m, plain in self._plain:
+            out.extend(
+                f"{where(m, a, 'attribute')} was modified in place"
+                for a, (_, contents) in plain.items()
+                if any(id(t) in changed for t in _tensors_in(contents))
+            )
         return out
+
+    def _array_changes(self) -> list[str]:
+        """The numpy arrays held in attributes whose values changed."""
+        return [
+            f"a numpy array held in an attribute (shape {array.shape}) was modified in place"
+            for array, saved in self._arrays
+            if not np.array_equal(array, saved, equal_nan=array.dtype.kind in "fc")
+        ]
 
     def _restore(self) -> list[str]:
         """Put every dict entry, plain attribute and changed tensor back; the tensors that could not be restored."""

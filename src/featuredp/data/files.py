@@ -184,12 +184,7 @@ def load_table(
     columns do not match the file's header is one DataValidationError naming both files and the columns.
     """
     sch = None if schema is None else read_schema(schema)
-    if label is None and sch is not None:
-        label = sch.label
-    if not isinstance(label, str) or not label:
-        raise TypeError(f"label must be a column name, got {label!r}")
-    if sch is not None and label != sch.label:
-        raise DataValidationError(f"label {label!r} differs from the label {sch.label!r} of the {sch.where}")
+    label = _checked_label(label, sch)
     check_open_unit("test_fraction", test_fraction)
     check_int("seed", seed, minimum=0)
     df = _read_data(path, label, rows, sep)
@@ -269,12 +264,29 @@ def load_table(
         tr_idx, te_idx = seeded_split(len(df), test_fraction, seed)
         train_df, test_df = df.iloc[tr_idx].reset_index(drop=True), df.iloc[te_idx].reset_index(drop=True)
     warn_small_test(len(test_df), f"the test split of {Path(path).name}" if test is None else f"{Path(test).name}")
+    desc = _description(path, test, sch, typed)
+    return encode_frames(train_df, test_df, spec, name=name or Path(path).stem, description=desc, categorical=encoding)
+
+
+def _checked_label(label: str | None, sch: Schema | None) -> str:
+    if label is None and sch is not None:
+        label = sch.label
+    if not isinstance(label, str) or not label:
+        raise TypeError(f"label must be a column name, got {label!r}")
+    if sch is not None and label != sch.label:
+        raise DataValidationError(f"label {label!r} differs from the label {sch.label!r} of the {sch.where}")
+    return label
+
+
+def _description(
+    path: str | os.PathLike[str], test: str | os.PathLike[str] | None, sch: Schema | None, typed: _Typed
+) -> str:
     desc = f"user table {Path(path).name}" + (f" (test: {Path(test).name})" if test is not None else "")
     if sch is not None:
         desc += f"; {sch.where}"
     if typed.inferred:
         desc += f"; typed from dtypes: {_types_text(typed.types, typed.inferred)}"
-    return encode_frames(train_df, test_df, spec, name=name or Path(path).stem, description=desc, categorical=encoding)
+    return desc
 
 
 def _read_data(path: str | os.PathLike[str], label: str, rows: tuple[int, int] | None, sep: str | None) -> pd.DataFrame:
@@ -457,13 +469,7 @@ def schema_for_table(
     num = _as_list("numeric", numeric) or []
     cat = _as_list("categorical", categorical) or []
     dropped = _as_list("drop", drop) or []
-    for what, cols in (("private", priv), ("numeric", num), ("categorical", cat), ("drop", dropped)):
-        unknown = [c for c in cols if c not in header]
-        if unknown:
-            raise DataValidationError(f"unknown {what} column(s) {unknown}; available columns: {header}")
-    both = sorted(set(num) & set(cat))
-    if both:
-        raise DataValidationError(f"column(s) {both} declared both numeric and categorical")
+    _check_declared(header, priv=priv, num=num, cat=cat, dropped=dropped)
     label_private = label in priv
     public_cols = [c for c in header if c != label and c not in priv and c not in dropped]
     df = read_table(path, columns=[*public_cols, *([] if label_private else [label])], sep=sep)
@@ -479,14 +485,8 @@ def schema_for_table(
             columns[c] = {"type": "drop"}
             continue
         if c in priv:
-            kind = "numeric" if c in num else "categorical" if c in cat else None
-            entry: dict[str, Any] = {"type": kind or TYPE_PLACEHOLDER, "private": True}
-            if kind in (None, "numeric"):
-                entry["bounds"] = BOUNDS_PLACEHOLDER
-            if kind in (None, "categorical"):
-                entry["categories"] = CATEGORIES_PLACEHOLDER
-            columns[c] = entry
-            fields = [k for k in ("type", "bounds", "categories") if is_placeholder(entry.get(k))]
+            columns[c] = _private_entry(c, num, cat)
+            fields = [k for k in ("type", "bounds", "categories") if is_placeholder(columns[c].get(k))]
             todo.append(f"{c} ({', '.join(fields)})")
             continue
         s = df[c]
@@ -499,21 +499,7 @@ def schema_for_table(
             continue
         kind = "numeric" if c in num else "categorical" if c in cat else infer_column_type(
             s, c, line_offset=line_offset)[0]  # fmt: skip
-        if kind == "numeric":
-            values = pd.to_numeric(s, errors="raise").dropna().to_numpy(dtype=np.float64)
-            lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 1.0)
-            note = None
-            if hi <= lo:
-                # One value (a constant column, or one row): a schema needs low < high. [v, v + 1] encodes v as
-                # 0, as the loader does with bounds it computes for such a column, so the schema loads back alike.
-                hi = lo + 1.0
-                note = "one value in this file: bounds widened to [value, value + 1]; a constant column carries " \
-                       "no information (\"type\": \"drop\" leaves it out)"  # fmt: skip
-            columns[c] = {"type": "numeric", "private": False, "bounds": [_plain_number(lo), _plain_number(hi)],
-                          "from_data": True, **({"note": note} if note else {})}  # fmt: skip
-        else:
-            cats = sorted({category_string(v) for v in s.dropna().tolist()})
-            columns[c] = {"type": "categorical", "private": False, "categories": cats, "from_data": True}
+        columns[c] = _public_entry(s, kind)
     if not label_private:
         kept = [c for c in public_cols if c not in flags]
         for c, why in flag_columns(df, label, kept, public=kept).items():
@@ -537,6 +523,44 @@ def schema_for_table(
     schema = {"featuredp_schema": SCHEMA_FORMAT, "source": Path(path).name, "label": label_entry, "columns": columns}
     read_schema(schema)  # what we write must load
     return schema, todo
+
+
+def _check_declared(header: list[str], *, priv: list[str], num: list[str], cat: list[str], dropped: list[str]) -> None:
+    for what, cols in (("private", priv), ("numeric", num), ("categorical", cat), ("drop", dropped)):
+        unknown = [c for c in cols if c not in header]
+        if unknown:
+            raise DataValidationError(f"unknown {what} column(s) {unknown}; available columns: {header}")
+    both = sorted(set(num) & set(cat))
+    if both:
+        raise DataValidationError(f"column(s) {both} declared both numeric and categorical")
+
+
+def _private_entry(c: str, num: Sequence[str], cat: Sequence[str]) -> dict[str, Any]:
+    # Only what was declared: the private column's values are never read, so the rest is a placeholder.
+    kind = "numeric" if c in num else "categorical" if c in cat else None
+    entry: dict[str, Any] = {"type": kind or TYPE_PLACEHOLDER, "private": True}
+    if kind in (None, "numeric"):
+        entry["bounds"] = BOUNDS_PLACEHOLDER
+    if kind in (None, "categorical"):
+        entry["categories"] = CATEGORIES_PLACEHOLDER
+    return entry
+
+
+def _public_entry(s: pd.Series, kind: str) -> dict[str, Any]:
+    if kind != "numeric":
+        cats = sorted({category_string(v) for v in s.dropna().tolist()})
+        return {"type": "categorical", "private": False, "categories": cats, "from_data": True}
+    values = pd.to_numeric(s, errors="raise").dropna().to_numpy(dtype=np.float64)
+    lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 1.0)
+    note = None
+    if hi <= lo:
+        # One value (a constant column, or one row): a schema needs low < high. [v, v + 1] encodes v as
+        # 0, as the loader does with bounds it computes for such a column, so the schema loads back alike.
+        hi = lo + 1.0
+        note = "one value in this file: bounds widened to [value, value + 1]; a constant column carries " \
+               "no information (\"type\": \"drop\" leaves it out)"  # fmt: skip
+    return {"type": "numeric", "private": False, "bounds": [_plain_number(lo), _plain_number(hi)],
+            "from_data": True, **({"note": note} if note else {})}  # fmt: skip
 
 
 def _plain_number(x: float) -> float | int:

@@ -73,18 +73,35 @@ def handle_missing(
     :data:`MISSING_CATEGORY` whether or not a value is missing, so that the encoding of a
     private column does not depend on its values.
     """
+    _add_missing_category(types, modes, categories)
+    used = [*types, label]
+    counts = {c: sum(int(f[c].isna().sum()) for f in frames.values() if c in f.columns) for c in used}
+    counts = {c: k for c, k in counts.items() if k}
+    if not counts:
+        return frames, []
+    _check_handled(counts, " and ".join(frames), label=label, types=types, modes=modes)
+    drop_cols = [c for c in counts if c == label or modes[c] == "drop"]
+    impute = [c for c in counts if c != label and types[c] == "numeric" and modes[c] == "impute"]
+    own = [c for c in counts if c != label and types[c] == "categorical" and modes[c] in ("impute", "category")]
+    out = _drop_rows(frames, drop_cols, private)
+    values, computed = _fill_values(next(iter(out.values())), impute, fills, private, sharded)
+    return _filled(out, values, own), computed
+
+
+def _add_missing_category(
+    types: Mapping[str, str], modes: Mapping[str, str | None], categories: dict[str, Sequence[str]]
+) -> None:
     for c, kind in types.items():
         if (
             kind == "categorical" and modes.get(c) in ("impute", "category") and c in categories
             and MISSING_CATEGORY not in [category_string(v) for v in categories[c]]
         ):  # fmt: skip
             categories[c] = [*categories[c], MISSING_CATEGORY]
-    used = [*types, label]
-    counts = {c: sum(int(f[c].isna().sum()) for f in frames.values() if c in f.columns) for c in used}
-    counts = {c: k for c, k in counts.items() if k}
-    if not counts:
-        return frames, []
-    where = " and ".join(frames)
+
+
+def _check_handled(
+    counts: Mapping[str, int], where: str, *, label: str, types: Mapping[str, str], modes: Mapping[str, str | None]
+) -> None:
     unhandled = [c for c in counts if modes.get(c) is None]
     if unhandled:
         raise DataValidationError(
@@ -99,9 +116,11 @@ def handle_missing(
             f"missing 'category' gives categorical columns their own category, but the numeric column(s) "
             f"{numeric_category} have missing values: impute them (a fill value) or drop the rows"
         )
-    drop_cols = [c for c in counts if c == label or modes[c] == "drop"]
-    impute = [c for c in counts if c != label and types[c] == "numeric" and modes[c] == "impute"]
-    own = [c for c in counts if c != label and types[c] == "categorical" and modes[c] in ("impute", "category")]
+
+
+def _drop_rows(
+    frames: dict[str, pd.DataFrame], drop_cols: list[str], private: Sequence[str]
+) -> dict[str, pd.DataFrame]:
     out: dict[str, pd.DataFrame] = {}
     report: list[str] = []
     for key, f in frames.items():
@@ -117,17 +136,23 @@ def handle_missing(
     if report:
         decided = [c for c in drop_cols if c in private]
         text = f"dropped {' and '.join(report)} with a missing value in {drop_cols}"
+        # stacklevel 4: past this helper and handle_missing, to load_table's caller
         if decided:
             warnings.warn(
                 f"{text}: whether a record is used then depends on its private value of {decided}, which the "
                 "feature-DP guarantee does not cover; impute those columns with a public fill value or give them "
                 "their own category instead",
                 PrivacyLeakWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
         else:
-            warnings.warn(text, UserWarning, stacklevel=3)
-    first = next(iter(out.values()))
+            warnings.warn(text, UserWarning, stacklevel=4)
+    return out
+
+
+def _fill_values(
+    first: pd.DataFrame, impute: list[str], fills: Mapping[str, float], private: Sequence[str], sharded: bool
+) -> tuple[dict[str, float], list[str]]:
     values: dict[str, float] = {}
     computed: list[str] = []
     for c in impute:
@@ -143,8 +168,12 @@ def handle_missing(
             f"the fill value (median) of private column(s) {leaked} was computed from the data: it is not covered "
             'by the privacy guarantee; give a public one ("fill" in the schema, fill= in Python) to avoid this',
             PrivacyLeakWarning,
-            stacklevel=3,
+            stacklevel=4,  # past this helper and handle_missing, to load_table's caller
         )
+    return values, computed
+
+
+def _filled(out: dict[str, pd.DataFrame], values: Mapping[str, float], own: list[str]) -> dict[str, pd.DataFrame]:
     for key, f in out.items():
         f = f.copy()
         for c, v in values.items():
@@ -155,4 +184,4 @@ def handle_missing(
                 gaps = f[c].isna()
                 f[c] = f[c].map(category_string).where(~gaps, MISSING_CATEGORY)
         out[key] = f
-    return out, computed
+    return out

@@ -179,13 +179,7 @@ def _parse_column(where: str, col: str, spec: object) -> ColumnSchema:
     for key in ("log1p", "from_data"):
         if not isinstance(spec.get(key, False), bool):
             raise _fail(where, f"column {col!r}: {key} must be true or false, got {spec.get(key)!r}")
-    # The field that does not apply to the declared type may keep its placeholder (it is ignored).
-    if kind == "numeric" and "categories" in pending:
-        pending.remove("categories")
-    if kind == "categorical" and "bounds" in pending:
-        pending.remove("bounds")
-    if kind == "drop":
-        pending = []
+    pending = _pending_for_type(pending, kind)
     bounds = None if is_placeholder(spec.get("bounds")) else _parse_bounds(where, col, spec.get("bounds"))
     cats = (
         None if is_placeholder(spec.get("categories"))
@@ -195,6 +189,27 @@ def _parse_column(where: str, col: str, spec: object) -> ColumnSchema:
         raise _fail(where, f"column {col!r} is numeric but lists categories; give bounds, or make it categorical")
     if kind == "categorical" and bounds is not None:
         raise _fail(where, f"column {col!r} is categorical but gives bounds; give categories, or make it numeric")
+    missing, fill = _missing_and_fill(where, col, spec, kind)
+    return ColumnSchema(
+        name=col, type=kind, private=private, bounds=bounds, categories=cats, log1p=bool(spec.get("log1p", False)),
+        from_data=bool(spec.get("from_data", False)), pending=tuple(pending), missing=missing, fill=fill,
+    )  # fmt: skip
+
+
+def _pending_for_type(pending: list[str], kind: object) -> list[str]:
+    # The field that does not apply to the declared type may keep its placeholder (it is ignored).
+    if kind == "numeric" and "categories" in pending:
+        pending.remove("categories")
+    if kind == "categorical" and "bounds" in pending:
+        pending.remove("bounds")
+    if kind == "drop":
+        pending = []
+    return pending
+
+
+def _missing_and_fill(
+    where: str, col: str, spec: Mapping[str, Any], kind: object
+) -> tuple[str | None, float | None]:
     missing = _parse_missing(where, f"column {col!r}: missing", spec.get("missing"))
     fill = spec.get("fill")
     if fill is not None:
@@ -206,11 +221,7 @@ def _parse_column(where: str, col: str, spec: object) -> ColumnSchema:
         if missing not in (None, "impute"):
             raise _fail(where, f"column {col!r}: fill applies to \"missing\": \"impute\", got missing {missing!r}")
         missing = "impute"
-    return ColumnSchema(
-        name=col, type=kind, private=private, bounds=bounds, categories=cats, log1p=bool(spec.get("log1p", False)),
-        from_data=bool(spec.get("from_data", False)), pending=tuple(pending), missing=missing,
-        fill=None if fill is None else float(fill),
-    )  # fmt: skip
+    return missing, None if fill is None else float(fill)
 
 
 def _parse_missing(where: str, what: str, value: object) -> str | None:

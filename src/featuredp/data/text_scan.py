@@ -115,16 +115,19 @@ def _tally(rows: Sequence[tuple[str, Sequence[Span]]], psi: TextSpans, repeat_ty
 
 
 def boundary_counts(rows: Sequence[tuple[str, Sequence[Span]]], psi: TextSpans,
-                    repeat_types: Sequence[str]) -> dict[str, Any]:  # fmt: skip
-    """What ``train --task text`` reports of its training texts: ``annotated`` and ``detected`` spans per type, and
-    ``largest_repeat``: per type of ``repeat_types``, the most records that hold one value (0: no value).
+                    repeat_types: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
+    """What ``train --task text`` reports of its training texts: ``annotated`` and ``detected`` spans per type
+    (functions of Ψ(x) and the annotations' places), and only when ``repeat_types`` are given, ``largest_repeat``:
+    per type of ``repeat_types``, the most records that hold one value (0: no value).
 
-    ``rows``: (text, annotated spans) per training record. The repeat count is a statistic of private values,
-    shown to the analyst as a group-privacy warning and never part of what the model releases.
+    ``rows``: (text, annotated spans) per training record. The repeat count is a statistic of the private values
+    (which of them are equal), not covered by ε: ``train --task text`` computes it only with ``--group-stats``.
     """
     annotated, detected, counts = _tally(rows, psi, repeat_types)
-    return {"annotated": annotated, "detected": detected,
-            "largest_repeat": {t: (c[0] if c else 0) for t, c in counts.items()}}  # fmt: skip
+    out: dict[str, Any] = {"annotated": annotated, "detected": detected}
+    if repeat_types:
+        out["largest_repeat"] = {t: (c[0] if c else 0) for t, c in counts.items()}
+    return out
 
 
 def scan_text_file(path: str | Path, *, spans: Sequence[str] | None = None, detect: Sequence[str] | None = None,

@@ -15,7 +15,7 @@ from featuredp._validate import check_choice, check_int, check_open_unit, check_
 from featuredp.batches import resolve_device
 from featuredp.experiments.protocols import PAPER_FIXED, PROTOCOLS
 from featuredp.methods import METHOD_NAMES, PRIVATE_METHODS
-from featuredp.noise import DEFAULT_NOISE, NOISE_PLANS
+from featuredp.noise import DEFAULT_NOISE, NOISE_PLANS, plan_settings
 
 __all__ = ["METHODS", "Cell", "GridConfig", "arm_name", "grid_cells", "settings_hash"]
 
@@ -105,7 +105,7 @@ class GridConfig:
         self.noises = [n for n in NOISE_PLANS if n in given]  # one order, whatever the order given
         if self.bands is not None:
             self.bands = check_int("bands", self.bands, minimum=1)
-            if not any(NOISE_PLANS[n].takes_bands for n in self.noises):
+            if not any("bands" in plan_settings(NOISE_PLANS[n]) for n in self.noises):
                 raise ValueError(f"bands is for noises with bandmf, got bands={self.bands} with noises={self.noises}")
         correlated = [n for n in self.noises if NOISE_PLANS[n].correlated]
         if correlated:

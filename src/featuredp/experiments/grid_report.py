@@ -152,6 +152,54 @@ def _budget_sentence(budget: dict[str, int]) -> str:
             + " candidates; differences between these methods partly reflect the search, not the method.")
 
 
+#: a summary row by (method, noise, target ε)
+_Cells = dict[tuple[str, str, Any], dict[str, Any]]
+
+
+def _accuracy_rows(arms: list[tuple[str, str]], by: _Cells, eps_values: list[float]) -> list[str]:
+    lines = []
+    for m, noise in arms:
+        if m in REFERENCE_METHODS:
+            s = by.get((m, DEFAULT_NOISE, None))
+            cell = "—" if s is None else _fmt_acc(s)
+            note = " (ε = 0)" if reference_epsilon(get_method(m)) == 0 else " (ε = ∞)"
+            lines.append(f"| {LABELS[m]}{note} | " + " | ".join(cell for _ in eps_values) + " |")
+        else:
+            lines.append(f"| {arm_label(m, noise)} | " + " | ".join(
+                _fmt_acc(by[(m, noise, e)]) if (m, noise, e) in by else "—" for e in eps_values) + " |")
+    return lines
+
+
+def _differences_section(by: _Cells, eps_values: list[float], correlated: list[str]) -> list[str]:
+    diffs = []
+    for e in eps_values:
+        parts = []
+        for noise in (DEFAULT_NOISE, *correlated):
+            for a, b, name in CLAIMED_DIFFERENCES:
+                sa, sb = by.get((a, noise, e)), by.get((b, noise, e))
+                if sa and sb:
+                    both = "" if noise == DEFAULT_NOISE else f" (both{noise_label(noise)})"
+                    parts.append(f"{name}{both} = {100 * (sa['accuracy_mean'] - sb['accuracy_mean']):+.1f}")
+        if parts:
+            diffs.append(f"* ε = {e:g}: " + "; ".join(parts) + " points")
+    return ["## Differences (accuracy points, means)", "", *diffs, ""] if diffs else []
+
+
+def _noise_gain_section(noise: str, arms: list[tuple[str, str]], by: _Cells, eps_values: list[float]) -> list[str]:
+    gains = []
+    for e in eps_values:
+        pairs = [(m, by[(m, noise, e)], by[(m, DEFAULT_NOISE, e)]) for m, arm in arms
+                 if arm == noise and (m, noise, e) in by and (m, DEFAULT_NOISE, e) in by]  # fmt: skip
+        parts = [f"{LABELS[m]} {100 * (a['accuracy_mean'] - b['accuracy_mean']):+.1f}" for m, a, b in pairs]
+        if parts:
+            gains.append(f"* ε = {e:g}: " + "; ".join(parts) + " points")
+    if not gains:
+        return []
+    name = noise_label(noise).removeprefix(" + ")
+    return [f"## {name} − independent noise (accuracy points, means; same method, ε and seeds)", "",
+            *gains, ""]  # fmt: skip
+
+
 def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     """The human-readable report of a grid."""
     eps_values = sorted({s["target_epsilon"] for s in summary if s["target_epsilon"] is not None})
@@ -183,42 +231,12 @@ def render_summary_md(rows: Sequence[dict[str, Any]], summary: list[dict[str, An
         "| method | " + " | ".join(f"ε = {e:g}" for e in eps_values) + " |",
         "|---|" + "---|" * len(eps_values),
     ]
-    for m, noise in arms:
-        if m in REFERENCE_METHODS:
-            s = by.get((m, DEFAULT_NOISE, None))
-            cell = "—" if s is None else _fmt_acc(s)
-            note = " (ε = 0)" if reference_epsilon(get_method(m)) == 0 else " (ε = ∞)"
-            lines.append(f"| {LABELS[m]}{note} | " + " | ".join(cell for _ in eps_values) + " |")
-        else:
-            lines.append(f"| {arm_label(m, noise)} | " + " | ".join(
-                _fmt_acc(by[(m, noise, e)]) if (m, noise, e) in by else "—" for e in eps_values) + " |")
+    lines += _accuracy_rows(arms, by, eps_values)
     n_seeds = sorted({s["n"] for s in summary})
     lines += ["", f"Seeds per cell: {', '.join(map(str, n_seeds))}.", ""]
-    diffs = []
-    for e in eps_values:
-        parts = []
-        for noise in (DEFAULT_NOISE, *correlated):
-            for a, b, name in CLAIMED_DIFFERENCES:
-                sa, sb = by.get((a, noise, e)), by.get((b, noise, e))
-                if sa and sb:
-                    both = "" if noise == DEFAULT_NOISE else f" (both{noise_label(noise)})"
-                    parts.append(f"{name}{both} = {100 * (sa['accuracy_mean'] - sb['accuracy_mean']):+.1f}")
-        if parts:
-            diffs.append(f"* ε = {e:g}: " + "; ".join(parts) + " points")
-    if diffs:
-        lines += ["## Differences (accuracy points, means)", "", *diffs, ""]
+    lines += _differences_section(by, eps_values, correlated)
     for noise in correlated:
-        gains = []
-        for e in eps_values:
-            pairs = [(m, by[(m, noise, e)], by[(m, DEFAULT_NOISE, e)]) for m, arm in arms
-                     if arm == noise and (m, noise, e) in by and (m, DEFAULT_NOISE, e) in by]  # fmt: skip
-            parts = [f"{LABELS[m]} {100 * (a['accuracy_mean'] - b['accuracy_mean']):+.1f}" for m, a, b in pairs]
-            if parts:
-                gains.append(f"* ε = {e:g}: " + "; ".join(parts) + " points")
-        if gains:
-            name = noise_label(noise).removeprefix(" + ")
-            lines += [f"## {name} − independent noise (accuracy points, means; same method, ε and seeds)", "",
-                      *gains, ""]  # fmt: skip
+        lines += _noise_gain_section(noise, arms, by, eps_values)
     lines += [
         "## Privacy actually spent and cost",
         "",

@@ -13,10 +13,16 @@ import numpy as np
 from featuredp._io import atomic_save_png
 from featuredp.experiments.grid_report import arm_label, noise_order, row_noise
 from featuredp.methods import METHODS
-from featuredp.noise import DEFAULT_NOISE, NOISE_PLANS
+from featuredp.noise import BLT, DEFAULT_NOISE, BandMF
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt
+
+#: the line style of a correlated-noise arm, by its noise kind: both share the method's colour, so each kind needs a
+#: style of its own to be told apart (presentation, kept here rather than in the noise plans)
+NOISE_LINE_STYLES: dict[str, str] = {BandMF.kind: "-.", BLT.kind: ":"}
+#: the line style of a correlated-noise kind without an entry above (a kind registered later)
+OTHER_NOISE_LINE_STYLE = "--"
 
 
 def privacy_utility_plot(
@@ -60,9 +66,7 @@ def privacy_utility_plot(
         means = [float(np.mean(v)) for _, v in pts]
         stds = [float(np.std(v, ddof=1)) if len(v) > 1 else 0.0 for _, v in pts]
         correlated = noises[arm] != DEFAULT_NOISE
-        # Both correlated arms share the method's colour, so each kind needs a line style of its own to be told apart.
-        style = NOISE_PLANS[noises[arm]].line_style if correlated and noises[arm] in NOISE_PLANS else (
-            "--" if correlated else record.linestyle)
+        style = NOISE_LINE_STYLES.get(noises[arm], OTHER_NOISE_LINE_STYLE) if correlated else record.linestyle
         ax.errorbar(xs, means, yerr=stds, capsize=3, label=arm_label(method, noises[arm]), color=record.color,
                     marker=record.marker, linestyle=style,
                     markerfacecolor="none" if correlated else record.color)  # fmt: skip

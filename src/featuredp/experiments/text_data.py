@@ -47,7 +47,8 @@ class TextData:
     psi: TextSpans
     source: str
     options: dict[str, Any] = field(default_factory=dict)
-    #: what Ψ does on the training texts (canaries aside): :func:`featuredp.data.text_scan.boundary_counts`
+    #: what Ψ does on the training texts (canaries aside): :func:`featuredp.data.text_scan.boundary_counts`;
+    #: ``largest_repeat`` (which private values are equal) only when :func:`load_text_data` was asked for it
     boundary: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -88,6 +89,7 @@ def load_text_data(
     canary_digits: int = 4,
     corpus_seed: int = 0,
     canary_seed: int = 0,
+    group_stats: bool = False,
 ) -> TextData:
     """The generated support corpus (``path=None``) or a user's annotated JSONL, split, with canaries planted.
 
@@ -100,7 +102,9 @@ def load_text_data(
     digits), drawn from the public ``canary_seed`` (they are the auditor's, not users' data) and always private
     (type ``secret``). The test split is never trained on. ``options`` holds these arguments (``n_train``: the
     training texts before the canaries; ``names``: how many, not which), so these options with ``names`` given
-    again rebuild the same data.
+    again rebuild the same data. ``group_stats``: also count, per private type, the most training records that
+    hold one value (``boundary["largest_repeat"]``), a statistic of the private values that ε does not cover
+    (``train --task text --group-stats``); never in ``options``.
     """
     max_len = check_int("max_len", max_len, minimum=16)
     if test is not None and path is None:
@@ -121,7 +125,8 @@ def load_text_data(
         train_recs = [TextRecord(r.text, [s for s in r.spans if s.type in types]) for r in train_recs]
         test_recs = [TextRecord(r.text, [s for s in r.spans if s.type in types]) for r in test_recs]
         # the generated corpus's spans are its annotations (no detector runs on it)
-        boundary = boundary_counts([(r.text, r.spans) for r in train_recs], TextSpans(types), types)
+        boundary = boundary_counts([(r.text, r.spans) for r in train_recs], TextSpans(types),
+                                   types if group_stats else ())  # fmt: skip
     else:
         if not spans:
             raise ValueError("--spans: name the private span types of --data FILE.jsonl (e.g. email,phone,name)")
@@ -139,7 +144,8 @@ def load_text_data(
             train_recs = train_recs[: check_int("n_train", n_train, minimum=10)]
             raw_train = raw_train[: len(train_recs)]
         boundary = boundary_counts([(r.text, r.spans) for r in raw_train],
-                                   TextSpans(tuple(spans), tuple(detect), tuple(names)), spans)  # fmt: skip
+                                   TextSpans(tuple(spans), tuple(detect), tuple(names)),
+                                   spans if group_stats else ())  # fmt: skip
         if n_test is not None:
             test_recs = test_recs[: check_int("n_test", n_test, minimum=1)]
         source = (f"{Path(path).name}: {len(train_recs):,} train / {len(test_recs):,} test (split seed {corpus_seed})"

@@ -44,18 +44,25 @@ from featuredp.lm import perplexity
 from featuredp.methods import get_method
 from featuredp.plan import TrainResult
 
-__all__ = ["NAMES_KEY", "REPEAT_WARNING", "TASK_KEY", "audit_text_run", "check_names", "group_guarantee", "is_text_run",
-           "names_digest", "train_text_run"]
+__all__ = ["GROUP_STATS_KEY", "GROUP_STATS_WARNING", "NAMES_KEY", "REPEAT_WARNING", "TASK_KEY", "audit_text_run",
+           "check_names", "group_guarantee", "is_text_run", "names_digest", "train_text_run"]
 
 #: run.json's key that marks a text run
 TASK_KEY = "task"
 #: a private value held by more training records than this is warned about (it is a group: group privacy)
 REPEAT_WARNING = 10
+#: run.json's key that says whether the run was asked for the group statistics (the setting, never the numbers)
+GROUP_STATS_KEY = "group_stats"
+#: what ``--group-stats`` prints (and warns) before its numbers
+GROUP_STATS_WARNING = ("--group-stats: the largest repeat and the group ε are computed from which private values "
+                       "are equal across training records: they read the hidden part, are NOT covered by ε, and are "
+                       "for the data owner's eyes only (not written to the run folder)")
 
 
 def train_text_run(*, out: str | Path | None, method: str, epsilon: float | None, delta: float,
                    given: Mapping[str, Any], overrides: Mapping[str, Any], public_seed: int | None = None,
-                   device: str | None = None, progress: bool = False, **settings: Any) -> dict[str, Any]:  # fmt: skip
+                   device: str | None = None, progress: bool = False, group_stats: bool = False,
+                   **settings: Any) -> dict[str, Any]:  # fmt: skip
     """Train ``method`` on a text task, evaluate held-out perplexity, and save the run in ``out`` (if given).
 
     ``given``: :func:`~featuredp.experiments.text_lm.load_text_data` arguments from the flags (none: the generated
@@ -63,17 +70,27 @@ def train_text_run(*, out: str | Path | None, method: str, epsilon: float | None
     ``overrides``: Trainer arguments that replace the text preset's for ``method`` (``epochs``, ``lr``, ...);
     ``settings`` go to the Trainer as they are (``secure_rng``, ``noise_multiplier``, ...). Returns the summary the
     CLI prints.
+
+    ``group_stats`` (``--group-stats``): also count which private values repeat across training records and state
+    the group bound (``boundary["largest_repeat"]``, ``group``, ``group_notes``), with a
+    :class:`~featuredp.errors.PrivacyLeakWarning` (:data:`GROUP_STATS_WARNING`). These read the hidden part: without
+    the flag they are not computed, and even with it they are in the returned summary only, never in the run folder
+    (run.json keeps the setting, :data:`GROUP_STATS_KEY`).
     """
     check_choice("method", method, TEXT_METHODS)
     preset = text_preset(False)
     opts = data_options(preset, {"canary_repeats": (), **dict(given)})
-    data = load_text_data(**opts)
+    data = load_text_data(**opts, group_stats=bool(group_stats))
     params = {**preset["methods"][method], **{k: v for k, v in overrides.items() if v is not None}}
     done = train_text_model(data=data, method=method, epsilon=epsilon, delta=delta, seed=public_seed,
                             model=preset["model"], params=params, device=device, progress=progress,
                             **settings)  # fmt: skip
     result = done.result
-    group, group_lines = group_guarantee(result, data.boundary.get("largest_repeat", {}))
+    group: dict[str, Any] | None = None
+    group_lines: list[str] = []
+    if group_stats:
+        warnings.warn(PrivacyLeakWarning(GROUP_STATS_WARNING), stacklevel=2)
+        group, group_lines = group_guarantee(result, data.boundary.get("largest_repeat", {}))
     _warn_boundary(data.boundary, list(data.options.get("detect") or ()), group_lines)
     metrics = {"perplexity": perplexity(done.model, data.test.batch()),
                "public_perplexity": perplexity(done.model, data.test.batch(), key="x_pub")}  # fmt: skip
@@ -89,14 +106,15 @@ def train_text_run(*, out: str | Path | None, method: str, epsilon: float | None
         "train_texts": len(data.train), "test_texts": len(data.test), "truncated": data.train.truncated,
         "canaries": len(data.canaries), **metrics, "heldout_source": held["source"],
         "heldout_covered": held["covered"], "heldout_note": held["note"], "train_wall_s": round(done.wall_s, 1),
-        "out": None,
-        # counts of Ψ-visible structure and of repeated private values, for the analyst: not in model.pt or run.json
-        "boundary": data.boundary, "group": group, "group_notes": group_lines,
+        "out": None, "boundary": data.boundary, GROUP_STATS_KEY: bool(group_stats),
     }  # fmt: skip
+    if group_stats:
+        # statistics of the private values, asked for: in the summary (stdout) only, not in model.pt or run.json
+        summary.update(group=group, group_notes=group_lines, group_stats_warning=GROUP_STATS_WARNING)
     if out is not None:
         save_run(out, done.trainer, result, model_spec=done.spec,
                  dataset={"task": "text", "options": data.options}, metrics=metrics,
-                 extra={TASK_KEY: "text", "audit": preset["audit"]})  # fmt: skip
+                 extra={TASK_KEY: "text", "audit": preset["audit"], GROUP_STATS_KEY: bool(group_stats)})  # fmt: skip
         names = list(given.get("names") or ())
         # the names' digest sits with the data's fingerprint, in the private folder: run.json keeps only their count
         record_data_fingerprint(out, {**data_files_fingerprint(data.options),
@@ -149,9 +167,12 @@ def check_names(run: Run, names: Sequence[str] | None) -> list[str]:
         raise ValueError(f"--names-file: not the list run {run.path} was trained with (its digest differs); give "
                          "that list")  # fmt: skip
     return given
+
+
 def _warn_boundary(boundary: Mapping[str, Any], detect: list[str], group_lines: list[str]) -> None:
-    """A detector that found nothing (and whose type nobody annotated), and a value in more than
-    :data:`REPEAT_WARNING` records, are warned about before the summary."""
+    """A detector that found nothing (and whose type nobody annotated), and (with ``--group-stats`` only: the
+    boundary then holds ``largest_repeat``) a value in more than :data:`REPEAT_WARNING` records, are warned about
+    before the summary."""
     for d in detect:
         if not boundary.get("detected", {}).get(d) and not boundary.get("annotated", {}).get(d):
             warnings.warn(PrivacyLeakWarning(

@@ -40,7 +40,7 @@ from featuredp.features import Columns
 from featuredp.losses import default_split
 from featuredp.methods import get_method
 from featuredp.models import build_model, spec_for
-from featuredp.noise import DEFAULT_NOISE, NOISE_PLANS
+from featuredp.noise import DEFAULT_NOISE, NOISE_PLANS, plan_settings
 from featuredp.noise.sources import NoiseSource
 
 __all__ = [
@@ -139,7 +139,7 @@ def engine_runner(
             raise ValueError(f"noise={noise!r} is for the private methods, got method {method!r}")
         if ablate is not None:
             raise ValueError(f"ablate is for independent noise, got ablate={ablate!r} with noise={noise!r}")
-    if kind.takes_bands:
+    if "bands" in plan_settings(kind):
         bands = check_int("bands", BENCHMARK_BANDS if bands is None else bands, minimum=1)
         steps = bands
     elif bands is not None:
@@ -187,8 +187,8 @@ def engine_runner(
     if ablate == "checks":
         _without_checks(trainer)
     timed = trainer._timing_step(data)
-    if ablate == "noise" and trainer._state is not None:
-        trainer._state.noise = _Float32Noise(trainer.device)
+    if ablate == "noise" and trainer.run.state is not None:
+        trainer.run.state.noise = _Float32Noise(trainer.device)
     where = trainer.device
     if where.type == "cuda":  # CUDA runs asynchronously: a step has ended when the device has finished it
 

@@ -189,38 +189,11 @@ def train_one(
     if device is not None:
         resolve_device(device)  # an absent device is a one-line error before the data is loaded
     kind = str(model.get("kind")) if isinstance(model, Mapping) else model or DEFAULT_MODEL["kind"]
-    options = dict(dataset_options or {})
-    if kind == "sparse_logreg":
-        # Codes for the sparse model: the CSV loader's categorical= lists columns, its encoding= picks codes.
-        options.setdefault("encoding" if dataset == "csv" else "categorical", "codes")
-    if data is None:
-        # Hashed before the data is read, so that the fingerprint `featuredp audit` checks is of these bytes.
-        file_hashes = data_files_fingerprint(options) if out is not None else {}
-        train, test = load_dataset(dataset, **options)
-    else:
-        file_hashes = {}
-        train, test = data
+    (train, test), options, file_hashes = _load(dataset, data, dataset_options, kind, hashed=out is not None)
     if private is None:
         private = list(getattr(train, "default_private", None) or [])
-
-    # Ψ and the loss split. A method that reads no Ψ gets them only when something is declared
-    # private (the guarantee then names it); e.g. retrained non-private audit models have none.
-    fmap: Columns | None = None
-    split: LossSplit | None = None
-    if private or label_private or record.needs_feature_map:
-        fmap = Columns(private=list(private), label_private=bool(label_private)).bind(train)
-        if loss_split == "padding" and padding_scale is not None:
-            split = GaussianPadding(fmap, scale=check_positive("padding_scale", padding_scale))
-        else:
-            split = default_split(fmap, loss_split)
-
-    if isinstance(model, Mapping):
-        spec = dict(model)
-    else:
-        spec_opts: dict[str, Any] = {}
-        if kind == "mlp":
-            spec_opts["hidden"] = list(hidden) if hidden is not None else list(DEFAULT_MODEL["hidden"])
-        spec = spec_for(train, kind, **spec_opts)
+    fmap, split = _psi_and_split(record, train, private, label_private, loss_split, padding_scale)
+    spec = _model_spec(train, model, kind, hidden)
     net = build_model(spec, seed=init_seed(public_seed if public_seed is not None else seed))
 
     kwargs = resolved_params(record.name, dataset, int(train.n), params, preset=preset,
@@ -229,28 +202,87 @@ def train_one(
                   record_epsilon=record_epsilon, params=params, device=device, precision=precision)  # fmt: skip
     trainer = Trainer(net, record.name, loss_split=split, seed=seed, public_seed=public_seed, secure_rng=secure_rng,
                       ledger=ledger, progress=progress, **kwargs)  # fmt: skip
-    checkpoint = None
-    if out is not None:
-        # Keys and RNG states stay out of the run directory, which is meant to be shared (rule 13).
-        main = trainer.dist is None or trainer.dist.is_main
-        if main:  # one process creates the place and moves an old checkpoint.pt, then every rank uses it
-            checkpoint = open_private_checkpoint(out, resume=resume, accept_legacy=accept_legacy_checkpoint)
-        if trainer.dist is not None:
-            torch.distributed.barrier()
-        if not main:
-            checkpoint = open_private_checkpoint(out)
+    checkpoint = None if out is None else _open_checkpoint(trainer, out, resume, accept_legacy_checkpoint)
     # Periodic checkpoints (between steps: a resumed run is the uninterrupted one up to the checkpoint).
     result = trainer.fit(train, checkpoint=checkpoint, checkpoint_every=200 if checkpoint else None, resume=resume)
     trained = trainer.model
     metrics = None if test is None else evaluate(trained, test)
     trained.eval()
+    # A user's file is named by its file name (the loader's name), not by the loader ("csv").
+    name = getattr(train, "name", dataset) if data is not None or dataset in _FILE_LOADERS else dataset
+    summary = _summary(record, result, trainer, fmap, metrics, spec, dataset=name, seeded=seed is not None,
+                       public_seed=public_seed, secure_rng=secure_rng)  # fmt: skip
+    if baselines:
+        # The reference is trained as `train --method public` with the same flags would be: under the record-level
+        # backstop too when the run has one (its public steps then read records only through noise).
+        summary.update(references(result, train, test, fmap, record.name, dict(
+            private=private, label_private=label_private, model=spec, preset=preset, public_seed=public_seed,
+            device=device, precision=precision, dataset=dataset, record_epsilon=record_epsilon, delta=delta,
+            **params)))  # fmt: skip
+    if trainer.ledger is not None:
+        summary["ledger"] = ledger_summary(trainer.ledger)
+    if out is not None:
+        _save(out, trainer, result, summary, spec=spec, dataset={"name": dataset, "options": options},
+              metrics=metrics, checkpoint=checkpoint, keep_checkpoint=keep_checkpoint, file_hashes=file_hashes)
+    return TrainedModel(summary=summary, model=trained, result=result, trainer=trainer, metrics=metrics)
+
+
+def _load(dataset: str, data: tuple[Any, Any] | None, dataset_options: Mapping[str, Any] | None, kind: str, *,
+          hashed: bool) -> tuple[tuple[Any, Any], dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """``(train, test)``, the loader options run.json records and, when ``hashed``, the data files' fingerprint."""
+    options = dict(dataset_options or {})
+    if kind == "sparse_logreg":
+        # Codes for the sparse model: the CSV loader's categorical= lists columns, its encoding= picks codes.
+        options.setdefault("encoding" if dataset == "csv" else "categorical", "codes")
+    if data is not None:
+        return data, options, {}
+    # Hashed before the data is read, so that the fingerprint `featuredp audit` checks is of these bytes.
+    file_hashes = data_files_fingerprint(options) if hashed else {}
+    return load_dataset(dataset, **options), options, file_hashes
+
+
+def _psi_and_split(record: Method, train: Any, private: Sequence[str], label_private: bool | None,
+                   loss_split: str | None, padding_scale: float | None) -> tuple[Columns | None, LossSplit | None]:
+    """Ψ and the loss split. A method that reads no Ψ gets them only when something is declared private (the
+    guarantee then names it); e.g. retrained non-private audit models have none."""
+    if not (private or label_private or record.needs_feature_map):
+        return None, None
+    fmap = Columns(private=list(private), label_private=bool(label_private)).bind(train)
+    if loss_split == "padding" and padding_scale is not None:
+        return fmap, GaussianPadding(fmap, scale=check_positive("padding_scale", padding_scale))
+    return fmap, default_split(fmap, loss_split)
+
+
+def _model_spec(train: Any, model: str | Mapping[str, Any] | None, kind: str, hidden: Sequence[int] | None
+                ) -> dict[str, Any]:  # fmt: skip
+    """The model's spec: the one given, or ``kind`` sized for ``train`` (an MLP with ``hidden``, default [64])."""
+    if isinstance(model, Mapping):
+        return dict(model)
+    spec_opts: dict[str, Any] = {}
+    if kind == "mlp":
+        spec_opts["hidden"] = list(hidden) if hidden is not None else list(DEFAULT_MODEL["hidden"])
+    return spec_for(train, kind, **spec_opts)
+
+
+def _open_checkpoint(trainer: Trainer, out: str | Path, resume: bool, accept_legacy: bool) -> Path:
+    """The run's private checkpoint. Keys and RNG states stay out of the run directory, which is meant to be shared
+    (rule 13); one process creates the place and moves an old checkpoint.pt, then every rank uses it."""
+    main = trainer.dist is None or trainer.dist.is_main
+    checkpoint = open_private_checkpoint(out, resume=resume, accept_legacy=accept_legacy) if main else None
+    if trainer.dist is not None:
+        torch.distributed.barrier()
+    return checkpoint if checkpoint is not None else open_private_checkpoint(out)
+
+
+def _summary(record: Method, result: TrainResult, trainer: Trainer, fmap: Columns | None,
+             metrics: dict[str, float] | None, spec: dict[str, Any], *, dataset: str, seeded: bool,
+             public_seed: int | None, secure_rng: bool) -> dict[str, Any]:  # fmt: skip
+    """The run's JSON-able facts (``featuredp train --json``); public quantities only."""
     plan = result.plan
-    private_columns = list(fmap.private_columns or []) if fmap is not None else []
-    summary: dict[str, Any] = {
+    return {
         "method": record.name,
-        # A user's file is named by its file name (the loader's name), not by the loader ("csv").
-        "dataset": getattr(train, "name", dataset) if data is not None or dataset in _FILE_LOADERS else dataset,
-        "private_columns": private_columns,
+        "dataset": dataset,
+        "private_columns": list(fmap.private_columns or []) if fmap is not None else [],
         "label_private": bool(fmap is not None and fmap.label_private),
         "accuracy": None if metrics is None else metrics["accuracy"],
         "test_loss": None if metrics is None else metrics["loss"],
@@ -277,7 +309,7 @@ def train_one(
         "stop_reason": result.stop_reason,
         "model": spec,
         # Whether the run was seeded, never the seed: with it anyone could replay the noise.
-        "seeded": seed is not None,
+        "seeded": seeded,
         "public_seed": public_seed,
         "secure_rng": secure_rng,
         # How it ran: the same keys as run.json's config.
@@ -286,26 +318,24 @@ def train_one(
         "world_size": 1 if trainer.dist is None else trainer.dist.world_size,
         "guarantee": result.guarantee,
     }
-    if baselines:
-        summary.update(references(result, train, test, fmap, record.name, dict(
-            private=private, label_private=label_private, model=spec, preset=preset, public_seed=public_seed,
-            device=device, precision=precision, dataset=dataset, **params)))  # fmt: skip
-    if trainer.ledger is not None:
-        summary["ledger"] = ledger_summary(trainer.ledger)
-    if out is not None:
-        save_run(out, trainer, result, model_spec=spec,
-                 dataset={"name": dataset, "options": options, "private_columns": private_columns,
-                          "label_private": summary["label_private"], "split": "the loader's fixed train/test split"},
-                 metrics=metrics)  # fmt: skip
-        summary["out"] = str(out)
-        summary["checkpoint"] = str(checkpoint)
-        summary["checkpoint_kept"] = bool(keep_checkpoint)
-        if trainer.dist is None or trainer.dist.is_main:
-            record_data_fingerprint(out, file_hashes)  # private, next to the checkpoint: never in run.json
-        if trainer.dist is not None:
-            torch.distributed.barrier()  # every rank has written its last checkpoint
-        close_private_checkpoint(out, keep=keep_checkpoint)
-    return TrainedModel(summary=summary, model=trained, result=result, trainer=trainer, metrics=metrics)
+
+
+def _save(out: str | Path, trainer: Trainer, result: TrainResult, summary: dict[str, Any], *, spec: dict[str, Any],
+          dataset: dict[str, Any], metrics: dict[str, float] | None, checkpoint: Path | None, keep_checkpoint: bool,
+          file_hashes: dict[str, Any]) -> None:  # fmt: skip
+    """Write the run directory (run.json, model.pt), the private data fingerprint, and close the checkpoint."""
+    save_run(out, trainer, result, model_spec=spec,
+             dataset={**dataset, "private_columns": summary["private_columns"],
+                      "label_private": summary["label_private"], "split": "the loader's fixed train/test split"},
+             metrics=metrics)  # fmt: skip
+    summary["out"] = str(out)
+    summary["checkpoint"] = str(checkpoint)
+    summary["checkpoint_kept"] = bool(keep_checkpoint)
+    if trainer.dist is None or trainer.dist.is_main:
+        record_data_fingerprint(out, file_hashes)  # private, next to the checkpoint: never in run.json
+    if trainer.dist is not None:
+        torch.distributed.barrier()  # every rank has written its last checkpoint
+    close_private_checkpoint(out, keep=keep_checkpoint)
 
 
 def resolved_params(method: str, dataset: str, n: int, params: Mapping[str, Any], *,
@@ -354,29 +384,34 @@ def references(result: TrainResult, train: Any, test: Any, fmap: Columns | None,
         counts = np.bincount(np.asarray(test.y, dtype=np.int64))
         majority = float(counts.max() / counts.sum())
     public_only = None
+    public_record: dict[str, Any] = record_summary(None)
     note = None
     if fmap is not None and fmap.label_private:
         # Ψ(S) holds no label: a model trained on it alone learns nothing about y, and a "public only" accuracy
         # (it fell to 47 % on Adult, below the majority class's 76 %) would mislead. Without labels the best a
         # public-only model can do is a fixed class: the majority-class reference above, at best.
         note = "the label is private: a public-only model sees no labels; the majority class is its best case"
-    elif fmap is not None and method != "public":  # Ψ(S) is public: the reference costs no privacy
-        public_only = train_one(method="public", data=(train, test), progress=False, **public_kwargs).summary[
-            "accuracy"]  # fmt: skip
+    elif fmap is not None and method != "public":  # Ψ(S) is public: the reference costs no feature-level privacy
+        reference = train_one(method="public", data=(train, test), progress=False, **public_kwargs).summary
+        public_only, public_record = reference["accuracy"], {k: reference[k] for k in public_record}
     shown = [h for h in result.history if "loss" in h or "public_loss" in h]
     last = shown[-1] if shown else {}
     kind = "loss" if "loss" in last else "public_loss" if "public_loss" in last else None
     # One retraining: its accuracy has no spread over seeds, only the test set's binomial noise (train prints it).
     return {"baselines": {"majority": majority, "public_only": public_only,
                           "public_only_runs": 0 if public_only is None else 1, "public_only_note": note,
+                          # the reference under the run's record-level backstop (null without one): σ_pub and its ε
+                          **{f"public_only_{k}": v for k, v in public_record.items()},
                           "test_rows": None if test is None else len(test.y)},
             "train_loss": None if kind is None else {"kind": kind, "value": float(last[kind])}}
 
 
-def record_summary(result: TrainResult) -> dict[str, Any]:
+def record_summary(result: TrainResult | None) -> dict[str, Any]:
     """The summary's record-level keys: ``record_epsilon`` (ε for whole records; null where the public view was
     read without noise, and for nonprivate), ``record_backstop`` (whether a backstop noised the public steps) and
-    ``record_noise_multiplier`` (σ_pub)."""
+    ``record_noise_multiplier`` (σ_pub). ``result`` None: the keys of no run (null, False, null)."""
+    if result is None:
+        return {"record_epsilon": None, "record_backstop": False, "record_noise_multiplier": None}
     rec = result.record_epsilon
     return {"record_epsilon": None if rec is None or math.isinf(rec) else float(rec),
             "record_backstop": result.plan.record_noise_multiplier is not None,

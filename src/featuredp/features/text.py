@@ -7,8 +7,9 @@ before any tokenisation:
 * :class:`Span` — a character range ``[start, end)`` of a text and its type (``"email"``, ``"name"``, ...);
 * :func:`detect_spans` — built-in detectors (:data:`DETECTORS`): emails (also obfuscated, IDN and full-width),
   IBANs, card numbers (any 13-19 digits: no Luhn check), US SSNs, dates, phone numbers (international too), other
-  numbers of 5+ digits, and names from a list the user gives; they read :func:`normalise` ``(text)`` (NFKC,
-  look-alike digits, Unicode dashes) and hide the whole original extent of what they match;
+  numbers of 5+ digits, and names from a list the user gives; they read :func:`normalise` ``(text)`` (NFKD with
+  combining marks dropped, look-alike digits, Unicode dashes) and hide the whole original extent of what they
+  match, marks included;
 * :func:`load_annotated_jsonl` — a user's annotations: one JSON object per line, ``{"text": ..., "spans":
   [{"start": s, "end": e, "type": t}, ...]}``, character offsets, checked up front;
 * :class:`TextSpans` — Ψ itself: ``psi(text, spans)`` is the redacted text, deterministic and per example, and
@@ -76,9 +77,24 @@ def placeholder(span_type: str) -> str:
 _DASHES = frozenset("\u2010\u2011\u2012\u2013\u2014\u2015\u2212\u2e3a\u2e3b\ufe58\ufe63\uff0d")
 
 
+def _is_mark(ch: str) -> bool:
+    """A combining mark (Unicode categories Mn, Mc, Me): it belongs to the character before it."""
+    return unicodedata.category(ch) in ("Mn", "Mc", "Me")
+
+
+def _attached(ch: str) -> bool:
+    """Whether ``ch`` goes with the character before it: a combining mark or a format character (a zero-width
+    joiner between a letter and its mark must not cut the mark off the letter's span)."""
+    return _is_mark(ch) or unicodedata.category(ch) == "Cf"
+
+
 def _normalise_piece(piece: str) -> str:
     out: list[str] = []
-    for ch in unicodedata.normalize("NFKC", piece):
+    # NFKD, then every mark dropped: a mark NFKC cannot merge (5 + U+0308) would split a run of digits, and one it
+    # merges into a letter (A + U+0301 = Á) would take the letter out of [A-Z]; the detectors see the base
+    # characters only, whatever marks a value carries. NFC then recomposes what needs no mark (Hangul jamo).
+    base = "".join(ch for ch in unicodedata.normalize("NFKD", piece) if not _is_mark(ch))
+    for ch in unicodedata.normalize("NFC", base):
         if ch.isascii():
             out.append(ch)
         elif unicodedata.category(ch) == "Nd":  # Arabic-Indic, Devanagari, ... digits: the digit they are
@@ -97,10 +113,12 @@ def _normalise_piece(piece: str) -> str:
 def normalise(text: str) -> tuple[str, list[int], list[int]]:
     """``text`` as the detectors read it, and for each of its characters the original ``[start, end)`` it comes from.
 
-    NFKC (full-width letters and digits, ``＠``, mathematical digits, ligatures), every decimal digit as its ASCII
-    digit, Unicode dashes as ``-``, odd spaces as a space, format characters (zero-width space, soft hyphen)
-    dropped. A base character and the combining marks after it are normalised together and map to their whole
-    original extent, so a span found on the normalised text hides every original character it came from.
+    NFKD compatibility forms (full-width letters and digits, ``＠``, mathematical digits, ligatures) with every
+    combining mark dropped (categories Mn, Mc, Me: ``5̈`` reads as ``5``, ``é`` as ``e``), every decimal digit as
+    its ASCII digit, Unicode dashes as ``-``, odd spaces as a space, format characters (zero-width space, soft
+    hyphen) dropped. A base character and the marks and format characters after it are normalised together and
+    map to their whole original extent, so a span found on the normalised text hides every original character it
+    came from, the marks of its last character included.
 
     >>> normalise("\uff15\u2011x")
     ('5-x', [0, 1, 2], [1, 2, 3])
@@ -113,7 +131,7 @@ def normalise(text: str) -> tuple[str, list[int], list[int]]:
     i, n = 0, len(text)
     while i < n:
         j = i + 1
-        while j < n and unicodedata.combining(text[j]):
+        while j < n and _attached(text[j]):
             j += 1
         piece = _normalise_piece(text[i:j])
         chars.append(piece)
@@ -349,6 +367,15 @@ def check_span_types(types: Sequence[str], present: Iterable[str], source: str) 
 # ----------------------------------------------------------------------------- Ψ
 
 
+def _with_trailing_marks(text: str, span: Span) -> Span:
+    """``span`` extended over the combining marks (and format characters) right after it: they belong to its last
+    character, and left public they would show what it carried. Reads only characters outside the span."""
+    end = span.end
+    while end < len(text) and _attached(text[end]):
+        end += 1
+    return span if end == span.end else Span(span.start, end, span.type)
+
+
 @dataclass(frozen=True)
 class TextSpans:
     """Ψ(x) for text: ``x`` with each private span replaced by its type's placeholder.
@@ -384,7 +411,8 @@ class TextSpans:
 
         Annotations of other types are dropped *before* anything is joined, so a public annotation overlapping a
         private one (a ``url`` around an ``email``) can neither take a private character out of the hidden set
-        nor give its type to the joined span: every character of every private annotation is hidden."""
+        nor give its type to the joined span: every character of every private annotation is hidden. A span is
+        extended over the combining marks right after it (they belong to its last character)."""
         found = [s for s in annotated if s.type in self.types]
         if self.detect:
             # Detectors read the text with the annotated spans blanked out: otherwise a detection overlapping an
@@ -394,7 +422,7 @@ class TextSpans:
             for s in found:
                 masked[s.start:s.end] = "\0" * (s.end - s.start)
             found.extend(detect_spans("".join(masked), self.detect, self.names))
-        return join_spans(found)
+        return join_spans(_with_trailing_marks(text, s) for s in found)
 
     def __call__(self, text: str, annotated: Sequence[Span] = ()) -> str:
         """The public view of one text (deterministic; reads nothing but this text and its annotations)."""

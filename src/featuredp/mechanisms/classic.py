@@ -15,7 +15,13 @@ value back: it is for tests only and warns (``PrivacyRiskWarning``).
 The two additive mechanisms release multiples of a power-of-two grid with noise drawn exactly (integer arithmetic,
 :mod:`featuredp.mechanisms._discrete`): the floating-point result fl(value + noise) of the textbook versions leaks the
 value through its low bits (Mironov 2012).
-* :class:`VectorMechanism` — noise with density ∝ exp(−β‖b‖), β = ε/Δ₂ (Chaudhuri et al. 2011).
+
+* :class:`VectorMechanism` — pure ε-DP for L2 sensitivity Δ₂, released the same way (the discrete Laplace on a grid
+  at the L1 sensitivity √d·Δ₂); its ``noise`` is Chaudhuri et al.'s (2011) continuous exp(−β‖b‖₂), β = ε/Δ₂, for
+  objective perturbation only.
+
+The exact samplers' running time grows with the noise they draw (a timing side channel: see
+:mod:`featuredp.mechanisms._discrete`).
 """
 
 from __future__ import annotations
@@ -225,7 +231,7 @@ class LaplaceMechanism:
     K = ⌈Δ₁/Λ⌉ + d − 1 for d coordinates, and t = ⌈K/ε⌉ (an integer), so the release is K/t <= ε-DP, i.e.
     ε-DP exactly (the guarantee is ``epsilon``, never more). d > 1 coordinates use the finer grid Λ_d =
     :meth:`grid_for` (d) in place of Λ. Every output is a multiple of Λ (Λ_d); the noise's sd is about √2·Δ₁/ε,
-    larger by the factor K·Λ/Δ₁ (<= 1.001 for a scalar, <= 1 + 2^−9 for any d).
+    larger by the factor t·Λ_d·ε/Δ₁ <= 1 + (1 + 1/ε)/1024 (the rounding of K and of t).
 
     >>> LaplaceMechanism(epsilon=0.5, sensitivity=1.0).scale
     2.0
@@ -402,15 +408,36 @@ def _discrete_sigma(epsilon: float, delta: float, sensitivity: float, grid: floa
     return hi * grid
 
 
+def _ceil_sqrt_times(dim: int, ratio: Fraction) -> int:
+    """⌈√dim·ratio⌉ exactly (ratio >= 0): the smallest k with k² >= dim·ratio², in integers."""
+    need = math.ceil(dim * ratio * ratio)
+    return 0 if need <= 0 else math.isqrt(need - 1) + 1
+
+
 @dataclass(frozen=True)
 class VectorMechanism:
-    """value + b with density ∝ exp(−β‖b‖₂), β = ε/Δ₂: ε-DP for vector queries with L2 sensitivity Δ₂.
+    """Pure ε-DP release of vector queries with L2 sensitivity Δ₂: discrete Laplace noise on a grid, sampled exactly.
 
-    ‖b‖ ~ Gamma(shape d, scale 1/β) and b/‖b‖ is uniform on the sphere (Chaudhuri,
-    Monteleoni & Sarwate 2011, output perturbation).
+    :meth:`release` of a d-vector rounds each coordinate to the nearest multiple of the grid Λ_d (:meth:`grid_for`,
+    a power of two near √d·Δ₂/(ε·1024·d)), clamps it to ±2^50·Λ_d and adds independent discrete Laplace noise Λ_d·Y,
+    P(Y = y) ∝ exp(−|y|/t), drawn exactly with integer arithmetic from OS entropy, as :class:`LaplaceMechanism`
+    does. On the grid the L1 sensitivity is at most K = ⌈√d·Δ₂/Λ_d⌉ + d − 1 (‖x‖₁ <= √d·‖x‖₂; rounding adds less
+    than one step per coordinate) and t = ⌈K/ε⌉ (:meth:`grid_scale`), so the release is K/t <= ε-DP exactly, with no
+    δ and no floating-point leak: every output is a multiple of Λ_d.
+
+    The noise is not Chaudhuri, Monteleoni & Sarwate's (2011) density ∝ exp(−β‖b‖₂), β = ε/Δ₂: their continuous
+    noise added in floating point is porous (Mironov 2012; ε = 1 does not hold), and we have no exact sampler of its
+    lattice version. The price: E‖noise‖₂² ≈ 2d²(Δ₂/ε)² against d(d + 1)(Δ₂/ε)², a noise norm √(2d/(d + 1)) times
+    larger (1 for d = 1, under √2 for every d), times the grid's factor <= 1 + (1 + 1/ε)/1024.
+
+    :meth:`noise` still draws the continuous exp(−β‖b‖₂) noise in float64, for objective perturbation
+    (:mod:`featuredp.erm`), where it is a term of the objective. It is not a release: fl(value + noise) is not
+    ε-DP.
 
     >>> VectorMechanism(epsilon=1.0).noise(3, size=2).shape
     (2, 3)
+    >>> VectorMechanism(epsilon=1.0).grid_for(4)  # the grid of a Laplace scale 2 (2^-9), over 4
+    0.00048828125
     """
 
     epsilon: float
@@ -424,11 +451,26 @@ class VectorMechanism:
 
     @property
     def beta(self) -> float:
-        """The rate β = ε/Δ₂ of the noise density."""
+        """The rate β = ε/Δ₂ of the continuous noise density of :meth:`noise`."""
         return self.epsilon / self.sensitivity
 
+    def grid_for(self, dim: int) -> float:
+        """Λ_d, the grid of a release of ``dim`` coordinates: the grid of a Laplace scale √d·Δ₂/ε, over 2^⌈log₂ d⌉."""
+        dim = check_int("dim", dim, minimum=1)
+        return math.ldexp(_grid(math.sqrt(dim) * self.sensitivity / self.epsilon), -math.ceil(math.log2(dim)))
+
+    def grid_scale(self, dim: int) -> Fraction:
+        """t, the discrete Laplace parameter in grid units for ``dim`` coordinates: ⌈K/ε⌉, K = ⌈√d·Δ₂/Λ_d⌉ + d − 1."""
+        dim = check_int("dim", dim, minimum=1)
+        k = _ceil_sqrt_times(dim, Fraction(self.sensitivity) / Fraction(self.grid_for(dim))) + dim - 1
+        return Fraction(math.ceil(Fraction(k) / Fraction(self.epsilon)))
+
     def noise(self, dim: int, size: int | None = None, rng: RngLike = None) -> np.ndarray:
-        """Noise vectors: shape (dim,) or (size, dim)."""
+        """Continuous noise vectors in float64 with density ∝ exp(−β‖b‖₂): shape (dim,) or (size, dim).
+
+        ‖b‖ ~ Gamma(shape d, scale 1/β) and b/‖b‖ is uniform on the sphere. For objective perturbation only: adding
+        these to a value in floating point leaks the value through the low bits (Mironov 2012); use :meth:`release`.
+        """
         dim = check_int("dim", dim, minimum=1)
         n = 1 if size is None else check_int("size", size, minimum=1)
         g = _rng(rng)
@@ -439,8 +481,10 @@ class VectorMechanism:
         return b[0] if size is None else b
 
     def release(self, value: Any, rng: RngLike = None) -> np.ndarray:
-        """``value`` (a 1-d vector) plus one noise vector."""
+        """``value`` (a 1-d vector) on the grid Λ_d plus independent exact discrete Laplace noise per coordinate."""
         v = _values("value", value)
-        if v.ndim != 1:
-            raise ValueError(f"value must be a 1-d vector, got shape {v.shape}")
-        return v + self.noise(v.shape[0], rng=_rng(rng))  # resolved here, so a seed's warning names this call
+        if v.ndim != 1 or v.size == 0:
+            raise ValueError(f"value must be a non-empty 1-d vector, got shape {v.shape}")
+        dim = v.shape[0]
+        bits, t, grid = _bits(rng), self.grid_scale(dim), self.grid_for(dim)
+        return np.asarray(_out([r + bits.discrete_laplace(t) for r in _on_grid(v, grid)], grid, v.shape))

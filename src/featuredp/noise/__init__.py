@@ -3,9 +3,10 @@ secret Gaussian draws behind every kind).
 
 * plans, torch-free: :class:`NoisePlan` (:mod:`featuredp.noise.plans`), :class:`Independent` (DP-SGD's, the
   default), :class:`BandMF` and :class:`BLT` (correlated noise), the registry :data:`NOISE_PLANS` and
-  :func:`noise_plan` / :func:`noise_plan_from_dict`;
+  :func:`noise_plan` / :func:`noise_plan_from_dict` / :func:`plan_settings` (the settings a kind takes);
 * sources (torch, loaded on first use): :class:`NoiseSource`, :class:`TorchNoise`, :class:`SecureNoise`,
-  :class:`ChaCha20Generator`, ... (:mod:`featuredp.noise.sources`);
+  :class:`ChaCha20Generator`, ... (:mod:`featuredp.noise.sources`; the generator and the words-to-normals transform
+  are :mod:`featuredp.random_words`'s, re-exported);
 * building blocks of the correlated plans: :mod:`featuredp.noise.bandmf`, :mod:`featuredp.noise.blt` (torch).
 
 A new noise kind is one new module in this package whose class is decorated
@@ -21,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 from featuredp.noise.bandmf_plan import BandMF
 from featuredp.noise.blt_plan import BLT
 from featuredp.noise.independent import Independent
-from featuredp.noise.plans import NOISE_PLANS, NoisePlan, noise_plan, noise_plan_from_dict, register_noise_plan
+from featuredp.noise.plans import (
+    NOISE_PLANS,
+    NoisePlan,
+    noise_plan,
+    noise_plan_from_dict,
+    plan_settings,
+    register_noise_plan,
+)
 
 #: the kind of the default noise (DP-SGD's independent Gaussian): what a run without ``noise=`` uses
 DEFAULT_NOISE: str = Independent.kind
@@ -80,6 +88,7 @@ __all__ = [
     "noise_plan_from_dict",
     "normals_from_words",
     "normals_from_words_lazy",
+    "plan_settings",
     "refinement_words",
     "register_noise_plan",
 ]

@@ -39,8 +39,6 @@ class BandMF(NoisePlanBase):
     label: ClassVar[str] = "BandMF"
     order: ClassVar[int] = 1
     correlated: ClassVar[bool] = True
-    takes_bands: ClassVar[bool] = True
-    line_style: ClassVar[str] = "-."
     sigma_note: ClassVar[str] = (
         "BandMF's σ is the std of z in the released C x + z (C's first coefficient 1), not comparable with DP-SGD's: "
         "its ε is that of DP-SGD with multiplier σ / (max column norm of C), sampling rate m·b/n and ⌈T/b⌉ steps "

@@ -43,7 +43,6 @@ class BLT(NoisePlanBase):
     label: ClassVar[str] = "BLT"
     order: ClassVar[int] = 2
     correlated: ClassVar[bool] = True
-    line_style: ClassVar[str] = ":"
     sigma_note: ClassVar[str] = (
         "BLT's σ is likewise the std of z in C x + z, not comparable with DP-SGD's: its ε is that of one Gaussian "
         "release with multiplier σ / Δ, Δ the min-sep sensitivity of C over epochs of ⌊n/m⌋ steps, without "

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from featuredp.noise.sources import NoiseSource
 
 __all__ = ["NOISE_PLANS", "NoisePlan", "NoisePlanBase", "PlanView", "noise_plan", "noise_plan_from_dict",
-           "register_noise_plan"]
+           "plan_settings", "register_noise_plan"]
 
 
 class PlanView(Protocol):
@@ -65,12 +65,8 @@ class NoisePlan(Protocol):
     order: ClassVar[int]
     #: whether its noise is correlated across steps (a cyclic sampler, a ``correlated_noise`` report block)
     correlated: ClassVar[bool]
-    #: whether it takes a ``bands`` setting (BandMF)
-    takes_bands: ClassVar[bool]
     #: what a results table must say about its σ (empty: DP-SGD's noise multiplier)
     sigma_note: ClassVar[str]
-    #: the matplotlib line style of its arm in a privacy-utility plot (its method's colour)
-    line_style: ClassVar[str]
 
     @classmethod
     def grid_note(cls, bands: int | None) -> str:
@@ -162,6 +158,18 @@ def _check_kind(name: object) -> type[NoisePlan]:
     return NOISE_PLANS[check_choice("noise", name, tuple(NOISE_PLANS))]
 
 
+def plan_settings(cls: type[NoisePlan]) -> tuple[str, ...]:
+    """The settings :func:`noise_plan` accepts for the plan class ``cls``: its init fields, in order (not its
+    class-level constants). Whoever offers a setting to users (the CLI's ``--bands``, a grid's ``bands``) asks this,
+    so a plan carries no flag about the CLI.
+
+    >>> from featuredp.noise import BLT, BandMF
+    >>> plan_settings(BandMF), plan_settings(BLT)
+    (('bands', 'coeffs'), ('coeffs',))
+    """
+    return tuple(f.name for f in fields(cast(Any, cls)))
+
+
 def noise_plan(name: str | NoisePlan, **params: Any) -> NoisePlan:
     """The noise plan ``name`` (a registered kind, as the CLI and configs give it) with ``params``
     (``noise_plan("bandmf", bands=4)``); a plan instance is returned as it is (no ``params``).
@@ -174,8 +182,8 @@ def noise_plan(name: str | NoisePlan, **params: Any) -> NoisePlan:
             raise ValueError(f"give settings {sorted(params)} in the noise plan {name!r} itself")
         return name
     cls = _check_kind(name)
-    accepted = {f.name for f in fields(cast(Any, cls))}  # the init fields (not the ClassVars)
-    unknown = sorted(set(params) - accepted)
+    accepted = plan_settings(cls)
+    unknown = sorted(set(params) - set(accepted))
     if unknown:
         raise ValueError(f"{unknown[0]} is not a setting of noise={name!r} (its settings: {sorted(accepted)})")
     return cls(**params)
@@ -197,9 +205,7 @@ class NoisePlanBase:
     label: ClassVar[str] = ""
     order: ClassVar[int] = 9
     correlated: ClassVar[bool] = False
-    takes_bands: ClassVar[bool] = False
     sigma_note: ClassVar[str] = ""
-    line_style: ClassVar[str] = "--"
 
     @classmethod
     def grid_note(cls, bands: int | None) -> str:

@@ -10,6 +10,10 @@ sensitivity:
   divisor taken from the realised batch would add a term that depends on the batch);
 * nothing else: buffers, frozen parameters and the noise draw itself must be identical.
 
+With the record-level backstop (``record_epsilon``) an FDP step has a second noisy sum, over the record batch its
+secret sampler draws: x is forced into that batch in the run with x and left out without it (the other rows and
+draws fixed), and that sum is checked against its own bounds (C; noise σ_pub·C; its term w·Δ/(q'·n) in the update).
+
 A third run swaps x's private part (Ψ(x) kept; the entries its feature map's ``private_entries()`` masks and the keys
 Ψ drops, taken from the record whose private part differs most; for DP-SGD the whole record): the clipped sum may
 then move by up to 2C, the sensitivity the replace-one ε is accounted at (check ``swap sensitivity``). That is twice
@@ -121,10 +125,13 @@ class _RefusedError(Exception):
 
 @dataclass
 class _Draws:
-    """The private batch's per-record draws of the run with x, and whether x was among this rank's rows."""
+    """The private batch's per-record draws of the run with x, and whether x was among this rank's rows; with the
+    record-level backstop, its record batch in the run with x (x last) and that batch's per-record draws."""
 
     values: dict[str, torch.Tensor] = field(default_factory=dict)
     has_x: bool = False
+    record_rows: np.ndarray | None = None
+    record_values: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -135,6 +142,28 @@ class _Run:
     stds: list[float] = field(default_factory=list)
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
     after: dict[str, torch.Tensor] = field(default_factory=dict)
+    # The record-level backstop's second noisy sum (its record batch): the sums after that batch is drawn.
+    in_record: bool = False
+    record_clipped: dict[str, torch.Tensor] | None = None
+    record_noisy: dict[str, torch.Tensor] | None = None
+    record_noise_state: Any = None
+    record_stds: list[float] = field(default_factory=list)
+
+    def saw_clipped(self, sums: dict[str, torch.Tensor]) -> None:
+        """A clipped sum of the step: the private batch's, or the record batch's once that batch is drawn."""
+        if self.in_record:
+            self.record_clipped = sums
+        else:
+            self.clipped = sums
+
+    def saw_noise(self, state: Any, noisy: dict[str, torch.Tensor], std: float) -> None:
+        """A noise draw (the source's state before it, the noisy sum, the std asked for), routed as above."""
+        if self.in_record:
+            self.record_noise_state, self.record_noisy = state, noisy
+            self.record_stds.append(std)
+        else:
+            self.noise_state, self.noisy = state, noisy
+            self.stds.append(std)
 
 
 def replay_step(trainer: Any, data: Any, *, record: int, batch: Sequence[int],
@@ -157,12 +186,8 @@ def replay_step(trainer: Any, data: Any, *, record: int, batch: Sequence[int],
     method = get_method(trainer.method)
     if not method.private:
         raise ValueError(f"replay_step needs a private method, got method={trainer.method!r}")
-    if getattr(trainer, "_state", None) is not None:
+    if trainer.run.state is not None:
         raise ValueError("replay_step needs a Trainer whose run has not started (build a fresh one)")
-    if getattr(trainer.privacy, "record_epsilon", None) is not None:
-        # Its step has two noisy sums (private and public); the observers below see one. Refused, never misjudged.
-        raise ValueError("replay_step does not cover the record-level backstop (record_epsilon) yet; replay the "
-                         "same trainer settings without record_epsilon (its private step is the same)")
     batch_all = as_batch(data)
     base, record = _rows(batch_all, record, batch, swap_with)
     model = trainer.model
@@ -171,7 +196,7 @@ def replay_step(trainer: Any, data: Any, *, record: int, batch: Sequence[int],
     batch_all = to_device(batch_all, trainer.device)
 
     def restore() -> None:
-        trainer._state = None
+        trainer.run.state = None
         model.load_state_dict(saved_model)
 
     return _replay(trainer, state, split, batch_all, base, record, swap_with, restore=restore)
@@ -184,11 +209,10 @@ def replay_engine_step(engine: Any, data: Any, *, record: int, batch: Sequence[i
     private sampler replaced by the given batch and every stream restored between the runs. ``data``: a dict of
     batch-first tensors with ``"x"`` (the model's input) and ``"y"`` (the target), or a TabularDataset; for the
     FDP methods the engine's public batch draws from it. Call it on an engine whose run has not stepped yet."""
-    trainer, state, split = engine._trainer, engine._state, engine._split
+    trainer = engine.run  # the run has what the replay reads of a trainer: model, strategy, settings, method
+    state, split = trainer.state, trainer.split
     if state is None or state.private_steps:
         raise ValueError("replay_engine_step needs an engine after make_private and before its first step")
-    if getattr(trainer.privacy, "record_epsilon", None) is not None:
-        raise ValueError("replay_engine_step does not cover the record-level backstop (record_epsilon) yet")
     batch_all = to_device(as_batch(data), trainer.device)
     base, record = _rows(batch_all, record, batch, swap_with)
     model = trainer.model
@@ -259,7 +283,11 @@ def _replay(trainer: Any, state: Any, split: Any, batch_all: Any, base: list[int
         return report
     finally:
         restore()
-    report.checks = _compare(state.plan, method.public_batch, state.noise, runs[0], runs[1])
+    # The backstop's record batch is in the step when Algorithm 1's public term is (w ≠ 0): its expected size.
+    record_sampler = getattr(state, "record_sampler", None)
+    record_size = (float(record_sampler.expected_batch_size) if record_sampler is not None and method.public_batch
+                   and state.plan.public_weight != 0 else None)  # fmt: skip
+    report.checks = _compare(state.plan, method.public_batch, state.noise, runs[0], runs[1], record_size)
     if swap is not None and swapped is not None:
         report.checks.append(_swap_check(state.plan, runs[1], swapped, swap[1]))
     report.outcome = "passed" if all(c.ok for c in report.checks) else "failed"
@@ -274,25 +302,28 @@ def _observed_step(trainer: Any, state: Any, split: Any, batch_all: Any, params:
     The loss split's per-record draws of the private batch are coupled by record, not by position: a
     generator's stream does not give a prefix of a longer draw the same values (torch fills normals in blocks),
     and the records of the batch must see the same draws with and without x. The run with x records them in
-    ``draws``; the run without x gets them back without x's row; ``reuse`` (the swap run) gets them all back."""
+    ``draws``; the run without x gets them back without x's row; ``reuse`` (the swap run) gets them all back.
+
+    With the record-level backstop the step's public batch is a second private batch (the record sampler's): x is
+    forced into it in the run with x (last) and left out in the run without, the other rows being the sampler's own
+    draw in the run with x; its per-record draws are coupled the same way. Its clipped and noisy sums (those after
+    the record sampler is called) are observed apart from the private batch's."""
     run = _Run()
     sampler = state.private_sampler
     lo, hi = sampler.offset, sampler.offset + sampler.dataset_size
     mine = np.asarray([i for i in rows if lo <= i < hi], dtype=np.int64)
     draw = None if split is None else split.draws
+    record_sampler = getattr(state, "record_sampler", None)
 
     def coupled(batch: Any, generator: torch.Generator) -> Any:
         assert draw is not None
-        if generator is not state.private_draws:  # the public batch's draws: the same stream in both runs
-            return draw(batch, generator)
-        if reuse:
-            return {k: v.clone() for k, v in draws.values.items()}
-        if with_x:
-            out = draw(batch, generator)
-            draws.values = {k: v.detach().clone() for k, v in out.items()}
-            draws.has_x = len(mine) > 0 and int(mine[-1]) == rows[-1]
-            return out
-        return {k: (v[:-1] if draws.has_x else v).clone() for k, v in draws.values.items()}
+        if generator is state.private_draws:
+            return _coupled_draws(draw, batch, generator, draws, "values", reuse=reuse, with_x=with_x,
+                                  has_x=len(mine) > 0 and int(mine[-1]) == rows[-1])  # fmt: skip
+        if run.in_record and generator is state.public_draws:  # the backstop's record batch: x last, or left out
+            return _coupled_draws(draw, batch, generator, draws, "record_values", reuse=reuse, with_x=with_x,
+                                  has_x=True)  # fmt: skip
+        return draw(batch, generator)  # Algorithm 1's public batch: the same rows and stream in both runs
 
     strategy, noise = trainer.strategy, state.noise
     clipped_sum, add = strategy.clipped_sum, noise.add
@@ -302,20 +333,22 @@ def _observed_step(trainer: Any, state: Any, split: Any, batch_all: Any, params:
             sums, norms = clipped_sum(*args, **kwargs)
         except Exception as exc:
             raise _RefusedError() from exc
-        run.clipped = {k: v.detach().clone() for k, v in sums.items()}
+        run.saw_clipped({k: v.detach().clone() for k, v in sums.items()})
         return sums, norms
 
     def noisy(sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
-        run.noise_state = copy.deepcopy(noise.state_dict())
-        run.stds.append(float(std))
+        before = copy.deepcopy(noise.state_dict())
         out = add(sums, std)
-        run.noisy = {k: v.detach().clone() for k, v in out.items()}
+        run.saw_noise(before, {k: v.detach().clone() for k, v in out.items()}, float(std))
         return out
 
     def grads(optimizer: Any, args: Any, kwargs: Any) -> None:
         run.grads = {k: p.grad.detach().clone() for k, p in params.items() if p.grad is not None}
 
     sampler.sample = lambda: mine
+    if record_sampler is not None:
+        record_sampler.sample = _record_rows(record_sampler.sample, run, draws, rows[-1] if rows else -1,
+                                             with_x=with_x, reuse=reuse)  # fmt: skip
     strategy.clipped_sum, noise.add = clipped, noisy
     if split is not None:
         split.draws = coupled
@@ -328,6 +361,8 @@ def _observed_step(trainer: Any, state: Any, split: Any, batch_all: Any, params:
     finally:
         hook.remove()
         del sampler.sample, strategy.clipped_sum, noise.add  # the instances' own methods again
+        if record_sampler is not None:
+            del record_sampler.sample
         if split is not None:
             del split.draws
     # A tied weight appears in state_dict under each of its names; only the trained one is in params, and its
@@ -346,11 +381,50 @@ def _observed_step(trainer: Any, state: Any, split: Any, batch_all: Any, params:
     return run
 
 
+def _coupled_draws(draw: Callable[[Any, torch.Generator], Any], batch: Any, generator: torch.Generator,
+                   draws: _Draws, slot: str, *, reuse: bool, with_x: bool, has_x: bool) -> Any:  # fmt: skip
+    """A batch's per-record draws coupled by record (``slot``: the private batch's or the record batch's in
+    ``draws``): drawn and kept in the run with x (``has_x``: x is its last row), given back without x's row in the
+    run without x, and all given back in the swap run (``reuse``)."""
+    if reuse:
+        return {k: v.clone() for k, v in getattr(draws, slot).items()}
+    if with_x:
+        out = draw(batch, generator)
+        setattr(draws, slot, {k: v.detach().clone() for k, v in out.items()})
+        if slot == "values":
+            draws.has_x = has_x
+        return out
+    keep = draws.has_x if slot == "values" else has_x
+    return {k: (v[:-1] if keep else v).clone() for k, v in getattr(draws, slot).items()}
+
+
+def _record_rows(sample: Callable[[], Any], run: _Run, draws: _Draws, x: int, *, with_x: bool,
+                 reuse: bool) -> Callable[[], np.ndarray]:  # fmt: skip
+    """The backstop's record sampler for one run: the sampler's own draw in the run with x, with x forced in (last);
+    the same rows without x in the run without x; the run with x's rows in the swap run. Calling it marks the sums
+    that follow as the record batch's."""
+
+    def rows() -> np.ndarray:
+        run.in_record = True
+        if with_x and not reuse:
+            drawn = np.asarray(sample(), dtype=np.int64)
+            draws.record_rows = np.append(drawn[drawn != x], np.int64(x))
+        if draws.record_rows is None:  # the run with x drew no record batch: nothing to couple
+            return np.asarray(sample(), dtype=np.int64)
+        return draws.record_rows.copy() if with_x else draws.record_rows[:-1].copy()
+
+    return rows
+
+
 def _flat(tensors: dict[str, torch.Tensor], keys: Sequence[str]) -> torch.Tensor:
     return torch.cat([tensors[k].detach().reshape(-1).to(torch.float64).cpu() for k in keys])
 
 
-def _compare(plan: Any, public_batch: bool, noise: Any, a: _Run, b: _Run) -> list[ReplayCheck]:
+def _compare(plan: Any, public_batch: bool, noise: Any, a: _Run, b: _Run,
+             record_size: float | None = None) -> list[ReplayCheck]:  # fmt: skip
+    """The checks of the runs without x (``a``) and with x (``b``). ``record_size``: the expected size q'·n of the
+    record-level backstop's record batch when the step has one (its sum is then checked too, and its term w·Δ/(q'·n)
+    is part of the update), else None."""
     C, sigma, m = float(plan.max_grad_norm), float(plan.noise_multiplier), float(plan.expected_batch_size)
     alpha = float(plan.alpha) if public_batch else 1.0
     keys = sorted(a.clipped)
@@ -359,8 +433,15 @@ def _compare(plan: Any, public_batch: bool, noise: Any, a: _Run, b: _Run) -> lis
     rounding = _ROUNDING * max(1.0, m) * 4
     # The noisy sum and the gradient are rounded to the parameters' dtype once, near the noise's own size.
     noise_rounding = _ROUNDING * sigma * math.sqrt(size) * 2
+    # The backstop's record sum enters the update as w·(noisy record sum)/(q'·n); a sum it did not noise, as is.
+    w_rec = 0.0 if record_size is None else float(plan.public_weight) / record_size
+    if record_size is not None:
+        noise_rounding = _ROUNDING * max(sigma, float(plan.record_noise_multiplier or 0.0)) * math.sqrt(size) * 2
     # 1. the randomness really was held fixed (else the replay proves nothing)
     same_noise = _same_state(a.noise_state, b.noise_state) and len(a.stds) == len(b.stds)
+    if record_size is not None:
+        same_noise = (same_noise and _same_state(a.record_noise_state, b.record_noise_state)
+                      and len(a.record_stds) == len(b.record_stds))  # fmt: skip
     out.append(ReplayCheck("identical randomness", 0.0 if same_noise else 1.0, 0.0, same_noise,
                            "the noise source's state before the draw, in both runs"))  # fmt: skip
     # 2. the clipped sum moves by at most C
@@ -374,15 +455,21 @@ def _compare(plan: Any, public_batch: bool, noise: Any, a: _Run, b: _Run) -> lis
     gkeys = sorted(set(a.grads) & set(b.grads))
     if gkeys == keys:
         d_grad = _flat(b.grads, keys) - _flat(a.grads, keys)
-        off = float((d_grad - alpha * d_noisy / m).norm())
-        scale = alpha * C / m
+        expected = alpha * d_noisy / m
+        if record_size is not None:
+            expected = expected + w_rec * (_flat(_released(b), keys) - _flat(_released(a), keys))
+        off = float((d_grad - expected).norm())
+        scale = alpha * C / m + w_rec * C
         tol = scale * (_RTOL + rounding + noise_rounding)
         out.append(ReplayCheck("update divisor", off, tol, off <= tol,
-                               f"Δgrad = α·Δ(noisy sum)/m with m = {m:g} (the expected batch size)"))  # fmt: skip
+                               f"Δgrad = α·Δ(noisy sum)/m with m = {m:g} (the expected batch size)"
+                               + ("" if record_size is None else
+                                  f" + w·Δ(noisy record sum)/(q'·n) with q'·n = {record_size:g}")))  # fmt: skip
         g_moved = float(d_grad.norm())
-        g_bound = alpha * C / m * (1 + 2 * (_RTOL + rounding + noise_rounding))
+        g_bound = scale * (1 + 2 * (_RTOL + rounding + noise_rounding))
         out.append(ReplayCheck("update sensitivity", g_moved, g_bound, g_moved <= g_bound,
-                               "‖Δ gradient handed to the optimizer‖ <= α·C/m"))  # fmt: skip
+                               "‖Δ gradient handed to the optimizer‖ <= α·C/m"
+                               + ("" if record_size is None else " + w·C/(q'·n)")))  # fmt: skip
     else:
         out.append(ReplayCheck("update sensitivity", math.inf, 0.0, False,
                                "the optimizer did not receive a gradient for every trainable parameter"))
@@ -404,7 +491,43 @@ def _compare(plan: Any, public_batch: bool, noise: Any, a: _Run, b: _Run) -> lis
                                f"empirical std of the {size} noise coordinates / σ·C"))  # fmt: skip
     tail = float(getattr(noise, "tail_mass_per_pair", 1.0))
     out.append(ReplayCheck("noise tail", tail, _TAIL_LIMIT, tail <= _TAIL_LIMIT,
-                           "the source's stated cut tail per pair of coordinates"))
+                           "the source's stated cut tail per pair of coordinates"
+                           + ("" if record_size is None else " (it draws both noisy sums)")))  # fmt: skip
+    if record_size is not None:
+        out.extend(_record_checks(plan, keys, a, b, rounding))
+    return out
+
+
+def _released(run: _Run) -> dict[str, torch.Tensor]:
+    """The backstop's record sum as the step released it: noisy, or as clipped where no noise was added."""
+    return run.record_noisy if run.record_noisy is not None else (run.record_clipped or {})
+
+
+def _record_checks(plan: Any, keys: list[str], a: _Run, b: _Run, rounding: float) -> list[ReplayCheck]:
+    """The record-level backstop's record batch (x forced in with x, left out without): its clipped sum moves by at
+    most C, and it is noised at σ_pub·C (asked for, and drawn)."""
+    C, sigma_pub = float(plan.max_grad_norm), float(plan.record_noise_multiplier or 0.0)
+    if a.record_clipped is None or b.record_clipped is None or sorted(a.record_clipped) != keys:
+        return [ReplayCheck("record clipped sum sensitivity", math.inf, C, False,
+                            "the backstop's record batch was not drawn from its sampler and clipped per record")]
+    out = []
+    moved = float((_flat(b.record_clipped, keys) - _flat(a.record_clipped, keys)).norm())
+    bound = C * (1 + _RTOL + rounding)
+    out.append(ReplayCheck("record clipped sum sensitivity", moved, bound, moved <= bound,
+                           "‖Σ clip(∇ℓ_pub) over the record batch with x − without x‖ <= C"))  # fmt: skip
+    target = sigma_pub * C
+    asked = math.sqrt(sum(s * s for s in a.record_stds))
+    exact = abs(asked - target) <= 1e-9 * max(target, 1e-300)
+    out.append(ReplayCheck("record noise std requested", asked, target, exact,
+                           "the std added to the record sum = σ_pub·C"))
+    size = int(sum(a.record_clipped[k].numel() for k in keys))
+    if size >= _MIN_COORDINATES and target > 0:
+        drawn = _flat(_released(a), keys) - _flat(a.record_clipped, keys)
+        realised = float(drawn.std())
+        tol = 6.0 / math.sqrt(2.0 * size) + 1e-3  # six standard errors of an estimated std
+        out.append(ReplayCheck("record noise std drawn", realised / target, 1 + tol,
+                               abs(realised / target - 1) <= tol,
+                               f"empirical std of the record sum's {size} noise coordinates / σ_pub·C"))  # fmt: skip
     return out
 
 

@@ -1,0 +1,208 @@
+"""The user's data loader, private: every batch drawn by the run's secret sampler, and only those trained on.
+
+:func:`private_loader` returns a :class:`PrivateDataLoader`: the user's dataset and collate, its batches drawn by
+the run's sampler (Poisson at rate q, or BandMF/BLT's cyclic sampler). Every batch it yields is a :class:`Draw`,
+accounted as one private step the moment it is drawn, whether or not the loop trains on it: a loop that skips a
+batch (``break``, a filter) can only over-count. :class:`Draws` remembers the current draw with a keyed fingerprint
+of each of its tensors' rows, so that the engine can refuse, in one line, a backward on anything else: a batch of
+the original loader, a validation batch, a batch reused after its step, a batch changed in the loop.
+
+What may happen to a drawn batch in the loop: ``.to(device)``, a dtype cast (matched within the cast's rounding),
+``view``/``reshape`` of a tensor with the batch first (``labels.view(-1)``). Any other transform (a normalisation,
+a mask computed in the loop) belongs in the dataset or the collate, where the engine's record-alone check sees it.
+A transform in the loop cannot be told apart from a batch-dependent one (standardising each batch moves one
+record's clipped gradient by many C), so it is refused rather than trusted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from featuredp.run_state import RunState
+
+__all__ = ["Draw", "Draws", "PrivateDataLoader", "leaves", "private_loader"]
+
+# Keyed fingerprints: exact for integers and floats of the same precision; a cast to half precision rounds each
+# value to 2^-8 relative, so the tolerance is relative to Σ|x_j·r_j|.
+_TOLERANCE = {torch.float16: 4e-3, torch.bfloat16: 8e-3}
+_FLOAT_TOLERANCE = 1e-5
+
+
+def leaves(batch: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], torch.Tensor]]:
+    """(path, tensor) for every tensor of a collated batch (a tensor, a tuple/list or a dict of them, nested)."""
+    if isinstance(batch, torch.Tensor):
+        yield path, batch
+    elif isinstance(batch, dict):
+        for k, v in batch.items():
+            yield from leaves(v, (*path, k))
+    elif isinstance(batch, list | tuple):
+        for i, v in enumerate(batch):
+            yield from leaves(v, (*path, i))
+    elif hasattr(batch, "keys") and hasattr(batch, "__getitem__"):  # a transformers BatchEncoding
+        for k in batch.keys():  # noqa: SIM118 - a mapping that is not a dict
+            yield from leaves(batch[k], (*path, k))
+
+
+def at(batch: Any, path: tuple[Any, ...]) -> Any:
+    """The leaf of ``batch`` at ``path``."""
+    for key in path:
+        batch = batch[key]
+    return batch
+
+
+@dataclass
+class Draw:
+    """One batch the private loader yielded: its number, the dataset indices (secret), its tensors' fingerprints."""
+
+    number: int
+    indices: np.ndarray
+    size: int
+    prints: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor, torch.dtype]] = field(default_factory=dict)
+    backward: bool = False
+    stepped: bool = False
+
+
+class Draws:
+    """The draws of one run's private loader and the keyed row fingerprints that recognise them."""
+
+    def __init__(self) -> None:
+        self.current: Draw | None = None
+        self.count = 0
+        self._keys: dict[tuple[int, str], torch.Tensor] = {}
+        self._seed = int.from_bytes(os.urandom(8), "little") >> 1  # secret: never from a published seed
+
+    def _key(self, width: int, device: torch.device) -> torch.Tensor:
+        key = self._keys.get((width, str(device)))
+        if key is None:
+            g = torch.Generator().manual_seed(self._seed + width)
+            key = torch.rand(width, generator=g, dtype=torch.float64).add_(0.5).to(device)
+            self._keys[(width, str(device))] = key
+        return key
+
+    def _print(self, t: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if rows == 0 or t.numel() % rows:
+            return None
+        flat = t.detach().reshape(rows, -1).to(torch.float64)
+        key = self._key(int(flat.shape[1]), flat.device)
+        return (flat @ key).cpu(), (flat.abs() @ key).cpu()
+
+    def drawn(self, indices: np.ndarray, batch: Any) -> Draw:
+        """Register ``batch`` (the collate of the records at ``indices``) as the current draw."""
+        self.count += 1
+        size = len(indices)
+        draw = Draw(self.count, np.asarray(indices, dtype=np.int64), size)
+        for path, t in leaves(batch):
+            if t.dim() >= 1 and int(t.shape[0]) == size:
+                printed = self._print(t, size)
+                if printed is not None:
+                    draw.prints[path] = (*printed, t.dtype)
+        self.current = draw
+        return draw
+
+    def match(self, tensor: torch.Tensor, draw: Draw) -> tuple[Any, ...] | None:
+        """The path of the draw's tensor that ``tensor`` is (moved, cast or reshaped batch-first), or None."""
+        if draw.size == 0:
+            return next(iter(draw.prints), ()) if tensor.numel() == 0 else None
+        printed = self._print(tensor, draw.size)
+        if printed is None:
+            return None
+        seen, _ = printed
+        for path, (value, scale, dtype) in draw.prints.items():
+            if value.shape != seen.shape:
+                continue
+            tol = max(_TOLERANCE.get(tensor.dtype, 0.0), _TOLERANCE.get(dtype, 0.0))
+            if tensor.dtype.is_floating_point or dtype.is_floating_point:
+                tol = max(tol, _FLOAT_TOLERANCE)
+            if bool(((seen - value).abs() <= tol * scale + 1e-12).all()):
+                return path
+        return None
+
+
+class _PlanSampler(Sampler[list[int]]):
+    """Batches of indices from the run's secret sampler, ``batches`` per epoch as the original loader had; each
+    is remembered (in order) for the loader to pair with its collated batch."""
+
+    def __init__(self, state: RunState, batches: int) -> None:
+        self.state, self.batches = state, batches
+        self.pending: list[np.ndarray] = []
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _ in range(self.batches):
+            idx = np.asarray(self.state.private_sampler.sample(), dtype=np.int64)
+            self.pending.append(idx)
+            yield [int(i) for i in idx]
+
+
+class PrivateDataLoader(DataLoader):
+    """The user's loader with its batches drawn by the run's sampler; each yielded batch is a draw, charged as one
+    private step when it is drawn (``on_draw``)."""
+
+    def __init__(self, loader: DataLoader, state: RunState, batches: int,
+                 on_draw: Callable[[np.ndarray, Any], None]) -> None:  # fmt: skip
+        dataset, collate = loader.dataset, loader.collate_fn
+
+        def collate_or_empty(items: list[Any]) -> Any:
+            if items:
+                return collate(items)
+            # The shape of one record is public (the schema); its values are not used.
+            return _empty_like(collate([dataset[0]]))
+
+        self._plan_sampler = _PlanSampler(state, batches)
+        self._on_draw = on_draw
+        self.user_collate = collate
+        super().__init__(dataset, batch_sampler=self._plan_sampler, collate_fn=collate_or_empty,
+                         num_workers=loader.num_workers, pin_memory=loader.pin_memory)  # fmt: skip
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._plan_sampler.pending.clear()
+        for batch in super().__iter__():
+            # Batches come back in the sampler's order (workers included), so the oldest pending indices are this
+            # batch's.
+            idx = self._plan_sampler.pending.pop(0)
+            self._on_draw(idx, batch)
+            yield batch
+
+
+def private_loader(loader: DataLoader, state: RunState, batches: int,
+                   on_draw: Callable[[np.ndarray, Any], None]) -> PrivateDataLoader:  # fmt: skip
+    """The user's loader with its batches drawn by the run's sampler (refusing samplers it would replace)."""
+    check_loader(loader)
+    return PrivateDataLoader(loader, state, batches, on_draw)
+
+
+def check_loader(loader: DataLoader) -> None:
+    """Refuse, in one line, a loader setting the private sampler would silently replace."""
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    default = isinstance(sampler, torch.utils.data.SequentialSampler | torch.utils.data.RandomSampler)
+    if not default:
+        raise ValueError(f"data_loader has sampler={type(sampler).__name__}: featuredp draws every batch itself "
+                         "(Poisson at rate 1/len(data_loader), from secret coins); give a loader with the default "
+                         "sampler (shuffle=True or False) and weight records in the loss instead")  # fmt: skip
+    if batch_sampler is not None and type(batch_sampler) is not torch.utils.data.BatchSampler:
+        raise ValueError(f"data_loader has batch_sampler={type(batch_sampler).__name__}: featuredp draws every "
+                         "batch itself (Poisson at rate 1/len(data_loader)); give a loader with batch_size= "
+                         "instead")  # fmt: skip
+    if getattr(loader, "drop_last", False):
+        raise ValueError("data_loader has drop_last=True: featuredp draws Poisson batches of varying size (expected "
+                         "len(dataset)/len(data_loader)) and keeps every one; give drop_last=False")  # fmt: skip
+
+
+def _empty_like(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch[:0]
+    if isinstance(batch, dict):
+        return {k: _empty_like(v) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(_empty_like(v) for v in batch)
+    return batch
