@@ -82,7 +82,7 @@ def timed(fn: Any) -> float:
 
 data, public = synthetic_purchase(16 * B, seed=0)
 runner = engine_runner(METHOD, data, public, batch_size=B, loss_split="zero")
-state = runner.info["trainer"]._state
+state = runner.info["trainer"].run.state
 NEW, BEFORE, F32 = "float64 lazy (new)", "float64 3-word (before)", "float32 randn"
 sources = {NEW: state.noise, BEFORE: ThreeWordFloat64(), F32: Float32Randn()}
 params = {k: p.detach() for k, p in runner.info["trainer"].model.named_parameters()}

@@ -147,13 +147,15 @@ def main(scenario: str, out: Path) -> None:  # noqa: C901  (one branch per scena
                           noise_multiplier=1.0, delta=1e-4, seed=11, public_seed=2, progress=False)  # fmt: skip
         ck = out / "ck.pt"
         if scenario == "crash":  # killed right after the checkpoint of step 5
-            real = Trainer._save_checkpoint
+            from featuredp.run import PrivateRun
 
-            def save_then_die(self: Trainer, path: Path, state: object) -> None:
+            real = PrivateRun.save_checkpoint
+
+            def save_then_die(self: PrivateRun, path: Path, state: object) -> None:
                 real(self, path, state)  # type: ignore[arg-type]
                 os._exit(17)
 
-            Trainer._save_checkpoint = save_then_die  # type: ignore[method-assign]
+            PrivateRun.save_checkpoint = save_then_die  # type: ignore[method-assign]
             trainer.fit(data, checkpoint=ck, checkpoint_every=5)
         else:
             if scenario == "resume":  # every state restored exactly: the re-key of a resume is off here

@@ -279,7 +279,7 @@ def test_a_refused_torch_save_leaves_no_file(tmp_path, zipfile, as_str):
     for name, obj in wrappers.items():
         for what in (obj, {"epoch": 3, "model": obj}):  # the wrapper alone, or inside a checkpoint dict
             path = tmp_path / f"{name}.pt"
-            with pytest.raises(TypeError, match="state_dict|secret"):
+            with pytest.raises(TypeError, match=r"state_dict|secret"):
                 torch.save(what, str(path) if as_str else path, _use_new_zipfile_serialization=zipfile)
             assert not path.exists(), f"a refused torch.save of the {name} left {path.stat().st_size} bytes"
     torch.save(raw.state_dict(), tmp_path / "weights.pt")  # the weights alone are still saved
@@ -293,6 +293,6 @@ def test_a_refused_torch_save_into_a_file_object_leaves_the_callers_file_alone(t
     path = tmp_path / "mine.pt"
     with open(path, "wb") as fh:
         fh.write(b"header")
-        with pytest.raises(TypeError, match="state_dict|secret"):
+        with pytest.raises(TypeError, match=r"state_dict|secret"):
             torch.save(wrappers["model"], fh)
     assert path.exists()  # the caller opened it and owns it: not ours to delete

@@ -320,3 +320,21 @@ def test_the_record_level_public_step_clips_each_record_at_c(monkeypatch):
     # Two clipped sums per step (private, then the record-level public one); each is a sum of ≤ 40 terms of norm ≤ C.
     assert len(sums) == 4
     assert all(s <= 40 * 1.0 + 1e-4 for s in sums)
+
+
+def test_check_model_reads_the_loaders_collate_and_refuses_padding_to_the_longest_record():
+    # Old code: check_model passed 3 of 3 on the pad-to-longest collate (it replayed gathered tensors).
+    torch.manual_seed(0)
+    for collate, refused in ((_pad_to_longest, True), (_pad_to_fixed, False)):
+        model = _MeanOverPositions()
+        engine = PrivacyEngine()
+        engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                            data_loader=DataLoader(_Texts(), batch_size=16, collate_fn=collate),
+                            noise_multiplier=1.0, max_grad_norm=1.0)  # fmt: skip
+        if refused:
+            with pytest.raises(RuntimeError, match="collate makes a record's loss or gradient depend"):
+                engine.check_model(records=1, batch_size=8)
+        else:
+            reports = engine.check_model(records=2, batch_size=8)
+            assert [r.outcome for r in reports] == ["passed", "passed"]
+        assert engine.steps == 0  # the replay charges nothing: the run has not started

@@ -148,6 +148,8 @@ class PrivacyEngine(Uncopyable):
         self._draws = Draws()
         self._check_coins = np.random.default_rng()  # OS entropy: which draws and rows the record-alone check reads
         self._output_warned = False
+        # check_model on the loader's own records (collated): the record-alone check on every row of its batches
+        self._every_row: Batch | None = None
         self._steps_allowed: int | None = None
         self._reservation: Any = None
         self._finalizer: Any = None
@@ -212,15 +214,15 @@ class PrivacyEngine(Uncopyable):
         default.
         """
         opacus = _OpacusOptions(clipping, noise_generator, batch_first, loss_reduction, wrap_model)
-        own = _RunOptions(feature_map=feature_map, loss_split=loss_split, method=method, dataset=dataset,
+        return self._make(module=module, optimizer=optimizer, data_loader=data_loader, criterion=criterion,
+                          poisson_sampling=poisson_sampling, grad_sample_mode=grad_sample_mode, opacus=opacus,
+                          feature_map=feature_map, loss_split=loss_split, method=method, dataset=dataset,
                           feature_names=feature_names, epochs=epochs, steps=steps, target_delta=target_delta,
-                          settings={"noise": noise, "bands": bands, "alpha": alpha,
+                          settings={"noise_multiplier": noise_multiplier, "max_grad_norm": max_grad_norm,
+                                    "noise": noise, "bands": bands, "alpha": alpha,
                                     "public_batch_size": public_batch_size, "public_weight": public_weight,
                                     "record_epsilon": record_epsilon, "precision": precision,
                                     "physical_batch_size": physical_batch_size, "relation": relation})  # fmt: skip
-        return self._make(module=module, optimizer=optimizer, data_loader=data_loader, criterion=criterion,
-                          poisson_sampling=poisson_sampling, grad_sample_mode=grad_sample_mode, opacus=opacus,
-                          own=own, privacy={"noise_multiplier": noise_multiplier, "max_grad_norm": max_grad_norm})
 
     def make_private_with_epsilon(
         self,
@@ -258,15 +260,15 @@ class PrivacyEngine(Uncopyable):
         """As :meth:`make_private`, with σ calibrated so that ``epochs`` epochs are (``target_epsilon``,
         ``target_delta``)-DP (or FDP); a draw past them is refused (the budget stop)."""
         opacus = _OpacusOptions(clipping, noise_generator, batch_first, loss_reduction, wrap_model)
-        own = _RunOptions(feature_map=feature_map, loss_split=loss_split, method=method, dataset=dataset,
+        return self._make(module=module, optimizer=optimizer, data_loader=data_loader, criterion=criterion,
+                          poisson_sampling=poisson_sampling, grad_sample_mode=grad_sample_mode, opacus=opacus,
+                          feature_map=feature_map, loss_split=loss_split, method=method, dataset=dataset,
                           feature_names=feature_names, epochs=epochs, steps=None, target_delta=target_delta,
-                          settings={"noise": noise, "bands": bands, "alpha": alpha,
+                          settings={"target_epsilon": target_epsilon, "max_grad_norm": max_grad_norm,
+                                    "noise": noise, "bands": bands, "alpha": alpha,
                                     "public_batch_size": public_batch_size, "public_weight": public_weight,
                                     "record_epsilon": record_epsilon, "precision": precision,
                                     "physical_batch_size": physical_batch_size, "relation": relation})  # fmt: skip
-        return self._make(module=module, optimizer=optimizer, data_loader=data_loader, criterion=criterion,
-                          poisson_sampling=poisson_sampling, grad_sample_mode=grad_sample_mode, opacus=opacus,
-                          own=own, privacy={"target_epsilon": target_epsilon, "max_grad_norm": max_grad_norm})
 
     def get_epsilon(self, delta: float) -> float:
         """ε(δ) of the private steps charged so far (every batch the loader drew; 0 before the first)."""
@@ -348,56 +350,69 @@ class PrivacyEngine(Uncopyable):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def check_model(self, data: Any, *, records: int = 3, batch_size: int = 32) -> list[Any]:
+    def check_model(self, data: Any = None, *, records: int = 3, batch_size: int = 32) -> list[Any]:
         """The replay self-test through this engine's own loop (wrapped model, criterion, ``loss.backward()``,
-        ``optimizer.step()``): see :func:`featuredp.testing.replay_engine_step`. Call it before training."""
+        ``optimizer.step()``): see :func:`featuredp.testing.replay_engine_step`. Call it before training.
+
+        ``data``: the records to replay (a dict of batch-first tensors ``"x"`` and ``"y"``, or a TabularDataset). By
+        default the loader's own records, collated by its collate, and then every row of each replayed batch is
+        also collated alone and compared with its row in the batch (the record-alone check, on every row rather
+        than a secret one): a collate that pads to the batch's longest record is refused here, before training."""
         state = self._require_state()
         if state.private_steps:
             raise ValueError("check_model replays a step of a run that has not started; call it before training")
+        collated = data is None
+        if collated:
+            data = self._as_xy(self._collate([self._dataset[i] for i in range(len(self._dataset))]))  # type: ignore[arg-type]
         n = int(next(iter(as_batch(data).values())).shape[0])
         rng = np.random.default_rng()
         reports = []
-        for _ in range(int(records)):
-            rows = rng.choice(n, size=min(int(batch_size), n - 1) + 1, replace=False)
-            reports.append(replay_engine_step(self, data, record=int(rows[0]), batch=[int(i) for i in rows[1:]]))
+        self._every_row = as_batch(data) if collated else None
+        try:
+            for _ in range(int(records)):
+                rows = rng.choice(n, size=min(int(batch_size), n - 1) + 1, replace=False)
+                reports.append(replay_engine_step(self, data, record=int(rows[0]),
+                                                  batch=[int(i) for i in rows[1:]]))  # fmt: skip
+        finally:
+            self._every_row = None
         return reports
 
     # -- building the run ------------------------------------------------------------------------------------
     def _make(self, *, module: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader,
               criterion: nn.Module | None, poisson_sampling: bool, grad_sample_mode: str, opacus: _OpacusOptions,
-              own: _RunOptions, privacy: dict[str, Any]
+              feature_map: PublicFeatureMap | None, loss_split: LossSplit | None, method: str | None, dataset: Any,
+              feature_names: Sequence[str] | None, epochs: float | None, steps: int | None,
+              target_delta: float | None, settings: dict[str, Any]
               ) -> tuple[DPModule, DPOptimizer, DPCriterion, DataLoader]:  # fmt: skip
+        """The run on the user's loader (``settings``: the Trainer's keywords given, None left to its default)."""
         if self._run is not None:
             raise ValueError("this PrivacyEngine already made a run private: one engine is one run (build another)")
-        criterion = _check_make(module, optimizer, data_loader, criterion, poisson_sampling, own)
+        criterion = _check_make(module, optimizer, data_loader, criterion, poisson_sampling, feature_map, loss_split)
         grad_sample_mode = check_choice("grad_sample_mode", grad_sample_mode, GRAD_SAMPLE_MODES)
         opacus.check()
         check_loader(data_loader)
         n, batches = len(data_loader.dataset), len(data_loader)  # type: ignore[arg-type]
         if n < 1 or batches < 1:
             raise ValueError(f"data_loader is empty ({n} records, {batches} batches)")
-        method = own.method or ("fdp" if own.feature_map is not None or own.loss_split is not None else "dpsgd")
-        planned = own.steps if own.steps is not None else (max(1, round(float(own.epochs) * batches))
-                                                           if own.epochs else None)  # fmt: skip
-        settings: dict[str, Any] = {
+        method = method or ("fdp" if feature_map is not None or loss_split is not None else "dpsgd")
+        planned = steps if steps is not None else (max(1, round(float(epochs) * batches)) if epochs else None)
+        run_settings: dict[str, Any] = {
             "sampling_rate": 1.0 / batches, "steps": planned or batches,
-            "delta": 1e-5 if own.target_delta is None else own.target_delta,
+            "delta": 1e-5 if target_delta is None else target_delta,
             "strategy": grad_sample_mode, "seed": self._seed, "secure_rng": self.secure_mode,
             "accountant": self._accountant, "progress": False, "lr": float(optimizer.param_groups[0].get("lr", 0.1)),
             # The correlated noise's workload: the user's SGD momentum, else the prefix sums (Adam is not linear).
             "momentum": float(optimizer.param_groups[0].get("momentum", 0.0) or 0.0)
             if isinstance(optimizer, torch.optim.SGD) else 0.0,
-            **privacy,
-            **{k: v for k, v in own.settings.items() if v is not None},
+            **{k: v for k, v in settings.items() if v is not None},
         }  # fmt: skip
-        run = PrivateRun(module, method, feature_map=own.feature_map, loss_split=own.loss_split, ledger=self._ledger,
-                         **settings)  # fmt: skip
+        run = PrivateRun(module, method, feature_map=feature_map, loss_split=loss_split, ledger=self._ledger,
+                         **run_settings)  # fmt: skip
         correlated = run.privacy.noise_plan.correlated
-        if planned is None and (self._ledger is not None or correlated or "target_epsilon" in settings):
+        if planned is None and (self._ledger is not None or correlated or "target_epsilon" in run_settings):
             raise ValueError("epochs= (or steps=) is needed to plan the run: a ledger, correlated noise and a target "
                              "epsilon all charge a planned number of steps")  # fmt: skip
-        bind = own.dataset if own.dataset is not None else (_named(own.feature_names)
-                                                           if own.feature_names is not None else {})  # fmt: skip
+        bind = dataset if dataset is not None else (_named(feature_names) if feature_names is not None else {})
         state, _ = run.start(bind, f"loader of {n} records ({type(data_loader.dataset).__name__})", n)
         self._run = run
         self._dataset, self._collate = data_loader.dataset, data_loader.collate_fn
@@ -505,9 +520,17 @@ class PrivacyEngine(Uncopyable):
         the loader's collate, must make the same loss and gradient as its row in the batch. A collate that pads to
         the batch's longest record, or any collate that lets records mix, changes what the model makes of a row
         with the batch, and so one record's clipped contribution: refused."""
+        if self._every_row is not None:  # check_model on the loader's own records: every row
+            for row in range(draw.size):
+                self._compare_alone(draw, row, batch, paths, loss_fn, draws)
+            return
         if draw.number > 1 and self._check_coins.random() >= RECORD_ALONE_RATE:
             return
-        row = int(self._check_coins.integers(draw.size))
+        self._compare_alone(draw, int(self._check_coins.integers(draw.size)), batch, paths, loss_fn, draws)
+
+    def _compare_alone(self, draw: Draw, row: int, batch: Batch, paths: dict[str, tuple[Any, ...]],
+                       loss_fn: Callable[..., torch.Tensor], draws: Batch) -> None:  # fmt: skip
+        """Record ``row`` of the draw collated alone against its row in the batch (loss and gradient)."""
         alone_items = self._one_record(int(draw.indices[row]))
         alone: Batch = {}
         for key, t in batch.items():
@@ -583,7 +606,12 @@ class PrivacyEngine(Uncopyable):
         batch = gather(data, idx)
         own = self._public_batch, self._one_record
         self._public_batch = lambda idx: gather(data, idx)  # type: ignore[method-assign]
-        self._one_record = lambda index: gather(data, np.asarray([index]))  # type: ignore[method-assign]
+        if self._every_row is not None and _same_records(data, self._every_row):
+            # check_model on the loader's own records: each record alone through the loader's collate (not in the
+            # replay's swap run, whose record x holds another record's values)
+            self._one_record = lambda index: self._as_xy(own[1](index))  # type: ignore[method-assign]
+        else:
+            self._one_record = lambda index: gather(data, np.asarray([index]))  # type: ignore[method-assign]
         try:
             self._drawn(idx, batch)
             self._optimizer.zero_grad()
@@ -598,7 +626,11 @@ class PrivacyEngine(Uncopyable):
         return self._collate([self._dataset[index]])
 
     def _public_batch(self, idx: np.ndarray) -> Batch:
-        batch = self._collate([self._dataset[int(i)] for i in idx])
+        return self._as_xy(self._collate([self._dataset[int(i)] for i in idx]))
+
+    @staticmethod
+    def _as_xy(batch: Any) -> Batch:
+        """A collated batch as a dict: its own keys, or ``x``, ``y`` for a pair."""
         if isinstance(batch, dict):
             return dict(batch)
         x, y = batch
@@ -631,23 +663,9 @@ class _OpacusOptions:
         check_choice("loss_reduction", self.loss_reduction, ("mean", "sum"))
 
 
-@dataclass(frozen=True)
-class _RunOptions:
-    """featuredp's own make_private options, as given (None: the Trainer's default)."""
-
-    feature_map: PublicFeatureMap | None
-    loss_split: LossSplit | None
-    method: str | None
-    dataset: Any
-    feature_names: Sequence[str] | None
-    epochs: float | None
-    steps: int | None
-    target_delta: float | None
-    settings: dict[str, Any]
-
-
 def _check_make(module: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader,
-                criterion: nn.Module | None, poisson_sampling: bool, own: _RunOptions) -> nn.Module:  # fmt: skip
+                criterion: nn.Module | None, poisson_sampling: bool, feature_map: PublicFeatureMap | None,
+                loss_split: LossSplit | None) -> nn.Module:  # fmt: skip
     """The one-line refusals of make_private's arguments; returns the criterion (cross-entropy by default)."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
@@ -661,7 +679,7 @@ def _check_make(module: nn.Module, optimizer: torch.optim.Optimizer, data_loader
         raise ValueError("poisson_sampling=False: featuredp accounts Poisson (or its cyclic) sampling only; the "
                          "printed ε would not answer the run's question. Use poisson_sampling=True")  # fmt: skip
     criterion = nn.CrossEntropyLoss() if criterion is None else criterion
-    if own.feature_map is not None and own.loss_split is None and type(criterion) is not nn.CrossEntropyLoss:
+    if feature_map is not None and loss_split is None and type(criterion) is not nn.CrossEntropyLoss:
         raise ValueError(f"criterion={type(criterion).__name__}: with feature_map= the losses ℓ and ℓ_pub are the "
                          "loss split's (cross-entropy); give loss_split= for another loss")  # fmt: skip
     return criterion
@@ -692,6 +710,11 @@ def _same(a: tuple[float, torch.Tensor], b: tuple[float, torch.Tensor]) -> bool:
         return False
     scale = float(ga.norm() + gb.norm())
     return float((ga - gb).norm()) <= 1e-3 * scale + 1e-7
+
+
+def _same_records(a: Batch, b: Batch) -> bool:
+    """Whether two dicts of tensors hold the same records (the replay's data, before any swap)."""
+    return a.keys() == b.keys() and all(torch.equal(a[k].cpu(), b[k].cpu()) for k in a)
 
 
 def _named(names: Any) -> Any:

@@ -149,7 +149,7 @@ def test_attribute_audit_with_30_targets_is_inconclusive(runs, tmp_path, capsys)
 def test_a_public_attribute_is_refused_naming_the_flag_and_the_private_columns(runs, tmp_path, capsys, given):
     assert main(["audit", str(runs / "fdp"), "--attribute", given, "--targets", "100", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    public = [c for c in given.split(",") if c != "sex"][0]
+    public = next(c for c in given.split(",") if c != "sex")
     assert len(err.splitlines()) == 1 and "--attribute" in err and repr(public) in err
     assert "(sex, race)" in err  # what can be attacked
     assert not list(tmp_path.iterdir())  # refused before any attack or report

@@ -110,12 +110,12 @@ def test_bandmf_is_timed_beside_independent_noise_in_the_same_rounds(capsys):
     runner = throughput.engine_runner("dpsgd", data, public, batch_size=32, noise="bandmf", bands=4)
     for _ in range(6):
         runner.step()
-    state = runner.info["trainer"]._state
+    state = runner.info["trainer"].run.state
     assert isinstance(state.noise, BandedNoise) and state.noise.bands == 4 and state.noise.step == 6
     assert isinstance(state.private_sampler, BMinSepSampler)
     plain = throughput.engine_runner("dpsgd", data, public, batch_size=32)
     plain.step()
-    assert not isinstance(plain.info["trainer"]._state.noise, BandedNoise)
+    assert not isinstance(plain.info["trainer"].run.state.noise, BandedNoise)
 
     assert main([*args[:-1], "--noise", "independent"]) == 2  # --bands without bandmf
     assert "--bands is for --noise with bandmf" in capsys.readouterr().err
