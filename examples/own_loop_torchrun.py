@@ -34,7 +34,8 @@ def main(out: str | None = None, epochs: int = 2) -> None:
     engine = PrivacyEngine()
     model, optimizer, criterion, loader = engine.make_private(
         module=model, optimizer=optimizer, data_loader=DataLoader(TensorDataset(x, y), batch_size=60),
-        criterion=nn.CrossEntropyLoss(), noise_multiplier=1.0, max_grad_norm=1.0, epochs=epochs)
+        criterion=nn.CrossEntropyLoss(), noise_multiplier=1.0, max_grad_norm=1.0, epochs=epochs,
+        grad_sample_mode="ghost")
     for _ in range(epochs):
         for xb, yb in loader:
             optimizer.zero_grad()

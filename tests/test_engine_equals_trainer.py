@@ -57,11 +57,13 @@ def test_the_engines_loop_and_the_trainers_loop_release_the_same_parameters(meth
         trainer.fit(_named(x, y) if fdp else {"x": x, "y": y})
         mine = copy.deepcopy(model)
         engine = PrivacyEngine(seed=SEED)
-        m, o, c, loader = engine.make_private(
-            module=mine, optimizer=torch.optim.SGD(mine.parameters(), lr=0.1),
+        out = engine.make_private(
+            criterion=nn.CrossEntropyLoss(), module=mine, optimizer=torch.optim.SGD(mine.parameters(), lr=0.1),
             data_loader=DataLoader(TensorDataset(x, y), batch_size=BATCH), noise_multiplier=1.0, max_grad_norm=1.0,
-            grad_sample_mode=mode, method=method, steps=STEPS, noise=noise,
+            grad_sample_mode="ghost" if mode == "ghost" else "vmap", method=method, steps=STEPS, noise=noise,
             **({"feature_names": NAMES} | psi if fdp else {}), **extra)  # fmt: skip
+        m, o, loader = out[0], out[1], out[-1]
+        c = out[2] if len(out) == 4 else nn.CrossEntropyLoss()  # vmap: no criterion returned, the loop's own
         done = 0
         while done < STEPS:
             for xb, yb in loader:
@@ -79,7 +81,7 @@ def test_the_engines_loop_and_the_trainers_loop_release_the_same_parameters(meth
 
 def _named(x: torch.Tensor, y: torch.Tensor):
     """The records with their column names (as ``feature_names=`` names them for the engine)."""
-    from featuredp.privacy_engine import _named as named
+    from featuredp.own_loop_checks import named_columns as named
 
     data = named(NAMES)
     data.X, data.y = x.numpy(), y.numpy()

@@ -266,7 +266,7 @@ def _wrapped():
     model, optimizer, criterion, _loader = PrivacyEngine().make_private(
         module=raw, optimizer=torch.optim.SGD(raw.parameters(), lr=0.1),
         data_loader=DataLoader(TensorDataset(x, y), batch_size=10), criterion=nn.CrossEntropyLoss(),
-        noise_multiplier=1.0, max_grad_norm=1.0)  # fmt: skip
+        noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="ghost")  # fmt: skip
     return raw, {"model": model, "optimizer": optimizer, "criterion": criterion}
 
 

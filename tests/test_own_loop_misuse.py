@@ -35,7 +35,8 @@ def _private(n: int = 400, batch: int = 40, **kw):
     engine = PrivacyEngine()
     loader = kw.pop("loader", None) or DataLoader(TensorDataset(x, y), batch_size=batch)
     out = engine.make_private(module=model, optimizer=opt, data_loader=loader, criterion=nn.CrossEntropyLoss(),
-                              noise_multiplier=kw.pop("sigma", 1.0), max_grad_norm=1.0, **kw)  # fmt: skip
+                              noise_multiplier=kw.pop("sigma", 1.0), max_grad_norm=1.0, **kw,
+                              grad_sample_mode="ghost")  # fmt: skip
     return engine, (model, *out), (x, y), loader
 
 
@@ -201,9 +202,10 @@ def test_a_collate_that_pads_to_the_batchs_longest_record_is_refused(mode):
     model = _MeanOverPositions()
     loader = DataLoader(_Texts(), batch_size=16, collate_fn=_pad_to_longest)
     engine = PrivacyEngine()
-    m, o, c, private = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                                           data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0,
-                                           grad_sample_mode=mode)  # fmt: skip
+    m, o, private = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                        data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0,
+                                        grad_sample_mode={"ghost": "hooks", "vmap": "functorch"}[mode])  # fmt: skip
+    c = nn.CrossEntropyLoss()  # Opacus's tutorial: the loop's own criterion
     with pytest.raises(RuntimeError, match="collate makes a record's loss or gradient depend") as err:
         for _ in range(10):
             for x, y in private:
@@ -217,7 +219,8 @@ def test_a_collate_to_a_fixed_length_trains():
     loader = DataLoader(_Texts(), batch_size=16, collate_fn=_pad_to_fixed)
     engine = PrivacyEngine()
     m, o, c, private = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                                           data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0)  # fmt: skip
+                                           data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0,
+                                           grad_sample_mode="ghost")  # fmt: skip
     for _ in range(3):
         for x, y in private:
             _step(m, o, c, x, y)
@@ -237,7 +240,8 @@ def test_a_sampler_featuredp_would_replace_is_refused_in_one_line(bad):
     model = nn.Linear(6, 2)
     with pytest.raises(ValueError, match=r"featuredp draws|drop_last") as err:
         PrivacyEngine().make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                                     data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0)  # fmt: skip
+                                     data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0,
+                                     grad_sample_mode="ghost")  # fmt: skip
     assert "\n" not in str(err.value)
 
 
@@ -277,7 +281,8 @@ def test_the_backstop_makes_the_engines_public_batch_a_sampled_clipped_noised_st
     m, o, c, loader = engine.make_private(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         data_loader=DataLoader(TensorDataset(x, y), batch_size=100), noise_multiplier=1.0, max_grad_norm=1.0,
-        feature_map=Columns(private=["sex", "race"]), dataset=train, epochs=1, record_epsilon=8.0)  # fmt: skip
+        feature_map=Columns(private=["sex", "race"]), dataset=train, epochs=1, record_epsilon=8.0,
+        grad_sample_mode="ghost")  # fmt: skip
     for i, (xb, yb) in enumerate(loader):
         _step(m, o, c, xb, yb)
         if i == 3:
@@ -313,7 +318,8 @@ def test_the_record_level_public_step_clips_each_record_at_c(monkeypatch):
         m, o, c, loader = engine.make_private(
             module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
             data_loader=DataLoader(TensorDataset(data, y), batch_size=50), noise_multiplier=1.0, max_grad_norm=1.0,
-            feature_map=Columns(private=["sex", "race"]), dataset=train, epochs=1, record_epsilon=8.0)  # fmt: skip
+            feature_map=Columns(private=["sex", "race"]), dataset=train, epochs=1, record_epsilon=8.0,
+            grad_sample_mode="ghost")  # fmt: skip
         engine.run.state.record_sampler.sample = lambda: np.arange(40)  # record 0 in the public batch
         xb, yb = next(iter(loader))
         _step(m, o, c, xb, yb)
@@ -330,7 +336,7 @@ def test_check_model_reads_the_loaders_collate_and_refuses_padding_to_the_longes
         engine = PrivacyEngine()
         engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                             data_loader=DataLoader(_Texts(), batch_size=16, collate_fn=collate),
-                            noise_multiplier=1.0, max_grad_norm=1.0)  # fmt: skip
+                            noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="ghost")  # fmt: skip
         if refused:
             with pytest.raises(RuntimeError, match="collate makes a record's loss or gradient depend"):
                 engine.check_model(records=1, batch_size=8)
@@ -338,3 +344,26 @@ def test_check_model_reads_the_loaders_collate_and_refuses_padding_to_the_longes
             reports = engine.check_model(records=2, batch_size=8)
             assert [r.outcome for r in reports] == ["passed", "passed"]
         assert engine.steps == 0  # the replay charges nothing: the run has not started
+
+
+def test_an_optimizer_on_re_created_parameters_is_refused_before_it_trains_nothing():
+    # Opacus #820: six DP-LoRA runs trained nothing, silently (model.to(device) after get_peft_model re-created the
+    # parameters the optimizer held). Simulated on the CPU by re-creating them.
+    x, y = _data(100)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model[2].weight = nn.Parameter(model[2].weight.detach().clone())  # after the optimizer was built
+    loader = DataLoader(TensorDataset(x, y), batch_size=10)
+    with pytest.raises(RuntimeError, match=r"does not hold 1 of the model's 4 trainable parameters") as err:
+        PrivacyEngine().make_private(module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0,
+                                     max_grad_norm=1.0)  # fmt: skip
+    assert "\n" not in str(err.value)
+    # ... and when the parameters are re-created after make_private, the first step refuses.
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))
+    m, o, private = PrivacyEngine().make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                                 data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0)
+    model[0].bias = nn.Parameter(model[0].bias.detach().clone())
+    xb, yb = next(iter(private))
+    nn.CrossEntropyLoss()(m(xb), yb).backward()
+    with pytest.raises(RuntimeError, match="does not hold"):
+        o.step()

@@ -35,8 +35,11 @@ def _private(n: int = 400, batch: int = 40, *, sigma: float = 1.0, clip: float =
     opt = torch.optim.SGD(model.parameters(), lr=0.2)
     engine = PrivacyEngine(**kw.pop("engine", {}))
     loader = DataLoader(TensorDataset(x, y), batch_size=batch)
+    kw.setdefault("grad_sample_mode", "ghost")  # Opacus's ghost tutorial: four values, the criterion wrapped
     out = engine.make_private(module=model, optimizer=opt, data_loader=loader, criterion=nn.CrossEntropyLoss(),
                               noise_multiplier=sigma, max_grad_norm=clip, **kw)
+    if len(out) == 3:  # a non-ghost mode returns no criterion (as Opacus): the loop's own is recomputed per example
+        out = (out[0], out[1], nn.CrossEntropyLoss(), out[2])
     return engine, (model, *out), (x, y)
 
 
@@ -91,7 +94,10 @@ def test_no_gradient_can_bypass_the_engine():
     out = model(xb)
     assert not out.requires_grad  # the user-visible forward builds no graph
     with pytest.raises(RuntimeError):
-        nn.functional.cross_entropy(out, yb).backward()  # the unwrapped criterion gives nothing to differentiate
+        out.pow(2).sum().backward()  # a hand-made loss on the output has nothing to differentiate
+    assert all(p.grad is None for p in _raw.parameters())
+    # the loop's own loss function on the output is the engine's (recomputed per example, clipped, noised)
+    assert isinstance(nn.functional.cross_entropy(out, yb), DPLoss)
     with pytest.raises(RuntimeError, match=r"without loss\.backward"):
         optimizer.step()
     loss = criterion(model(xb), yb)
@@ -113,7 +119,7 @@ def test_the_update_is_the_clipped_sum_plus_noise_of_std_sigma_c_over_m():
     engine = PrivacyEngine()
     m, o, c, loader = engine.make_private(module=model, optimizer=opt, data_loader=DataLoader(
         TensorDataset(x, torch.zeros(n, 2000)), batch_size=batch), criterion=_ZeroLoss(),
-        noise_multiplier=sigma, max_grad_norm=clip)  # fmt: skip
+        noise_multiplier=sigma, max_grad_norm=clip, grad_sample_mode="ghost")  # fmt: skip
     xb, yb = next(iter(loader))
     o.zero_grad()
     c(m(xb), yb).backward()
@@ -147,7 +153,8 @@ def test_every_example_is_clipped_to_c_in_the_users_loop():
     engine = PrivacyEngine()
     m, o, c, loader = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
                                           data_loader=DataLoader(TensorDataset(x, y), batch_size=20),
-                                          noise_multiplier=0.0, max_grad_norm=0.1)  # fmt: skip
+                                          noise_multiplier=0.0, max_grad_norm=0.1,
+                                          grad_sample_mode="ghost")  # fmt: skip
     xb, yb = next(iter(loader))
     o.zero_grad()
     c(m(xb), yb).backward()
@@ -167,7 +174,8 @@ def test_sigma_zero_and_no_clipping_reduce_to_plain_sgd():
     engine = PrivacyEngine()
     m, o, c, loader = engine.make_private(module=private, optimizer=torch.optim.SGD(private.parameters(), lr=0.3,
                                           momentum=0.9), data_loader=DataLoader(TensorDataset(x, y), batch_size=60),
-                                          noise_multiplier=0.0, max_grad_norm=math.inf)  # fmt: skip
+                                          noise_multiplier=0.0, max_grad_norm=math.inf,
+                                          grad_sample_mode="ghost")  # fmt: skip
     for _ in range(3):
         xb, yb = next(iter(loader))
         assert len(xb) == 60
@@ -214,7 +222,7 @@ def test_the_budget_stop_refuses_a_step_past_the_target():
     m, o, c, loader = engine.make_private_with_epsilon(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         data_loader=DataLoader(TensorDataset(x, y), batch_size=40), target_epsilon=2.0, target_delta=1e-5,
-        epochs=2, max_grad_norm=1.0)  # fmt: skip
+        epochs=2, max_grad_norm=1.0, grad_sample_mode="ghost")  # fmt: skip
     _loop(m, o, c, loader, epochs=2)
     assert engine.get_epsilon(1e-5) <= 2.0
     with pytest.raises(BudgetExceededError, match="planned private steps are spent"):
@@ -228,11 +236,11 @@ def test_bad_options_are_refused_in_one_line_naming_them():
     loader = DataLoader(TensorDataset(x, y), batch_size=10)
     common = {"module": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1), "data_loader": loader,
               "noise_multiplier": 1.0, "max_grad_norm": 1.0}  # fmt: skip
-    for bad, match in (({"poisson_sampling": False}, "poisson_sampling"), ({"grad_sample_mode": "hooks"},
+    for bad, match in (({"poisson_sampling": False}, "poisson_sampling"), ({"grad_sample_mode": "no_op"},
                        "grad_sample_mode"), ({"noise_generator": torch.Generator()}, "noise_generator"),
                        ({"clipping": "per_layer"}, "clipping"), ({"noise": "bandmf"}, "epochs")):  # fmt: skip
         with pytest.raises(ValueError, match=match) as err:
-            PrivacyEngine().make_private(**common, **bad)
+            PrivacyEngine().make_private(**{**common, "grad_sample_mode": "ghost", **bad})
         assert "\n" not in str(err.value)
 
 
@@ -253,7 +261,8 @@ def test_a_reshaped_output_is_recomputed_per_example_and_other_transforms_are_re
     engine = PrivacyEngine()
     m, o, c, loader = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                           data_loader=DataLoader(TensorDataset(tokens, tokens), batch_size=8),
-                                          noise_multiplier=0.5, max_grad_norm=1.0)  # fmt: skip
+                                          noise_multiplier=0.5, max_grad_norm=1.0,
+                                          grad_sample_mode="ghost")  # fmt: skip
     xb, yb = next(iter(loader))
     logits = m(xb)
     c(logits.view(-1, 7), yb.view(-1)).backward()
@@ -286,7 +295,7 @@ def test_the_replay_through_the_engine_catches_a_clip_that_does_not_hold(monkeyp
     engine = PrivacyEngine()
     engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                         data_loader=DataLoader(TensorDataset(x, y), batch_size=20), noise_multiplier=1.0,
-                        max_grad_norm=0.1)  # fmt: skip
+                        max_grad_norm=0.1, grad_sample_mode="ghost")  # fmt: skip
     monkeypatch.setattr(StepCore, "clipped_sum", unclipped)
     reports = engine.check_model({"x": x, "y": y}, records=1, batch_size=10)
     assert reports[0].outcome == "failed", str(reports[0])
@@ -305,7 +314,8 @@ def test_fdp_in_the_users_loop_on_adult_reaches_the_presets_accuracy():
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
         data_loader=DataLoader(TensorDataset(torch.tensor(train.X), torch.tensor(train.y)), batch_size=512),
         target_epsilon=1.0, target_delta=1e-5, epochs=2, max_grad_norm=1.0,
-        feature_map=Columns(private=["sex", "race"]), dataset=train, alpha=0.5, public_batch_size=256)  # fmt: skip
+        feature_map=Columns(private=["sex", "race"]), dataset=train, alpha=0.5, public_batch_size=256,
+        grad_sample_mode="ghost")  # fmt: skip
     _loop(m, o, c, loader, epochs=2)
     assert engine.plan.method == "fdp" and engine.get_epsilon(1e-5) <= 1.0
     assert engine.public_loss is not None  # the public batch's loss, covered (it reads Ψ(S) only)
@@ -424,4 +434,4 @@ def test_fdp_with_a_criterion_the_split_would_ignore_is_refused():
             module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
             data_loader=DataLoader(TensorDataset(torch.tensor(train.X), torch.tensor(train.y)), batch_size=512),
             criterion=nn.MultiMarginLoss(), noise_multiplier=1.0, max_grad_norm=1.0,
-            feature_map=Columns(private=["sex"]), dataset=train)  # fmt: skip
+            feature_map=Columns(private=["sex"]), dataset=train, grad_sample_mode="ghost")  # fmt: skip

@@ -21,6 +21,7 @@ from torch import nn
 from featuredp._keys import Uncopyable
 from featuredp.batches import Batch
 from featuredp.errors import PrivacyLeakWarning
+from featuredp.private_output import plain
 
 # The engine is typed Any here: this module is what featuredp.privacy_engine returns, and imports nothing back.
 PrivacyEngine = Any
@@ -79,8 +80,8 @@ class DPCriterion(Uncopyable):
         engine = self._engine
         seen = engine._output
         transform = _transform(output, seen)
-        with torch.no_grad():
-            value = self.criterion(output, target)
+        with torch.no_grad():  # on plain tensors: the output's loss functions are the engine's (private_output)
+            value = self.criterion(plain(output), plain(target))
         loss = DPLoss(value, engine, self.criterion, transform, engine._inputs, target)
         engine._inputs, engine._output = None, None  # one loss per forward
         return loss
@@ -152,6 +153,11 @@ class DPOptimizer(Uncopyable, torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:
         """One private step on the batch of the last ``loss.backward()``."""
         return self._engine._step(self.original_optimizer, closure)
+
+    def signal_skip_step(self, do_skip: bool = True) -> None:
+        """Opacus's skip-step protocol (``BatchMemoryManager``): with ``do_skip`` the next ``step()`` only keeps the
+        clipped sum of the physical chunk just backpropagated; the logical batch's last chunk steps."""
+        self._engine._skip_next = bool(do_skip)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the gradients (the engine's pending sum is kept until ``step``)."""

@@ -43,13 +43,11 @@ user's own code reads (``loss.item()``) is the private batch's: it is not covere
 
 from __future__ import annotations
 
-import math
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -76,8 +74,18 @@ from featuredp.errors import BudgetExceededError, PrivacyLeakWarning
 from featuredp.features import PublicFeatureMap
 from featuredp.losses import LossSplit
 from featuredp.methods import get_method
+from featuredp.own_loop_checks import (
+    OpacusOptions,
+    check_make,
+    check_optimizer_holds,
+    loss_and_gradient,
+    named_columns,
+    same_up_to_rounding,
+    strategy_of,
+)
 from featuredp.plan import PrivacyPlan, TrainResult
-from featuredp.private_loader import Draw, Draws, at, check_loader, private_loader
+from featuredp.private_loader import Draw, Draws, RowsUsedError, at, check_loader, private_loader
+from featuredp.private_output import FunctionalLoss, wrap_output
 from featuredp.run import PrivateRun
 from featuredp.run_state import RunState, reserve, settle
 from featuredp.step import clipped_loss
@@ -86,7 +94,9 @@ from featuredp.testing.replay import replay_engine_step
 # The wrappers live in featuredp.dp_wrappers; they are re-exported here, where users meet them.
 __all__ = ["DPCriterion", "DPLoss", "DPModule", "DPOptimizer", "PlanAccountant", "PrivacyEngine"]
 
-GRAD_SAMPLE_MODES = ("ghost", "vmap")
+#: What make_private returns: (model, optimizer, data_loader), or with a ghost mode (model, optimizer, criterion,
+#: data_loader), as Opacus 1.6.
+Private = tuple[DPModule, DPOptimizer, DataLoader] | tuple[DPModule, DPOptimizer, DPCriterion, DataLoader]
 ACCOUNTANTS = ("pld", "rdp", "prv")
 
 
@@ -148,6 +158,7 @@ class PrivacyEngine(Uncopyable):
         self._draws = Draws()
         self._check_coins = np.random.default_rng()  # OS entropy: which draws and rows the record-alone check reads
         self._output_warned = False
+        self._skip_next = False  # Opacus's skip-step protocol (BatchMemoryManager): the next step() only accumulates
         # check_model on the loader's own records (collated): the record-alone check on every row of its batches
         self._every_row: Batch | None = None
         self._steps_allowed: int | None = None
@@ -169,7 +180,7 @@ class PrivacyEngine(Uncopyable):
         max_grad_norm: float,
         criterion: nn.Module | None = None,
         poisson_sampling: bool = True,
-        grad_sample_mode: str = "ghost",
+        grad_sample_mode: str = "hooks",
         clipping: str = "flat",
         noise_generator: Any = None,
         batch_first: bool = True,
@@ -192,13 +203,18 @@ class PrivacyEngine(Uncopyable):
         precision: str | None = None,
         physical_batch_size: int | str | None = None,
         relation: str | None = None,
-    ) -> tuple[DPModule, DPOptimizer, DPCriterion, DataLoader]:
-        """(model, optimizer, criterion, data_loader), private, for the user's own loop.
+    ) -> Private:
+        """(model, optimizer, data_loader), private, for the user's own loop; with a ghost ``grad_sample_mode``
+        (model, optimizer, criterion, data_loader): exactly the tuple Opacus 1.6 returns for the same arguments.
 
         As Opacus: ``noise_multiplier`` σ and ``max_grad_norm`` C; the loader's batches are Poisson samples at rate
         1/len(data_loader) (``poisson_sampling=False`` is refused: the ε would answer a question the run does not
-        pose); ``grad_sample_mode`` ``"ghost"`` (default) or ``"vmap"`` (featuredp's strategies; the criterion is
-        wrapped in both). ``criterion`` defaults to ``nn.CrossEntropyLoss()``. ``clipping`` (``"flat"`` only),
+        pose); ``grad_sample_mode``: Opacus's ``"hooks"`` (default) and ``"ew"`` run featuredp's ghost strategy,
+        ``"functorch"`` and featuredp's ``"vmap"`` its vmap strategy, ``"ghost"`` ghost (and returns the wrapped
+        criterion); ``"ghost_fsdp"``, ``"ghost_tp"`` and ``"no_op"`` are refused, naming the mode to use. The loss
+        may come from the returned criterion or from the loop's own (``nn.CrossEntropyLoss()(model(x), y)``,
+        ``F.cross_entropy``, ...): the engine recomputes it per example. ``criterion`` defaults to
+        ``nn.CrossEntropyLoss()``. ``clipping`` (``"flat"`` only),
         ``noise_generator`` (refused: the noise is secret), ``batch_first`` (True only), ``loss_reduction`` (the
         criterion's own reduction is used per example) and ``wrap_model`` are Opacus's, accepted where they mean
         what featuredp does.
@@ -213,7 +229,7 @@ class PrivacyEngine(Uncopyable):
         own); ``precision`` (``"bf16"``); ``physical_batch_size``; ``relation``. ``None`` leaves the Trainer's
         default.
         """
-        opacus = _OpacusOptions(clipping, noise_generator, batch_first, loss_reduction, wrap_model)
+        opacus = OpacusOptions(clipping, noise_generator, batch_first, loss_reduction, wrap_model)
         return self._make(module=module, optimizer=optimizer, data_loader=data_loader, criterion=criterion,
                           poisson_sampling=poisson_sampling, grad_sample_mode=grad_sample_mode, opacus=opacus,
                           feature_map=feature_map, loss_split=loss_split, method=method, dataset=dataset,
@@ -236,7 +252,7 @@ class PrivacyEngine(Uncopyable):
         max_grad_norm: float,
         criterion: nn.Module | None = None,
         poisson_sampling: bool = True,
-        grad_sample_mode: str = "ghost",
+        grad_sample_mode: str = "hooks",
         clipping: str = "flat",
         noise_generator: Any = None,
         batch_first: bool = True,
@@ -256,10 +272,10 @@ class PrivacyEngine(Uncopyable):
         precision: str | None = None,
         physical_batch_size: int | str | None = None,
         relation: str | None = None,
-    ) -> tuple[DPModule, DPOptimizer, DPCriterion, DataLoader]:
+    ) -> Private:
         """As :meth:`make_private`, with σ calibrated so that ``epochs`` epochs are (``target_epsilon``,
         ``target_delta``)-DP (or FDP); a draw past them is refused (the budget stop)."""
-        opacus = _OpacusOptions(clipping, noise_generator, batch_first, loss_reduction, wrap_model)
+        opacus = OpacusOptions(clipping, noise_generator, batch_first, loss_reduction, wrap_model)
         return self._make(module=module, optimizer=optimizer, data_loader=data_loader, criterion=criterion,
                           poisson_sampling=poisson_sampling, grad_sample_mode=grad_sample_mode, opacus=opacus,
                           feature_map=feature_map, loss_split=loss_split, method=method, dataset=dataset,
@@ -379,16 +395,17 @@ class PrivacyEngine(Uncopyable):
 
     # -- building the run ------------------------------------------------------------------------------------
     def _make(self, *, module: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader,
-              criterion: nn.Module | None, poisson_sampling: bool, grad_sample_mode: str, opacus: _OpacusOptions,
+              criterion: nn.Module | None, poisson_sampling: bool, grad_sample_mode: str, opacus: OpacusOptions,
               feature_map: PublicFeatureMap | None, loss_split: LossSplit | None, method: str | None, dataset: Any,
               feature_names: Sequence[str] | None, epochs: float | None, steps: int | None,
               target_delta: float | None, settings: dict[str, Any]
-              ) -> tuple[DPModule, DPOptimizer, DPCriterion, DataLoader]:  # fmt: skip
+              ) -> Private:  # fmt: skip
         """The run on the user's loader (``settings``: the Trainer's keywords given, None left to its default)."""
         if self._run is not None:
             raise ValueError("this PrivacyEngine already made a run private: one engine is one run (build another)")
-        criterion = _check_make(module, optimizer, data_loader, criterion, poisson_sampling, feature_map, loss_split)
-        grad_sample_mode = check_choice("grad_sample_mode", grad_sample_mode, GRAD_SAMPLE_MODES)
+        criterion = check_make(module, optimizer, data_loader, criterion, poisson_sampling, feature_map, loss_split)
+        check_optimizer_holds(module, optimizer)
+        strategy = strategy_of(grad_sample_mode)
         opacus.check()
         check_loader(data_loader)
         n, batches = len(data_loader.dataset), len(data_loader)  # type: ignore[arg-type]
@@ -399,7 +416,7 @@ class PrivacyEngine(Uncopyable):
         run_settings: dict[str, Any] = {
             "sampling_rate": 1.0 / batches, "steps": planned or batches,
             "delta": 1e-5 if target_delta is None else target_delta,
-            "strategy": grad_sample_mode, "seed": self._seed, "secure_rng": self.secure_mode,
+            "strategy": strategy, "seed": self._seed, "secure_rng": self.secure_mode,
             "accountant": self._accountant, "progress": False, "lr": float(optimizer.param_groups[0].get("lr", 0.1)),
             # The correlated noise's workload: the user's SGD momentum, else the prefix sums (Adam is not linear).
             "momentum": float(optimizer.param_groups[0].get("momentum", 0.0) or 0.0)
@@ -412,7 +429,7 @@ class PrivacyEngine(Uncopyable):
         if planned is None and (self._ledger is not None or correlated or "target_epsilon" in run_settings):
             raise ValueError("epochs= (or steps=) is needed to plan the run: a ledger, correlated noise and a target "
                              "epsilon all charge a planned number of steps")  # fmt: skip
-        bind = dataset if dataset is not None else (_named(feature_names) if feature_names is not None else {})
+        bind = dataset if dataset is not None else (named_columns(feature_names) if feature_names is not None else {})
         state, _ = run.start(bind, f"loader of {n} records ({type(data_loader.dataset).__name__})", n)
         self._run = run
         self._dataset, self._collate = data_loader.dataset, data_loader.collate_fn
@@ -426,7 +443,10 @@ class PrivacyEngine(Uncopyable):
         self._finalizer = weakref.finalize(self, _settle, self._reservation, state)
         self._model, self._optimizer = DPModule(module, self), DPOptimizer(optimizer, self)
         self._criterion = DPCriterion(criterion, self)
-        return self._model, self._optimizer, self._criterion, private_loader(data_loader, state, batches, self._drawn)
+        loader = private_loader(data_loader, state, batches, self._drawn)
+        if "ghost" in grad_sample_mode:
+            return self._model, self._optimizer, self._criterion, loader
+        return self._model, self._optimizer, loader
 
     def _require_run(self) -> PrivateRun:
         if self._run is None:
@@ -448,7 +468,14 @@ class PrivacyEngine(Uncopyable):
                 f"the run's {self._steps_allowed} planned private steps are spent "
                 f"(epsilon={self.get_epsilon(state.plan.delta or 1e-5):.4g}); a further batch is outside the "
                 "accounted run: plan more epochs in a new run")  # fmt: skip
+        last = self._draws.current
+        if last is not None and last.used.any() and not last.stepped:
+            raise RuntimeError("a new batch was drawn while the last one's loss.backward() has no optimizer.step(): "
+                               "featuredp steps once per drawn batch, so gradients are not accumulated across "
+                               "batches; to split one batch into physical chunks use "
+                               "featuredp.utils.batch_memory_manager.BatchMemoryManager")  # fmt: skip
         self._pending = None
+        self._skip_next = False
         self._draws.drawn(indices, batch)
         self._require_run().count_private_step(state)
 
@@ -457,7 +484,7 @@ class PrivacyEngine(Uncopyable):
         """The user-visible forward: no graph (no gradient can bypass the engine) and no write to the model."""
         self._inputs = (args, kwargs)
         with torch.no_grad(), ForwardStateGuard(module, first_call=False):
-            out = module(*args, **kwargs)
+            out = wrap_output(module(*args, **kwargs), self)
         self._output = out
         if not self._output_warned and self._draws.current is not None and torch.is_grad_enabled():
             self._output_warned = True
@@ -466,36 +493,47 @@ class PrivacyEngine(Uncopyable):
                           stacklevel=3)  # fmt: skip
         return out
 
+    def _loss_of(self, output: Any, target: torch.Tensor, criterion: Any) -> DPLoss:
+        """A loss function called on the private model's output (the user's own criterion): the engine's loss, whose
+        ``backward()`` recomputes it per example (:mod:`featuredp.private_output`). With a feature map the losses are
+        the loss split's (cross-entropy): another loss function is refused rather than silently replaced."""
+        run = self._require_run()
+        if run.split is not None and not (isinstance(criterion, FunctionalLoss) and criterion.is_cross_entropy):
+            raise TypeError(f"{criterion!r} on the private model's output: with feature_map= the losses ℓ and ℓ_pub "
+                            "are the loss split's (cross-entropy); give loss_split= for another loss")  # fmt: skip
+        return DPCriterion(criterion, self)(output, target)
+
     def _backward(self, loss: DPLoss) -> None:
-        """The clipped sum of the current draw's batch (kept until ``optimizer.step()``)."""
+        """The clipped sum of the loss's rows of the current draw (all of it, or a physical chunk of it: chunks of one
+        draw add up), kept until ``optimizer.step()``."""
         state = self._require_state()
         run = self._require_run()
-        if self._pending is not None:
-            raise RuntimeError("loss.backward() was called twice before optimizer.step(): featuredp accounts one "
-                               "Poisson batch per step (no gradient accumulation across batches)")  # fmt: skip
         if loss.inputs is None:
             raise RuntimeError("the loss was not computed from the private model's output")
         plan, record = state.plan, get_method(state.plan.method)
         batch, loss_fn = self._batch_and_loss(loss)
-        draw, paths = self._provenance(batch)
-        size = int(next(iter(batch.values())).shape[0])
+        draw, rows, paths = self._provenance(batch)
         if plan.max_grad_norm is None:
             raise ValueError("the plan has no clipping bound")
-        draw.backward = True
-        if size == 0:  # an empty Poisson batch: no model call, the noise is still added at step()
+        draw.used[rows] = True
+        if self._pending is None:  # the draw's first chunk (or an empty Poisson batch: zero, noised at step())
             self._pending = {k: torch.zeros_like(p) for k, p in trainable_parameters(run.model).items()}
+        if len(rows) == 0:
             return
         if run.split is not None:
             draws = run.split.draws(batch, state.private_draws)
             loss_fn = clipped_loss(run.split, record, plan.public_weight)
         else:
             draws = {}
-        self._record_alone_check(draw, batch, paths, loss_fn, draws)
-        self._pending = run.core.clipped_sum(loss_fn, batch, draws, plan.max_grad_norm)
+        self._record_alone_check(draw, rows, batch, paths, loss_fn, draws)
+        sums = run.core.clipped_sum(loss_fn, batch, draws, plan.max_grad_norm)
+        for k, v in sums.items():
+            self._pending[k] = self._pending[k] + v
 
-    def _provenance(self, batch: Batch) -> tuple[Draw, dict[str, tuple[Any, ...]]]:
-        """The current draw, if every tensor of the loss's batch is one of its tensors (moved, cast, reshaped
-        batch-first); refused in one line otherwise. Returns the draw and where each tensor came from."""
+    def _provenance(self, batch: Batch) -> tuple[Draw, np.ndarray, dict[str, tuple[Any, ...]]]:
+        """The current draw and which of its rows the loss's batch holds, if every tensor of the batch is one of the
+        draw's (moved, cast, reshaped batch-first; all rows or a chunk not yet in a backward); refused in one line
+        otherwise. Returns the draw, the rows and where each tensor came from."""
         draw = self._draws.current
         if draw is None:
             raise RuntimeError("this batch was not drawn by the data loader make_private returned: iterate that "
@@ -503,35 +541,39 @@ class PrivacyEngine(Uncopyable):
         if draw.stepped:
             raise RuntimeError("this batch was already trained on: featuredp takes one optimizer.step() per batch "
                                "the private loader draws (draw the next batch)")  # fmt: skip
-        paths: dict[str, tuple[Any, ...]] = {}
-        for key, t in batch.items():
-            path = self._draws.match(t, draw)
-            if path is None:
-                raise RuntimeError(
-                    f"the batch's tensor {key!r} is not the private loader's last batch (a batch of another loader, "
-                    "an older batch, or one changed in the loop): only .to(device), a dtype cast and a batch-first "
-                    "reshape are allowed; put transforms in the dataset or the collate, per record")  # fmt: skip
-            paths[key] = path
-        return draw, paths
+        try:
+            rows, paths = self._draws.rows_of(batch, draw)
+        except RowsUsedError:
+            raise RuntimeError(
+                "loss.backward() was called twice on rows of one drawn batch before optimizer.step(): each record of a "
+                "draw counts once (physical chunks of one draw are fine: BatchMemoryManager)") from None
+        except LookupError as exc:
+            raise RuntimeError(
+                f"the batch's tensor {exc.args[0]!r} is not the private loader's last batch (a batch of another "
+                "loader, an older batch, or one changed in the loop): only .to(device), a dtype cast and a "
+                "batch-first reshape are allowed; put transforms in the dataset or the collate, per record"
+            ) from None
+        return draw, rows, paths
 
-    def _record_alone_check(self, draw: Draw, batch: Batch, paths: dict[str, tuple[Any, ...]],
+    def _record_alone_check(self, draw: Draw, rows: np.ndarray, batch: Batch, paths: dict[str, tuple[Any, ...]],
                             loss_fn: Callable[..., torch.Tensor], draws: Batch) -> None:  # fmt: skip
         """On the first draw and a secret quarter of the others: one secret record of the batch, collated alone by
         the loader's collate, must make the same loss and gradient as its row in the batch. A collate that pads to
         the batch's longest record, or any collate that lets records mix, changes what the model makes of a row
         with the batch, and so one record's clipped contribution: refused."""
         if self._every_row is not None:  # check_model on the loader's own records: every row
-            for row in range(draw.size):
-                self._compare_alone(draw, row, batch, paths, loss_fn, draws)
+            for row in range(len(rows)):
+                self._compare_alone(draw, rows, row, batch, paths, loss_fn, draws)
             return
         if draw.number > 1 and self._check_coins.random() >= RECORD_ALONE_RATE:
             return
-        self._compare_alone(draw, int(self._check_coins.integers(draw.size)), batch, paths, loss_fn, draws)
+        self._compare_alone(draw, rows, int(self._check_coins.integers(len(rows))), batch, paths, loss_fn, draws)
 
-    def _compare_alone(self, draw: Draw, row: int, batch: Batch, paths: dict[str, tuple[Any, ...]],
+    def _compare_alone(self, draw: Draw, rows: np.ndarray, row: int, batch: Batch, paths: dict[str, tuple[Any, ...]],
                        loss_fn: Callable[..., torch.Tensor], draws: Batch) -> None:  # fmt: skip
-        """Record ``row`` of the draw collated alone against its row in the batch (loss and gradient)."""
-        alone_items = self._one_record(int(draw.indices[row]))
+        """Row ``row`` of the loss's batch (row ``rows[row]`` of the draw) collated alone against itself in the batch
+        (loss and gradient)."""
+        alone_items = self._one_record(int(draw.indices[rows[row]]))
         alone: Batch = {}
         for key, t in batch.items():
             leaf = at(alone_items, paths[key])
@@ -540,8 +582,8 @@ class PrivacyEngine(Uncopyable):
         in_batch = {k: v[row:row + 1] for k, v in batch.items()}
         mine = {k: v[row:row + 1] for k, v in draws.items()}
         model = self._require_run().model
-        a, b = _loss_and_gradient(model, loss_fn, in_batch, mine), _loss_and_gradient(model, loss_fn, alone, mine)
-        if a is None or b is None or not _same(a, b):
+        a, b = loss_and_gradient(model, loss_fn, in_batch, mine), loss_and_gradient(model, loss_fn, alone, mine)
+        if a is None or b is None or not same_up_to_rounding(a, b):
             raise RuntimeError(
                 "the data loader's collate makes a record's loss or gradient depend on the other records of its batch "
                 "(for example padding to the batch's longest text with a model that averages over positions): "
@@ -583,6 +625,14 @@ class PrivacyEngine(Uncopyable):
                                "private loader's last batch")  # fmt: skip
         if draw.stepped:
             raise RuntimeError("optimizer.step() was already called for this batch: one step per drawn batch")
+        if self._skip_next:  # BatchMemoryManager: a physical chunk, not the logical batch's last
+            self._skip_next = False
+            return None
+        if not draw.used.all():
+            raise RuntimeError(f"optimizer.step() with {int((~draw.used).sum())} of the drawn batch's {draw.size} "
+                               "records in no loss.backward(): a chunk of the batch is missing (each drawn batch is "
+                               "one step, all its records in it)")  # fmt: skip
+        check_optimizer_holds(run.model, inner)
         self._pending = None
         draw.stepped = True
         shown: dict[str, float] = {}
@@ -641,88 +691,9 @@ class PrivacyEngine(Uncopyable):
 RECORD_ALONE_RATE = 0.25
 
 
-@dataclass(frozen=True)
-class _OpacusOptions:
-    """Opacus options with one meaning here: accepted at their default, refused otherwise (one line each)."""
-
-    clipping: str
-    noise_generator: Any
-    batch_first: bool
-    loss_reduction: str
-    wrap_model: bool
-
-    def check(self) -> None:
-        if self.clipping != "flat":
-            raise ValueError(f"clipping={self.clipping!r}: featuredp clips each example's whole gradient "
-                             "(clipping='flat') only")  # fmt: skip
-        if self.noise_generator is not None:
-            raise ValueError("noise_generator: the noise's randomness is secret (OS entropy); for a reproducible "
-                             "research run give PrivacyEngine(seed=...)")  # fmt: skip
-        if not self.batch_first:
-            raise ValueError("batch_first=False: featuredp's strategies need batch-first inputs")
-        check_choice("loss_reduction", self.loss_reduction, ("mean", "sum"))
-
-
-def _check_make(module: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader,
-                criterion: nn.Module | None, poisson_sampling: bool, feature_map: PublicFeatureMap | None,
-                loss_split: LossSplit | None) -> nn.Module:  # fmt: skip
-    """The one-line refusals of make_private's arguments; returns the criterion (cross-entropy by default)."""
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-    if isinstance(module, DPModule):
-        raise ValueError("module is already private (a DPModule): pass the original model")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    if not isinstance(data_loader, DataLoader):
-        raise TypeError(f"data_loader must be a torch DataLoader, got {type(data_loader).__name__}")
-    if not poisson_sampling:
-        raise ValueError("poisson_sampling=False: featuredp accounts Poisson (or its cyclic) sampling only; the "
-                         "printed ε would not answer the run's question. Use poisson_sampling=True")  # fmt: skip
-    criterion = nn.CrossEntropyLoss() if criterion is None else criterion
-    if feature_map is not None and loss_split is None and type(criterion) is not nn.CrossEntropyLoss:
-        raise ValueError(f"criterion={type(criterion).__name__}: with feature_map= the losses ℓ and ℓ_pub are the "
-                         "loss split's (cross-entropy); give loss_split= for another loss")  # fmt: skip
-    return criterion
-
-
-def _loss_and_gradient(model: nn.Module, loss_fn: Callable[..., torch.Tensor], batch: Batch, draws: Batch
-                       ) -> tuple[float, torch.Tensor] | None:  # fmt: skip
-    """One example's loss and flat gradient, in eval mode (no dropout draw can differ between two calls); None
-    where the model cannot take the batch (a shape the batch's collate would not make)."""
-    params = list(trainable_parameters(model).values())
-    was = model.training
-    model.eval()
-    try:
-        loss = loss_fn(model, batch, draws).sum()
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-    except (RuntimeError, ValueError, IndexError):
-        return None
-    finally:
-        model.train(was)
-    flat = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double() for p, g in zip(params, grads)])
-    return float(loss.detach()), flat
-
-
-def _same(a: tuple[float, torch.Tensor], b: tuple[float, torch.Tensor]) -> bool:
-    """Equal up to float32 rounding: the loss within 1e-4 relative, the gradient within 1e-3 of its norm."""
-    (la, ga), (lb, gb) = a, b
-    if not math.isclose(la, lb, rel_tol=1e-4, abs_tol=1e-6):
-        return False
-    scale = float(ga.norm() + gb.norm())
-    return float((ga - gb).norm()) <= 1e-3 * scale + 1e-7
-
-
 def _same_records(a: Batch, b: Batch) -> bool:
     """Whether two dicts of tensors hold the same records (the replay's data, before any swap)."""
     return a.keys() == b.keys() and all(torch.equal(a[k].cpu(), b[k].cpu()) for k in a)
-
-
-def _named(names: Any) -> Any:
-    """A stand-in dataset that names the loader's columns (``feature_names=``) for binding a column map."""
-    names = [str(c) for c in names]
-    return SimpleNamespace(name="loader", feature_names=names, feature_sources=list(names), label_name="y",
-                           statistics_from_data=None, statistics_warned=[], column_types=None,
-                           default_private=[])  # fmt: skip
 
 
 def _settle(reservation: Any, state: RunState) -> None:

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from featuredp.run_state import RunState
 
-__all__ = ["Draw", "Draws", "PrivateDataLoader", "leaves", "private_loader"]
+__all__ = ["Draw", "Draws", "PrivateDataLoader", "RowsUsedError", "leaves", "private_loader"]
 
 # Keyed fingerprints: exact for integers and floats of the same precision; a cast to half precision rounds each
 # value to 2^-8 relative, so the tolerance is relative to Σ|x_j·r_j|.
@@ -64,8 +64,9 @@ class Draw:
     number: int
     indices: np.ndarray
     size: int
-    prints: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor, torch.dtype]] = field(default_factory=dict)
-    backward: bool = False
+    used: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # rows already in a backward()
+    #: per tensor of the batch: each row's keyed print, its scale, the dtype and the row's width
+    prints: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor, torch.dtype, int]] = field(default_factory=dict)
     stepped: bool = False
 
 
@@ -97,32 +98,89 @@ class Draws:
         """Register ``batch`` (the collate of the records at ``indices``) as the current draw."""
         self.count += 1
         size = len(indices)
-        draw = Draw(self.count, np.asarray(indices, dtype=np.int64), size)
+        draw = Draw(self.count, np.asarray(indices, dtype=np.int64), size, used=np.zeros(size, dtype=bool))
         for path, t in leaves(batch):
             if t.dim() >= 1 and int(t.shape[0]) == size:
                 printed = self._print(t, size)
                 if printed is not None:
-                    draw.prints[path] = (*printed, t.dtype)
+                    draw.prints[path] = (*printed, t.dtype, t.numel() // size)
         self.current = draw
         return draw
 
-    def match(self, tensor: torch.Tensor, draw: Draw) -> tuple[Any, ...] | None:
-        """The path of the draw's tensor that ``tensor`` is (moved, cast or reshaped batch-first), or None."""
+    def rows_of(self, batch: dict[str, torch.Tensor], draw: Draw) -> tuple[np.ndarray, dict[str, tuple[Any, ...]]]:
+        """Which rows of ``draw`` the loss's ``batch`` holds (all of them, or a physical chunk), and from which of the
+        draw's tensors each of its tensors came (moved, cast or reshaped batch-first). Raises ``LookupError`` naming
+        the first tensor that is not the draw's."""
+        size = next((int(t.shape[0]) for t in batch.values() if t.dim() >= 1), 0)
+        paths: dict[str, tuple[Any, ...]] = {}
+        if size == 0:  # an empty Poisson batch (or chunk): nothing of any record reaches the step
+            if any(t.numel() for t in batch.values()):
+                raise LookupError(next(iter(batch)))
+            return np.zeros(0, dtype=np.int64), paths
         if draw.size == 0:
-            return next(iter(draw.prints), ()) if tensor.numel() == 0 else None
-        printed = self._print(tensor, draw.size)
+            raise LookupError(next(iter(batch)))
+        if size == draw.size:  # the whole draw, in order (the common case): no pairing of rows needed
+            whole = {k: self._in_order(t, draw) for k, t in batch.items()}
+            if all(v is not None for v in whole.values()):
+                if draw.used.any():
+                    raise RowsUsedError(next(iter(batch)))
+                return np.arange(size), {k: v for k, v in whole.items() if v is not None}
+        candidates = np.ones((size, draw.size), dtype=bool)
+        for key, t in batch.items():
+            found = self._candidates(t, size, draw)
+            if found is None:
+                raise LookupError(key)
+            paths[key], rows = found
+            candidates &= rows
+        return _assign(candidates, draw.used, key=next(iter(batch))), paths
+
+    def _in_order(self, tensor: torch.Tensor, draw: Draw) -> tuple[Any, ...] | None:
+        """The path of the draw's tensor that ``tensor`` is row for row, in order; None if there is none."""
+        found = self._candidates(tensor, draw.size, draw, in_order=True)
+        return None if found is None else found[0]
+
+    def _candidates(self, tensor: torch.Tensor, size: int, draw: Draw, *, in_order: bool = False
+                    ) -> tuple[tuple[Any, ...], np.ndarray] | None:  # fmt: skip
+        """The first of the draw's tensors whose rows hold every row of ``tensor`` (each row's candidates), or with
+        ``in_order`` whose rows are ``tensor``'s row for row."""
+        printed = self._print(tensor, size)
         if printed is None:
             return None
         seen, _ = printed
-        for path, (value, scale, dtype) in draw.prints.items():
-            if value.shape != seen.shape:
+        width = tensor.numel() // size
+        for path, (value, scale, dtype, drawn_width) in draw.prints.items():
+            if drawn_width != width:
                 continue
             tol = max(_TOLERANCE.get(tensor.dtype, 0.0), _TOLERANCE.get(dtype, 0.0))
             if tensor.dtype.is_floating_point or dtype.is_floating_point:
                 tol = max(tol, _FLOAT_TOLERANCE)
-            if bool(((seen - value).abs() <= tol * scale + 1e-12).all()):
-                return path
+            if in_order:
+                if bool(((seen - value).abs() <= tol * scale + 1e-12).all()):
+                    return path, np.ones(0, dtype=bool)
+                continue
+            close = (seen[:, None] - value[None, :]).abs() <= tol * scale[None, :] + 1e-12
+            if bool(close.any(1).all()):
+                return path, close.numpy()
         return None
+
+
+class RowsUsedError(LookupError):
+    """Rows of the batch are rows of the draw already in an earlier ``backward()``."""
+
+
+def _assign(candidates: np.ndarray, used: np.ndarray, *, key: str) -> np.ndarray:
+    """One distinct row of the draw, not ``used`` by an earlier chunk, for each row of the batch (in order: the
+    batch's rows are the draw's in order when it is the whole draw or a slice of it; identical records are
+    interchangeable). ``RowsUsedError`` when a row's only matches are used."""
+    taken = used.copy()
+    rows = np.empty(candidates.shape[0], dtype=np.int64)
+    for i, options in enumerate(candidates):
+        free = np.flatnonzero(options & ~taken)
+        if free.size == 0:
+            raise RowsUsedError(key) if options.any() else LookupError(key)
+        rows[i] = free[0]
+        taken[free[0]] = True
+    return rows
 
 
 class _PlanSampler(Sampler[list[int]]):

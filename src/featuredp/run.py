@@ -65,7 +65,7 @@ from featuredp.run_state import ModelRuns, RunState, data_fingerprint, open_ledg
 from featuredp.sampling import warn_private_seed
 from featuredp.step import StepCore, noised_coordinates
 
-__all__ = ["PUBLIC_BATCH_FACTOR", "Fetch", "PrivateRun"]
+__all__ = ["PUBLIC_BATCH_FACTOR", "SPENT_SUFFIX", "Fetch", "PrivateRun"]
 
 #: ``fetch(indices)``: the records at ``indices`` as a batch (a loop's way to read its data by index)
 Fetch = Callable[[np.ndarray], Batch]
@@ -84,6 +84,9 @@ def _read_spent(record: Path) -> dict[str, int]:
 
 # Every private run applied to each model object in this process (rule 7).
 MODEL_RUNS = ModelRuns()
+
+#: the spent-steps record beside a checkpoint ``X`` is ``X`` + this suffix (:meth:`PrivateRun.note_spent`)
+SPENT_SUFFIX = ".spent.json"
 
 #: Algorithm 1's default public batch m' as a multiple of the expected private batch m (at most n)
 PUBLIC_BATCH_FACTOR = 4
@@ -418,7 +421,7 @@ class PrivateRun:
 
     def _spent_path(self, path: str | Path) -> Path:
         mine = Path(path) if self.dist is None else Path(rank_checkpoint_path(path, self.dist.rank))
-        return mine.with_name(mine.name + ".spent.json")
+        return mine.with_name(mine.name + SPENT_SUFFIX)
 
     def note_spent(self, path: str | Path, state: RunState) -> None:
         """Record, beside the checkpoint ``path``, the private steps this run has charged: the most any process

@@ -29,7 +29,9 @@ def _train(tmp_path):
 
 def test_save_and_load_run_round_trip(tmp_path):
     data, trainer, result = _train(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "model.pt", "run.json"]
+    # the Trainer's spent-steps record sits beside its checkpoint (a resume from an older copy is charged)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "checkpoint.pt.spent.json", "model.pt",
+                                                          "run.json"]
     run = load_run(tmp_path)
     for (k, v), (_, w) in zip(trainer.model.state_dict().items(), run.model.state_dict().items()):
         assert torch.equal(v, w), k
@@ -118,7 +120,8 @@ def test_replacing_run_removes_the_old_files_on_success_and_restores_them_on_fai
     (tmp_path / "notes.txt").write_text("mine")  # not a run file: never touched
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     with pytest.raises(RuntimeError), replacing_run(tmp_path) as aside:
-        assert aside == ["run.json", "model.pt", "checkpoint.pt", "audit"] and run_files(tmp_path) == []
+        assert aside == ["run.json", "model.pt", "checkpoint.pt", "checkpoint.pt.spent.json", "audit"]
+        assert run_files(tmp_path) == []
         (tmp_path / "checkpoint.pt").write_bytes(b"half of a new run")
         raise RuntimeError("training failed")
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before

@@ -57,6 +57,7 @@ from featuredp.data import load_dataset
 from featuredp.errors import PrivacyRiskWarning
 from featuredp.models import build_model
 from featuredp.plan import PrivacyPlan
+from featuredp.run import SPENT_SUFFIX
 
 __all__ = ["PRIVATE_DIR_ENV", "RUN_FILES", "Run", "check_data_fingerprint", "check_legacy_checkpoint",
            "close_private_checkpoint", "data_files_fingerprint", "load_checkpoint", "load_run",
@@ -66,10 +67,13 @@ __all__ = ["PRIVATE_DIR_ENV", "RUN_FILES", "Run", "check_data_fingerprint", "che
 RUN_JSON = "run.json"
 MODEL_FILE = "model.pt"
 CHECKPOINT_FILE = "checkpoint.pt"
+#: the spent-steps record a Trainer keeps beside its checkpoint (featuredp.run): it goes where the checkpoint goes
+SPENT_FILE = CHECKPOINT_FILE + SPENT_SUFFIX
 AUDIT_DIR = "audit"
 #: what a run directory holds: written by training (run.json, model.pt) and by ``featuredp audit``; checkpoint.pt
-#: only when an older featuredp wrote it there (listed so that ``--overwrite`` and :func:`replacing_run` remove it)
-RUN_FILES = (RUN_JSON, MODEL_FILE, CHECKPOINT_FILE, AUDIT_DIR)
+#: (and its spent-steps record) only when an older featuredp, or a Trainer given that path, wrote it there (listed
+#: so that ``--overwrite`` and :func:`replacing_run` remove it)
+RUN_FILES = (RUN_JSON, MODEL_FILE, CHECKPOINT_FILE, SPENT_FILE, AUDIT_DIR)
 FORMAT = 1
 #: the environment variable naming the folder that holds the private checkpoints
 PRIVATE_DIR_ENV = "FEATUREDP_PRIVATE_DIR"
