@@ -30,7 +30,7 @@ PrivacyEngine = Any
 _WRAPPER_NOT_COPIED = ("the private wrapper holds the run's secret sampler and noise state: save model.state_dict() "
                        "(or the original model) instead of pickling or copying the wrapper")
 
-__all__ = ["DPCriterion", "DPLoss", "DPModule", "DPOptimizer", "PerExampleLoss", "unwrap"]
+__all__ = ["DPCriterion", "DPLoss", "DPModule", "DPOptimizer", "PerExampleLoss", "output_transform", "unwrap"]
 
 
 class DPModule(Uncopyable, nn.Module):
@@ -53,6 +53,16 @@ class DPModule(Uncopyable, nn.Module):
         """The model's output on the batch (no graph: the gradient is the engine's, at ``loss.backward()``)."""
         module: nn.Module = self._module
         return self._engine._forward(module, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        """The original model's public attributes (``generate``, ``save_pretrained``, ``config``), as Opacus's
+        ``GradSampleModule`` forwards them; its parameters and submodules stay reachable as ``_module``'s."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("_"):
+                raise
+            return getattr(self._module, name)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         """The original model's state dict (keys without a wrapper prefix)."""
@@ -193,6 +203,7 @@ class PerExampleLoss:
         self.nargs = nargs
         self.constants = constants
         self.ignore = getattr(criterion, "ignore_index", None)
+        self.counted = getattr(criterion, "counted", None)  # a criterion that knows its own counted elements
 
     def __call__(self, model: nn.Module, batch: Batch, draws: Batch) -> torch.Tensor:
         """ℓ_i for every example of ``batch`` (shape (B,))."""
@@ -203,7 +214,9 @@ class PerExampleLoss:
         per = self.criterion(self.transform(model(*args, **kwargs)), y.reshape(-1, *self.tail)).reshape(size, -1)
         if not self.mean:
             return per.sum(1)
-        if self.ignore is not None:  # a mean over each example's own counted elements
+        if self.counted is not None:  # a mean over each example's own counted elements, as the criterion counts
+            return per.sum(1) / self.counted(y.reshape(size, -1)).clamp(min=1)
+        if self.ignore is not None:
             counted = (y.reshape(size, -1) != self.ignore).sum(1).clamp(min=1)
             return per.sum(1) / counted
         return per.mean(1)
@@ -235,6 +248,12 @@ def _transform(output: Any, seen: Any) -> Callable[[Any], Any]:
         return _Reshape(source, tail)
     raise TypeError("the criterion must get the private model's output, its .logits, or a reshape of either "
                     "(e.g. logits.view(-1, V)); compute anything else (a shift, a slice) inside the criterion")
+
+
+def output_transform(output: Any, seen: Any) -> Callable[[Any], Any]:
+    """How ``output`` was made from the model's output ``seen`` (itself, its ``.logits``, a reshape); refused in one
+    line otherwise."""
+    return _transform(output, seen)
 
 
 def _logits(out: Any) -> Any:

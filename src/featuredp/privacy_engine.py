@@ -68,12 +68,15 @@ from featuredp.dp_wrappers import (
     DPModule,
     DPOptimizer,
     PerExampleLoss,
+    output_transform,
     unwrap,
 )
 from featuredp.errors import BudgetExceededError, PrivacyLeakWarning
 from featuredp.features import PublicFeatureMap
+from featuredp.hf_losses import hf_criterion
 from featuredp.losses import LossSplit
 from featuredp.methods import get_method
+from featuredp.models.hf import register_hf_rules
 from featuredp.own_loop_checks import (
     OpacusOptions,
     check_make,
@@ -85,7 +88,7 @@ from featuredp.own_loop_checks import (
 )
 from featuredp.plan import PrivacyPlan, TrainResult
 from featuredp.private_loader import Draw, Draws, RowsUsedError, at, check_loader, private_loader
-from featuredp.private_output import FunctionalLoss, wrap_output
+from featuredp.private_output import FunctionalLoss, plain, wrap_output
 from featuredp.run import PrivateRun
 from featuredp.run_state import RunState, reserve, settle
 from featuredp.step import clipped_loss
@@ -405,6 +408,8 @@ class PrivacyEngine(Uncopyable):
             raise ValueError("this PrivacyEngine already made a run private: one engine is one run (build another)")
         criterion = check_make(module, optimizer, data_loader, criterion, poisson_sampling, feature_map, loss_split)
         check_optimizer_holds(module, optimizer)
+        if any(type(m).__module__.startswith("transformers.") for m in module.modules()):
+            register_hf_rules()  # ghost's rule for transformers' Conv1D (GPT-2's projections)
         strategy = strategy_of(grad_sample_mode)
         opacus.check()
         check_loader(data_loader)
@@ -486,12 +491,28 @@ class PrivacyEngine(Uncopyable):
         with torch.no_grad(), ForwardStateGuard(module, first_call=False):
             out = wrap_output(module(*args, **kwargs), self)
         self._output = out
+        labels = kwargs.get("labels")
+        if isinstance(labels, torch.Tensor) and getattr(out, "loss", None) is not None:
+            out.loss = self._model_loss(module, out, labels)
         if not self._output_warned and self._draws.current is not None and torch.is_grad_enabled():
             self._output_warned = True
             warnings.warn("the model's outputs on a private batch are not covered by epsilon: keep them (and "
                           "anything computed from them) out of what you publish", PrivacyLeakWarning,
                           stacklevel=3)  # fmt: skip
         return out
+
+    def _model_loss(self, module: nn.Module, out: Any, labels: torch.Tensor) -> DPLoss:
+        """``outputs.loss`` of a Hugging Face model called with ``labels=``: the engine's loss, the model's own loss
+        recomputed per example (:mod:`featuredp.hf_losses`); refused in one line where it cannot tell which."""
+        criterion = hf_criterion(out, labels, getattr(module, "config", None))
+        if criterion is None:
+            raise TypeError(f"{type(module).__name__}(labels=...).loss: featuredp cannot recompute this model's own "
+                            "loss per example; call the model without labels and compute the loss from its logits "
+                            "with a torch.nn.functional loss")  # fmt: skip
+        logits = out.logits
+        with torch.no_grad():
+            value = criterion(plain(logits), labels)
+        return DPLoss(value, self, criterion, output_transform(logits, out), self._inputs, labels)
 
     def _loss_of(self, output: Any, target: torch.Tensor, criterion: Any) -> DPLoss:
         """A loss function called on the private model's output (the user's own criterion): the engine's loss, whose
