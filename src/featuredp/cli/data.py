@@ -351,7 +351,8 @@ def scan_lines(out: dict[str, Any], *, file: str, detect_given: bool) -> list[st
     groups = {t: rep for t, rep in out["repeated"].items() if rep["max"] > 1}
     for t, rep in groups.items():
         lines.append(f"repeats    {t}: the most repeated values appear in {', '.join(map(str, rep['top']))} records; "
-                     f"a value in {rep['max']} records is a group of {rep['max']} (train --task text states its ε)")
+                     f"a value in {rep['max']} records is a group of {rep['max']} "
+                     "(train --task text --group-stats states its ε)")
     if out["sample"]:
         lines += ["", f"sample of Ψ(x) ({len(out['sample'])} random records, at most 160 characters each):"]
         lines += [f"  {' '.join(line.split())}" for line in out["sample"]]
