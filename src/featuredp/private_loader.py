@@ -8,7 +8,9 @@ of each of its tensors' rows, so that the engine can refuse, in one line, a back
 the original loader, a validation batch, a batch reused after its step, a batch changed in the loop.
 
 What may happen to a drawn batch in the loop: ``.to(device)``, a dtype cast (matched within the cast's rounding),
-``view``/``reshape`` of a tensor with the batch first (``labels.view(-1)``). Any other transform (a normalisation,
+``view``/``reshape`` of a tensor with the batch first (``labels.view(-1)``), and splitting it into physical chunks of
+rows, each row in one ``backward()`` (``BatchMemoryManager``, gradient accumulation; rows are paired by their
+fingerprints, identical records being interchangeable). Any other transform (a normalisation,
 a mask computed in the loop) belongs in the dataset or the collate, where the engine's record-alone check sees it.
 A transform in the loop cannot be told apart from a batch-dependent one (standardising each batch moves one
 record's clipped gradient by many C), so it is refused rather than trusted.
