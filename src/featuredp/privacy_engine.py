@@ -650,9 +650,9 @@ class PrivacyEngine(Uncopyable):
             self._skip_next = False
             return None
         if not draw.used.all():
-            raise RuntimeError(f"optimizer.step() with {int((~draw.used).sum())} of the drawn batch's {draw.size} "
-                               "records in no loss.backward(): a chunk of the batch is missing (each drawn batch is "
-                               "one step, all its records in it)")  # fmt: skip
+            # No counts in the message: the realised Poisson batch size is private.
+            raise RuntimeError("optimizer.step() with records of the drawn batch in no loss.backward(): a chunk of the "
+                               "batch is missing (each drawn batch is one step, all its records in it)")  # fmt: skip
         check_optimizer_holds(run.model, inner)
         self._pending = None
         draw.stepped = True
