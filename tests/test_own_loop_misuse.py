@@ -131,6 +131,23 @@ def test_a_checkpoint_reload_never_rewinds_epsilon(tmp_path, capsys):
     assert engine.get_epsilon(1e-5) == pytest.approx(_account(1.0, 0.1, 30, capsys), rel=0.01)
 
 
+def test_a_new_engine_loading_an_older_checkpoint_is_charged_every_step_the_run_ran(tmp_path, capsys):
+    # Old code: the spent steps lived in the process only; a new process (a new engine) that loaded the checkpoint
+    # written before 10 steps (a crash after them, no later save) charged 10 where 20 ran.
+    engine, (_raw, model, optimizer, criterion, loader), _, _ = _private()
+    path = tmp_path / "early.pt"
+    engine.save_checkpoint(path=path, module=model, optimizer=optimizer)
+    for xb, yb in loader:  # the spent-steps record is brought up to date at every draw
+        _step(model, optimizer, criterion, xb, yb)
+    engine2, (_raw, model2, optimizer2, criterion2, loader2), _, _ = _private()
+    with pytest.warns(UserWarning, match="all 10 stay charged"):
+        engine2.load_checkpoint(path=path, module=model2, optimizer=optimizer2)
+    for xb, yb in loader2:
+        _step(model2, optimizer2, criterion2, xb, yb)
+    assert engine2.steps == 20
+    assert engine2.get_epsilon(1e-5) == pytest.approx(_account(1.0, 0.1, 20, capsys), rel=0.01)
+
+
 def test_the_trainers_resume_from_an_older_copy_is_charged_every_step_run(tmp_path, capsys):
     from featuredp.engine import Trainer
 

@@ -43,6 +43,7 @@ user's own code reads (``loss.item()``) is the private batch's: it is not covere
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -76,7 +77,7 @@ from featuredp.features import PublicFeatureMap
 from featuredp.hf_losses import hf_criterion
 from featuredp.losses import LossSplit
 from featuredp.methods import get_method
-from featuredp.models.hf import register_hf_rules
+from featuredp.models.hf import eager_attention, register_hf_rules
 from featuredp.own_loop_checks import (
     OpacusOptions,
     check_make,
@@ -171,6 +172,8 @@ class PrivacyEngine(Uncopyable):
         self._pending: dict[str, torch.Tensor] | None = None
         self._inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self._output: Any = None
+        self._transformers = False  # a transformers model: its per-example passes run eager attention
+        self._spent: tuple[Path, str | Path | None] | None = None  # the spent-steps record kept current (checkpoints)
 
     # -- the Opacus surface ----------------------------------------------------------------------------------
     def make_private(
@@ -323,25 +326,41 @@ class PrivacyEngine(Uncopyable):
         return run.report(state, run.split, self._steps_allowed is None or state.private_steps >= self._steps_allowed)
 
     def save_checkpoint(self, *, path: str | Path, module: nn.Module, optimizer: Any = None,
-                        checkpoint_dict: dict[str, Any] | None = None, **_: Any) -> None:  # fmt: skip
+                        checkpoint_dict: dict[str, Any] | None = None, weights: bool = True,
+                        spent_record: str | Path | None = None, **_: Any) -> None:  # fmt: skip
         """Write the model, the optimizer and the run's state (streams, step counter) atomically, owner-readable
-        only (0600): the file holds the run's secret sampler and noise state."""
+        only (0600): the file holds the run's secret sampler and noise state. ``weights=False`` leaves the model's
+        weights out (a caller that saves them itself).
+
+        The spent-steps record beside ``path`` (or ``spent_record``: one file for all of a run's checkpoints) holds
+        the private steps the run has charged, and from now on is brought up to date at every draw: a later
+        :meth:`load_checkpoint` of this or an older checkpoint, in any process, charges every step that ran."""
         state = self._require_state()
         inner = optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
         atomic_save_torch(path, {
             "featuredp_privacy_engine": 1,
-            "state": state.state_dict(unwrap(module)),
+            "state": state.state_dict(unwrap(module) if weights else None),
             "optimizer": None if inner is None else inner.state_dict(),
             "extra": checkpoint_dict or {},
         }, private=True)  # fmt: skip
+        self._spent = (Path(path), spent_record)
+        self._require_run().note_spent(path, state, record=spent_record)
 
-    def load_checkpoint(self, *, path: str | Path, module: nn.Module, optimizer: Any = None, **_: Any
-                        ) -> dict[str, Any]:  # fmt: skip
+    def note_spent(self, record: str | Path) -> None:
+        """Keep the spent-steps record ``record`` current: written now, and brought up to date at every draw from
+        now on (a crash included), so that a later :meth:`load_checkpoint` with ``spent_record=record`` charges every
+        step the run has run."""
+        self._spent = (Path(record), record)
+        self._require_run().note_spent(record, self._require_state(), record=record)
+
+    def load_checkpoint(self, *, path: str | Path, module: nn.Module, optimizer: Any = None,
+                        spent_record: str | Path | None = None, **_: Any) -> dict[str, Any]:  # fmt: skip
         """Continue the run saved by :meth:`save_checkpoint` (same plan; the noise and the coins are re-keyed from
         OS entropy). The steps already charged are never taken back: loading a checkpoint older than what ran keeps
-        charging every step that ran (ε, the ledger and the budget stop count them); a correlated-noise run, whose
-        accounting is for its planned participations, refuses it. Returns the ``checkpoint_dict`` saved with it."""
-        state = self._require_state()
+        charging every step that ran, in this process or recorded in the spent-steps record (beside ``path``, or
+        ``spent_record``): ε, the ledger and the budget stop count them. A correlated-noise run, whose accounting is
+        for its planned participations, refuses it. Returns the ``checkpoint_dict`` saved with it."""
+        state, run = self._require_state(), self._require_run()
         ck = load_torch_safely(path, what="checkpoint")
         if not isinstance(ck, dict) or "featuredp_privacy_engine" not in ck:
             raise ValueError(f"{path} is not a checkpoint written by PrivacyEngine.save_checkpoint")
@@ -350,12 +369,15 @@ class PrivacyEngine(Uncopyable):
         if saved < charged and state.plan.noise.correlated:
             raise ValueError(f"{path} holds step {saved} of a correlated-noise run that has charged {charged}: "
                              "its accounting covers each planned participation once, so it cannot rewind")
-        state.load_state_dict(ck["state"], unwrap(module))
+        if unwrap(module) is not run.model:
+            raise ValueError("load_checkpoint(module=...) must be the model make_private made private")
+        run.resume(path, ck["state"], state, record=spent_record)
         state.private_steps = max(charged, state.private_steps)  # ε never goes down: a rewind is charged
         inner = optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
         if inner is not None and ck.get("optimizer") is not None:
             inner.load_state_dict(ck["optimizer"])
         self._draws.current = None  # a batch drawn before the load is not this state's
+        self._spent = (Path(path), spent_record)
         return dict(ck.get("extra") or {})
 
     def close(self) -> None:
@@ -408,7 +430,8 @@ class PrivacyEngine(Uncopyable):
             raise ValueError("this PrivacyEngine already made a run private: one engine is one run (build another)")
         criterion = check_make(module, optimizer, data_loader, criterion, poisson_sampling, feature_map, loss_split)
         check_optimizer_holds(module, optimizer)
-        if any(type(m).__module__.startswith("transformers.") for m in module.modules()):
+        self._transformers = any(type(m).__module__.startswith("transformers.") for m in module.modules())
+        if self._transformers:
             register_hf_rules()  # ghost's rule for transformers' Conv1D (GPT-2's projections)
         strategy = strategy_of(grad_sample_mode)
         opacus.check()
@@ -483,6 +506,8 @@ class PrivacyEngine(Uncopyable):
         self._skip_next = False
         self._draws.drawn(indices, batch)
         self._require_run().count_private_step(state)
+        if self._spent is not None:  # after a checkpoint: the record always holds what ran (a crash included)
+            self._require_run().note_spent(self._spent[0], state, record=self._spent[1])
 
     # -- the step (called by the wrapped model, loss and optimizer) ------------------------------------------
     def _forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -546,10 +571,15 @@ class PrivacyEngine(Uncopyable):
             loss_fn = clipped_loss(run.split, record, plan.public_weight)
         else:
             draws = {}
-        self._record_alone_check(draw, rows, batch, paths, loss_fn, draws)
-        sums = run.core.clipped_sum(loss_fn, batch, draws, plan.max_grad_norm)
+        with self._per_example():
+            self._record_alone_check(draw, rows, batch, paths, loss_fn, draws)
+            sums = run.core.clipped_sum(loss_fn, batch, draws, plan.max_grad_norm)
         for k, v in sums.items():
             self._pending[k] = self._pending[k] + v
+
+    def _per_example(self) -> Any:
+        """The context of a per-example pass: eager attention for a transformers model (:func:`eager_attention`)."""
+        return eager_attention(self._require_run().model) if self._transformers else contextlib.nullcontext()
 
     def _provenance(self, batch: Batch) -> tuple[Draw, np.ndarray, dict[str, tuple[Any, ...]]]:
         """The current draw and which of its rows the loss's batch holds, if every tensor of the batch is one of the
@@ -641,6 +671,10 @@ class PrivacyEngine(Uncopyable):
         run = self._require_run()
         sums = self._pending
         draw = self._draws.current
+        if sums is None and draw is not None and draw.size == 0 and not draw.stepped:
+            # An empty Poisson batch has nothing to call backward() on (many models refuse zero rows): its step is
+            # the noise alone.
+            sums = {k: torch.zeros_like(p) for k, p in trainable_parameters(run.model).items()}
         if sums is None or draw is None:
             raise RuntimeError("optimizer.step() without loss.backward() on the private criterion's loss of the "
                                "private loader's last batch")  # fmt: skip
@@ -657,7 +691,8 @@ class PrivacyEngine(Uncopyable):
         self._pending = None
         draw.stepped = True
         shown: dict[str, float] = {}
-        grads = run.release(state, run.split, sums, self._fetch_public, shown)
+        with self._per_example():  # the backstop's record-level steps clip per example too
+            grads = run.release(state, run.split, sums, self._fetch_public, shown)
         if "public_loss" in shown:
             self.public_loss = shown["public_loss"]
         for k, p in trainable_parameters(run.model).items():

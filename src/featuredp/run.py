@@ -423,21 +423,24 @@ class PrivateRun:
         mine = Path(path) if self.dist is None else Path(rank_checkpoint_path(path, self.dist.rank))
         return mine.with_name(mine.name + SPENT_SUFFIX)
 
-    def note_spent(self, path: str | Path, state: RunState) -> None:
-        """Record, beside the checkpoint ``path``, the private steps this run has charged: the most any process
-        of it has run. A later resume from an older copy of the checkpoint is charged up to it (:meth:`resume`)."""
-        record = self._spent_path(path)
+    def note_spent(self, path: str | Path, state: RunState, *, record: str | Path | None = None) -> None:
+        """Record, beside the checkpoint ``path`` (or in ``record``, one file for all of a run's checkpoints), the
+        private steps this run has charged: the most any process of it has run. A later resume from an older copy
+        of the checkpoint is charged up to it (:meth:`resume`)."""
+        record = self._spent_path(path) if record is None else Path(record)
         spent = _read_spent(record)
         if spent.get(state.run_token, -1) < state.private_steps:
             spent[state.run_token] = state.private_steps
             atomic_write_json(record, spent)
 
-    def resume(self, path: str | Path, saved: dict[str, Any], state: RunState) -> None:
+    def resume(self, path: str | Path, saved: dict[str, Any], state: RunState, *, record: str | Path | None = None
+               ) -> None:  # fmt: skip
         """Load the checkpoint state ``saved`` (read from ``path``) into ``state``, charging every private step the
-        run already ran: the count never goes down, whichever copy of the checkpoint is resumed. A correlated-noise
-        run, accounted for its planned participations once each, refuses a rewind."""
+        run already ran (the spent-steps record beside ``path``, or ``record``): the count never goes down, whichever
+        copy of the checkpoint is resumed. A correlated-noise run, accounted for its planned participations once
+        each, refuses a rewind."""
         state.load_state_dict(saved, self.model)
-        spent = _read_spent(self._spent_path(path)).get(state.run_token, 0)
+        spent = _read_spent(self._spent_path(path) if record is None else Path(record)).get(state.run_token, 0)
         if spent > state.private_steps:
             if state.plan.noise.correlated:
                 raise ValueError(f"{path} holds private step {state.private_steps} of a correlated-noise run that has "

@@ -240,8 +240,9 @@ class RunState:
             record_pretrain_sampler=record_pretrain_sampler,
         )
 
-    def state_dict(self, model: nn.Module) -> dict[str, Any]:
-        """Tensors and plain containers only (safe for ``torch.load(weights_only=True)``); private."""
+    def state_dict(self, model: nn.Module | None) -> dict[str, Any]:
+        """Tensors and plain containers only (safe for ``torch.load(weights_only=True)``); private. ``model=None``:
+        the run's state without the weights (a caller that saves them itself, as Hugging Face's Trainer does)."""
         return {
             "format": CHECKPOINT_FORMAT,
             "plan": self.plan.to_dict(),
@@ -255,7 +256,8 @@ class RunState:
                 {"noise_multiplier": self.plan.noise_multiplier, "sampling_rate": self.plan.sampling_rate,
                  "steps": self.private_steps}
             ] if self.plan.is_private else [],
-            "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+            **({} if model is None else {"model": {k: v.detach().cpu().clone()
+                                                   for k, v in model.state_dict().items()}}),
             "optimizer": self.optimizer.state_dict(),
             "pretrain_optimizer": self.pretrain_optimizer.state_dict(),
             "streams": self.streams.state_dict(),
@@ -310,7 +312,8 @@ class RunState:
         self.run_token = str(ck.get("run_token", self.run_token))
         self.stop_reason = ck.get("stop_reason")
         self.history = list(ck.get("history", []))
-        model.load_state_dict(ck["model"])
+        if "model" in ck:  # saved without the weights (state_dict(None)): the caller restores them
+            model.load_state_dict(ck["model"])
         self.optimizer.load_state_dict(ck["optimizer"])
         self.pretrain_optimizer.load_state_dict(ck["pretrain_optimizer"])
         self.streams.load_state_dict(ck["streams"])

@@ -34,7 +34,7 @@ from torch import nn
 from featuredp.clipping.contributions import Contribution, Dense, Outer
 from featuredp.clipping.rules import RULES, NotPerExampleError, _input, _lead, register_rule
 
-__all__ = ["HFCausalLM", "HFTokenizer", "load_causal_lm", "register_hf_rules"]
+__all__ = ["HFCausalLM", "HFTokenizer", "eager_attention", "load_causal_lm", "register_hf_rules"]
 
 
 def _transformers() -> Any:
@@ -73,6 +73,31 @@ def register_hf_rules() -> None:
     conv1d = _transformers().pytorch_utils.Conv1D
     if conv1d not in RULES:
         register_rule(conv1d)(_conv1d_rule)
+
+
+@contextlib.contextmanager
+def eager_attention(model: nn.Module) -> Iterator[None]:
+    """transformers' eager attention in every config of ``model`` for the duration (sdpa and the others back after).
+
+    The per-example passes (torch.func's vmap, ghost's fallback for a layer without a rule) trace one example at a
+    time, and transformers' sdpa mask code branches on the attention mask's values (``padding_mask.all()``), which
+    vmap cannot trace. Eager attention computes the same function with plain tensor operations. A model without a
+    ``config._attn_implementation`` is left as it is."""
+    configs: dict[int, Any] = {}
+    for m in model.modules():
+        config: Any = getattr(m, "config", None)
+        if isinstance(getattr(config, "_attn_implementation", None), str):
+            configs[id(config)] = config
+    saved = {k: c._attn_implementation for k, c in configs.items()}
+    try:
+        for c in configs.values():
+            if c._attn_implementation != "eager":
+                c._attn_implementation = "eager"
+        yield
+    finally:
+        for k, c in configs.items():
+            if c._attn_implementation != saved[k]:
+                c._attn_implementation = saved[k]
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ from featuredp._validate import check_int
 from featuredp.dp_wrappers import DPOptimizer
 from featuredp.private_loader import PrivateDataLoader, leaves
 
-__all__ = ["BatchMemoryManager"]
+__all__ = ["BatchMemoryManager", "chunk_rows", "rows_of_batch"]
 
 
 class BatchMemoryManager:
@@ -64,16 +64,24 @@ class _PhysicalBatches:
 
     def __iter__(self) -> Iterator[Any]:
         for batch in self.loader:
-            rows = _rows(batch)
-            chunks = max(1, math.ceil(rows / self.size))
-            bounds = [round(i * rows / chunks) for i in range(chunks + 1)]  # near-equal chunks, as Opacus's
-            for k in range(chunks):
+            chunks = max(1, math.ceil(rows_of_batch(batch) / self.size))
+            for k, chunk in enumerate(chunk_rows(batch, chunks)):
                 self.optimizer.signal_skip_step(do_skip=k < chunks - 1)
-                yield _slice(batch, bounds[k], bounds[k + 1])
+                yield chunk
 
 
-def _rows(batch: Any) -> int:
+def rows_of_batch(batch: Any) -> int:
+    """The number of rows of a collated batch (its first batch-first tensor's)."""
     return next((int(t.shape[0]) for _, t in leaves(batch) if t.dim() >= 1), 0)
+
+
+def chunk_rows(batch: Any, chunks: int) -> Iterator[Any]:
+    """``batch`` in exactly ``chunks`` near-equal chunks of consecutive rows (as Opacus splits; some are empty when
+    the batch has fewer rows than chunks)."""
+    rows = rows_of_batch(batch)
+    bounds = [round(i * rows / chunks) for i in range(chunks + 1)]
+    for k in range(chunks):
+        yield _slice(batch, bounds[k], bounds[k + 1])
 
 
 def _slice(batch: Any, lo: int, hi: int) -> Any:
