@@ -278,3 +278,103 @@ def test_a_stock_gpt2_with_sdpa_attention_trains_in_the_users_loop(mode):
         m(**batch).loss.backward()
         o.step()
     assert engine.steps == 4 and model.config._attn_implementation == attention
+
+
+# -- feature DP of text spans through DPTrainer ------------------------------------------------------------------
+def _texts(n: int, seed: int):
+    from featuredp.data.text import TextDataset
+    from featuredp.data.text_corpus import support_dialogues
+
+    return TextDataset(support_dialogues(n, seed=seed), _spans(), max_len=48)
+
+
+def _byte_gpt2() -> torch.nn.Module:
+    from featuredp.data.text import ByteTokenizer
+
+    config = transformers.GPT2Config(vocab_size=ByteTokenizer().vocab_size, n_positions=48, n_embd=16, n_layer=1,
+                                     n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _spans():
+    from featuredp.features.text import TextSpans
+
+    return TextSpans(("name", "email"))
+
+
+@pytest.fixture
+def psi():
+    return _spans()
+
+
+@pytest.mark.parametrize("mode", ["ghost", "vmap"])
+def test_feature_dp_of_text_spans_trains_through_dptrainer(tmp_path, psi, mode):
+    model = _byte_gpt2()
+    before = model.transformer.wte.weight.detach().clone()
+    trainer = DPTrainer(model=model, args=_args(tmp_path, eval_strategy="steps", eval_steps=6),
+                        train_dataset=_texts(96, 3), eval_dataset=_texts(16, 4), feature_map=psi,
+                        noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=mode)  # fmt: skip
+    trainer.train()
+    assert trainer.engine.steps == 12 and not torch.equal(before, model.transformer.wte.weight)
+    assert trainer.privacy.epsilon == pytest.approx(epsilon_for(1.0, 1 / 12, 12, 1e-5), rel=1e-9)
+    assert "FDP protecting the contents of spans of types name, email" in trainer.privacy.guarantee
+    logged = [k for e in trainer.state.log_history for k in e]
+    assert "public_loss" in logged and "eval_loss" in logged and "loss" not in logged
+    assert model.generate(torch.tensor([[256, 104]]), max_new_tokens=3, do_sample=False).shape == (1, 5)
+
+
+def test_the_replay_self_test_passes_on_a_stock_gpt2_with_text_spans_in_the_users_loop(psi):
+    """One more text (any length) moves the engine's clipped private sum by at most C, with Ψ's views read from the
+    draw itself."""
+    from torch.utils.data import DataLoader
+
+    from featuredp import PrivacyEngine
+    from featuredp.features.tokens import TokenView
+    from featuredp.hf import TokenRows
+    from featuredp.losses import CausalLMSplit
+    from featuredp.models.hf import HFCausalLM
+
+    for mode in ("ghost", "vmap"):
+        model = _byte_gpt2()
+        engine = PrivacyEngine()
+        engine.make_private(module=HFCausalLM(model), optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                            data_loader=DataLoader(TokenRows(_texts(40, 3)), batch_size=8), noise_multiplier=1.0,
+                            max_grad_norm=0.05, loss_split=CausalLMSplit(TokenView(psi)), grad_sample_mode=mode,
+                            public_batch_size=8)  # fmt: skip
+        assert [str(r.outcome) for r in engine.check_model(records=2)] == ["passed", "passed"]
+
+
+def test_the_backstop_covers_whole_records_through_dptrainer(tmp_path, psi):
+    trainer = DPTrainer(model=_byte_gpt2(), args=_args(tmp_path), train_dataset=_texts(96, 3), feature_map=psi,
+                        noise_multiplier=1.0, max_grad_norm=1.0, record_epsilon=8.0)  # fmt: skip
+    trainer.train()
+    assert trainer.privacy.record_epsilon is not None and trainer.privacy.record_epsilon <= 8.0 + 1e-6
+    assert "record-level backstop" in trainer.privacy.guarantee
+
+
+def test_lora_with_private_spans_through_dptrainer(tmp_path, psi):
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(_byte_gpt2(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"],
+                                                               lora_dropout=0.0, fan_in_fan_out=True))  # fmt: skip
+    adapters = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+    trainer = DPTrainer(model=model, args=_args(tmp_path), train_dataset=_texts(96, 3), feature_map=psi,
+                        noise_multiplier=1.0, max_grad_norm=1.0)  # fmt: skip
+    trainer.train()
+    after = dict(model.named_parameters())
+    assert all(not torch.equal(after[k], v) for k, v in adapters.items())
+    assert trainer.engine.steps == 12
+
+
+def test_feature_dp_data_that_is_not_a_text_dataset_of_the_same_psi_is_refused(tmp_path, psi):
+    from featuredp.features.text import TextSpans
+
+    with pytest.raises(TypeError, match=r"train_dataset must be a featuredp\.data\.text\.TextDataset"):
+        DPTrainer(model=_byte_gpt2(), args=_args(tmp_path), train_dataset=_records(), feature_map=psi,
+                  noise_multiplier=1.0, max_grad_norm=1.0)  # fmt: skip
+    with pytest.raises(ValueError, match="one Ψ"):
+        DPTrainer(model=_byte_gpt2(), args=_args(tmp_path), train_dataset=_texts(8, 3),
+                  feature_map=TextSpans(("email",)), noise_multiplier=1.0, max_grad_norm=1.0)  # fmt: skip
+    with pytest.raises(TypeError, match="feature_map must be a TextSpans"):
+        DPTrainer(model=_byte_gpt2(), args=_args(tmp_path), train_dataset=_texts(8, 3), feature_map=object(),
+                  noise_multiplier=1.0, max_grad_norm=1.0)  # fmt: skip

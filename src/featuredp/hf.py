@@ -49,17 +49,23 @@ from typing import Any
 
 import torch
 import transformers
-from torch.utils.data import DataLoader, IterableDataset
+from torch.nn import functional
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from featuredp._io import atomic_write_json
+from featuredp.data.text import TextDataset
 from featuredp.features import PublicFeatureMap
-from featuredp.losses import LossSplit
+from featuredp.features.text import TextSpans
+from featuredp.features.tokens import TokenView
+from featuredp.lm import token_nll
+from featuredp.losses import CausalLMSplit, LossSplit
+from featuredp.models.hf import HFCausalLM
 from featuredp.plan import TrainResult
 from featuredp.privacy_engine import PrivacyEngine
 from featuredp.utils.batch_memory_manager import chunk_rows, rows_of_batch
 
-__all__ = ["PRIVACY_FILE", "SPENT_FILE", "DPTrainer"]
+__all__ = ["PRIVACY_FILE", "SPENT_FILE", "DPTrainer", "TokenRows"]
 
 #: the run's state in each ``checkpoint-N`` folder (no weights, no secret coins)
 PRIVACY_FILE = "featuredp_privacy.pt"
@@ -79,8 +85,12 @@ class DPTrainer(transformers.Trainer):
     * ``max_grad_norm`` C: the per-example clipping bound (required);
     * ``noise_multiplier`` σ, or ``target_epsilon`` (σ calibrated so that the planned steps are
       (``target_epsilon``, ``target_delta``)-DP); ``target_delta`` δ (default 1e-5);
-    * ``feature_map`` and ``loss_split`` (feature DP of text spans) are refused for now: the FDP text step trains
-      through ``featuredp train --task text`` and :class:`featuredp.Trainer` (docs/hf.md);
+    * ``feature_map`` Ψ, a :class:`featuredp.features.text.TextSpans` (or ``loss_split``, a
+      :class:`featuredp.losses.CausalLMSplit`), with ``method`` (``"fdp"``, Algorithm 1, by default; ``"fdp_dpsgd"``;
+      ``"dpsgd"`` without): feature DP of the text's private spans. ``train_dataset`` (and ``eval_dataset``) are
+      then :class:`featuredp.data.text.TextDataset` objects built with the same Ψ, and the model is called as
+      ``model(input_ids=x)`` on their token batches (:class:`featuredp.models.hf.HFCausalLM`); the evaluation loss
+      is each text's mean token NLL;
     * ``grad_sample_mode``: ``"ghost"`` (default) or ``"vmap"`` (featuredp's strategies; Opacus's names map as in
       :meth:`featuredp.PrivacyEngine.make_private`);
     * ``noise`` and ``bands`` (correlated noise), ``record_epsilon`` (the record-level backstop), ``alpha``,
@@ -103,9 +113,7 @@ class DPTrainer(transformers.Trainer):
         if (noise_multiplier is None) == (target_epsilon is None):
             raise ValueError(f"give noise_multiplier or target_epsilon, exactly one (got noise_multiplier="
                              f"{noise_multiplier!r}, target_epsilon={target_epsilon!r})")  # fmt: skip
-        if feature_map is not None or loss_split is not None:
-            raise ValueError("DPTrainer trains DP-SGD (every token private); feature DP of text spans trains with "
-                             "`featuredp train --task text` or featuredp.Trainer for now (docs/hf.md)")  # fmt: skip
+        loss_split = _text_split(feature_map, loss_split, kwargs)
         _refuse_overrides(type(self))
         if args is not None:  # before Hugging Face sets anything up
             _refuse_settings(args, kwargs.get("train_dataset"))
@@ -115,9 +123,13 @@ class DPTrainer(transformers.Trainer):
         # draws (each one charged) instead of drawing fresh ones.
         self.args.max_grad_norm = 0.0
         self.args.ignore_data_skip = True
+        self._text = loss_split is not None  # feature DP: token batches of TextDatasets, model(input_ids=x)
+        if self._text:
+            self.args.remove_unused_columns = False  # x, y, x_pub, y_pub are not the model's argument names
+            self.args.label_names = self.label_names = ["y"]
         self.engine = PrivacyEngine(accountant=accountant, secure_mode=secure_mode, seed=privacy_seed, ledger=ledger)
         self._privacy_settings: dict[str, Any] = {
-            "max_grad_norm": max_grad_norm, "grad_sample_mode": grad_sample_mode, "feature_map": feature_map,
+            "max_grad_norm": max_grad_norm, "grad_sample_mode": grad_sample_mode,
             "loss_split": loss_split, "method": method, "target_delta": target_delta, "noise": noise,
             "bands": bands, "record_epsilon": record_epsilon, "alpha": alpha,
             "public_batch_size": public_batch_size, "public_weight": public_weight,
@@ -189,7 +201,8 @@ class DPTrainer(transformers.Trainer):
         draws = len(loader)
         steps = self.args.max_steps if self.args.max_steps > 0 else math.ceil(self.args.num_train_epochs * draws)
         self.create_optimizer()
-        common = {"module": self.model, "optimizer": self.optimizer, "data_loader": loader,
+        module = HFCausalLM(self._model()) if self._text else self.model
+        common = {"module": module, "optimizer": self.optimizer, "data_loader": loader,
                   **{k: v for k, v in self._privacy_settings.items() if v is not None}}  # fmt: skip
         if self._target_epsilon is not None:
             out = self.engine.make_private_with_epsilon(target_epsilon=self._target_epsilon, epochs=steps / draws,
@@ -236,9 +249,22 @@ class DPTrainer(transformers.Trainer):
         wrapped.train()
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
-            loss = self.compute_loss(wrapped, inputs)
-        loss.backward()  # type: ignore[union-attr]
+            if self._text:  # the engine's loss is the split's (ℓ and ℓ_pub on each text and its Ψ)
+                loss = functional.cross_entropy(wrapped(inputs["x"]).flatten(0, 1), inputs["y"].flatten())
+            else:
+                loss = self.compute_loss(wrapped, inputs)
+        loss.backward()
         return zero
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:  # fmt: skip
+        """Hugging Face's ``outputs.loss`` (without ``num_items_in_batch``, a count over the private batch); on a
+        text dataset's token batch, the mean over texts of each text's mean token NLL."""
+        if not self._text:
+            return super().compute_loss(model, inputs, return_outputs=return_outputs)
+        logits = HFCausalLM(model)(inputs["x"])
+        loss = token_nll(logits, inputs["y"]).mean()
+        return (loss, {"logits": logits}) if return_outputs else loss
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
         """0: Hugging Face counts the tokens of each private batch here (``total_flos``), a private statistic."""
@@ -279,6 +305,46 @@ class _Chunks:
     def __iter__(self) -> Iterator[Any]:
         for batch in self.loader:
             yield from chunk_rows(batch, self.k)
+
+
+def _text_split(feature_map: Any, loss_split: Any, kwargs: dict[str, Any]) -> CausalLMSplit | None:
+    """Feature DP of text spans: the loss split of Ψ, with the datasets as token rows (refused in one line where the
+    data is not a TextDataset of the same Ψ); None for DP-SGD."""
+    if feature_map is None and loss_split is None:
+        return None
+    if loss_split is None:
+        if not isinstance(feature_map, TextSpans):
+            raise TypeError(f"feature_map must be a TextSpans (featuredp.features.text) for DPTrainer, got "
+                            f"{type(feature_map).__name__}: tables and images train with featuredp.Trainer")
+        loss_split = CausalLMSplit(TokenView(feature_map))
+    elif not isinstance(loss_split, CausalLMSplit):
+        raise TypeError(f"loss_split must be a CausalLMSplit for DPTrainer, got {type(loss_split).__name__}")
+    for name in ("train_dataset", "eval_dataset"):
+        data = kwargs.get(name)
+        if data is None and name == "eval_dataset":
+            continue
+        if not isinstance(data, TextDataset):
+            raise TypeError(f"{name} must be a featuredp.data.text.TextDataset with feature DP (its texts' Ψ is "
+                            f"what stays public), got {type(data).__name__}")  # fmt: skip
+        if feature_map is not None and data.psi != feature_map:
+            raise ValueError(f"{name} was built with Ψ = {data.psi!r}, feature_map= is {feature_map!r}: one Ψ")
+        kwargs[name] = TokenRows(data)
+    return loss_split
+
+
+class TokenRows(Dataset):
+    """A :class:`featuredp.data.text.TextDataset` as a map-style dataset: row i is the dict of its ``x``, ``y``,
+    ``x_pub`` and ``y_pub`` (fixed length, so any batch of rows collates the same way)."""
+
+    def __init__(self, data: TextDataset) -> None:
+        self.data = data
+        self.columns = data.batch()
+
+    def __len__(self) -> int:
+        return int(self.columns["x"].shape[0])
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {k: v[i] for k, v in self.columns.items()}
 
 
 def _refuse_overrides(cls: type) -> None:

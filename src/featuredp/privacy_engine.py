@@ -88,7 +88,7 @@ from featuredp.own_loop_checks import (
     strategy_of,
 )
 from featuredp.plan import PrivacyPlan, TrainResult
-from featuredp.private_loader import Draw, Draws, RowsUsedError, at, check_loader, private_loader
+from featuredp.private_loader import Draw, Draws, RowsUsedError, at, check_loader, leaves, private_loader
 from featuredp.private_output import FunctionalLoss, plain, wrap_output
 from featuredp.run import PrivateRun
 from featuredp.run_state import RunState, reserve, settle
@@ -559,6 +559,8 @@ class PrivacyEngine(Uncopyable):
         plan, record = state.plan, get_method(state.plan.method)
         batch, loss_fn = self._batch_and_loss(loss)
         draw, rows, paths = self._provenance(batch)
+        if run.split is not None:
+            batch, paths = _with_draw_columns(batch, draw, rows, paths)
         if plan.max_grad_norm is None:
             raise ValueError("the plan has no clipping bound")
         draw.used[rows] = True
@@ -646,10 +648,6 @@ class PrivacyEngine(Uncopyable):
         args, kwargs = loss.inputs
         target = loss.target
         split = self._require_run().split
-        if split is not None:  # ℓ and ℓ_pub are the split's (cross-entropy on Ψ(x) for column maps)
-            if len(args) != 1 or kwargs or not isinstance(args[0], torch.Tensor):
-                raise TypeError("with a feature map the model must be called as model(x) on one tensor x")
-            return {"x": args[0], "y": target}, split.loss
         size = next((int(v.shape[0]) for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
         tail = tuple(target.shape[1:])
         if size is not None and target.dim() >= 1 and int(target.shape[0]) != size:
@@ -657,6 +655,10 @@ class PrivacyEngine(Uncopyable):
                 raise TypeError(f"the target's first dimension ({target.shape[0]}) is not the batch's ({size}) or a "
                                 "multiple of it")  # fmt: skip
             target = target.reshape(size, -1)  # labels.view(-1) of an LM loop: batch-first again, row i = example i
+        if split is not None:  # ℓ and ℓ_pub are the split's (cross-entropy on Ψ(x) for column maps)
+            if len(args) != 1 or kwargs or not isinstance(args[0], torch.Tensor):
+                raise TypeError("with a feature map the model must be called as model(x) on one tensor x")
+            return {"x": args[0], "y": target}, split.loss
         keys = [f"arg{i}" for i in range(len(args))]
         tensors = {k: v for k, v in zip(keys, args, strict=True) if isinstance(v, torch.Tensor)}
         tensors.update({f"kw:{k}": v for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
@@ -721,7 +723,11 @@ class PrivacyEngine(Uncopyable):
         try:
             self._drawn(idx, batch)
             self._optimizer.zero_grad()
-            self._criterion(self._model(batch["x"]), batch["y"]).backward()
+            out = self._model(batch["x"])
+            if batch["y"].dim() == 2 and out.dim() == 3:  # a token batch: the loop flattens, as an LM loop does
+                torch.nn.functional.cross_entropy(out.flatten(0, 1), batch["y"].flatten()).backward()
+            else:
+                self._criterion(out, batch["y"]).backward()
             self._optimizer.step()
         finally:
             del self._public_batch, self._one_record  # the methods again
@@ -745,6 +751,22 @@ class PrivacyEngine(Uncopyable):
 
 #: the share of draws (after the first, always checked) on which a secret record is collated alone and compared
 RECORD_ALONE_RATE = 0.25
+
+
+def _with_draw_columns(batch: Batch, draw: Draw, rows: np.ndarray, paths: dict[str, tuple[Any, ...]]
+                       ) -> tuple[Batch, dict[str, tuple[Any, ...]]]:  # fmt: skip
+    """The loss's batch (``x``, ``y``) with the draw's other columns at the same rows: what a feature map's loss
+    reads besides the model's input (a text batch's ``x_pub``/``y_pub``, Ψ of each text), taken from the draw
+    itself, so that it is the same records' whatever the loop passed."""
+    batch, paths = dict(batch), dict(paths)
+    device = batch["x"].device
+    index = torch.as_tensor(rows, dtype=torch.long)
+    for path, t in leaves(draw.batch):
+        key = path[-1] if path else None
+        if len(path) == 1 and isinstance(key, str) and key not in batch and t.dim() >= 1 and t.shape[0] == draw.size:
+            batch[key] = t.index_select(0, index.to(t.device)).to(device)
+            paths[key] = path
+    return batch, paths
 
 
 def _same_records(a: Batch, b: Batch) -> bool:

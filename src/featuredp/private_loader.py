@@ -70,6 +70,8 @@ class Draw:
     #: per tensor of the batch: each row's keyed print, its scale, the dtype and the row's width
     prints: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor, torch.dtype, int]] = field(default_factory=dict)
     stepped: bool = False
+    #: the collated batch as the loader yielded it (a feature map's loss reads its other columns: a text's Ψ(x))
+    batch: Any = None
 
 
 class Draws:
@@ -100,7 +102,8 @@ class Draws:
         """Register ``batch`` (the collate of the records at ``indices``) as the current draw."""
         self.count += 1
         size = len(indices)
-        draw = Draw(self.count, np.asarray(indices, dtype=np.int64), size, used=np.zeros(size, dtype=bool))
+        draw = Draw(self.count, np.asarray(indices, dtype=np.int64), size, used=np.zeros(size, dtype=bool),
+                    batch=batch)  # fmt: skip
         for path, t in leaves(batch):
             if t.dim() >= 1 and int(t.shape[0]) == size:
                 printed = self._print(t, size)
