@@ -378,3 +378,21 @@ def test_feature_dp_data_that_is_not_a_text_dataset_of_the_same_psi_is_refused(t
     with pytest.raises(TypeError, match="feature_map must be a TextSpans"):
         DPTrainer(model=_byte_gpt2(), args=_args(tmp_path), train_dataset=_texts(8, 3), feature_map=object(),
                   noise_multiplier=1.0, max_grad_norm=1.0)  # fmt: skip
+
+
+def test_gradient_accumulation_with_text_spans_is_the_one_large_batch_step(tmp_path, psi):
+    """Chunks of a draw of byte-token texts (old code: a chunk's exact rows were not recognised) add up to the
+    one-batch step of Algorithm 1, with one fixed secret key."""
+    runs = []
+    for per_device, accumulate in ((2, 4), (8, 1)):
+        model = _byte_gpt2()
+        args = _args(tmp_path, f"text{accumulate}", per_device_train_batch_size=per_device,
+                     gradient_accumulation_steps=accumulate)  # fmt: skip
+        trainer = DPTrainer(model=model, args=args, train_dataset=_texts(96, 3), feature_map=psi,
+                            noise_multiplier=1.0, max_grad_norm=1.0, privacy_seed=5)  # fmt: skip
+        trainer.train()
+        runs.append((trainer.engine.steps, dict(model.named_parameters())))
+    (steps_a, a), (steps_b, b) = runs
+    assert steps_a == steps_b == 12
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)

@@ -35,6 +35,7 @@ __all__ = ["Draw", "Draws", "PrivateDataLoader", "RowsUsedError", "leaves", "pri
 # value to 2^-8 relative, so the tolerance is relative to Σ|x_j·r_j|.
 _TOLERANCE = {torch.float16: 4e-3, torch.bfloat16: 8e-3}
 _FLOAT_TOLERANCE = 1e-5
+_EXACT_TOLERANCE = 1e-12
 
 
 def leaves(batch: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], torch.Tensor]]:
@@ -156,7 +157,9 @@ class Draws:
         for path, (value, scale, dtype, drawn_width) in draw.prints.items():
             if drawn_width != width:
                 continue
-            tol = max(_TOLERANCE.get(tensor.dtype, 0.0), _TOLERANCE.get(dtype, 0.0))
+            # Exact values still print with float64 rounding that depends on the matrix shape (a chunk of 2 rows
+            # against the draw of 5 sums in another order): relative 1e-12, far above it and far below any change.
+            tol = max(_TOLERANCE.get(tensor.dtype, 0.0), _TOLERANCE.get(dtype, 0.0), _EXACT_TOLERANCE)
             if tensor.dtype.is_floating_point or dtype.is_floating_point:
                 tol = max(tol, _FLOAT_TOLERANCE)
             if in_order:
