@@ -258,26 +258,61 @@ def test_peft_lora_trains_through_dptrainer_and_generates(tmp_path, mode):
     assert model.generate(input_ids=torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False).shape == (1, 5)
 
 
+@pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("mode", ["ghost", "functorch"])
-def test_a_stock_gpt2_with_sdpa_attention_trains_in_the_users_loop(mode):
-    """transformers' sdpa mask code branches on the mask's values; the engine's per-example passes run eager
-    attention (the same function), and the user's model keeps its own attention afterwards."""
+def test_a_stock_gpt2_trains_in_the_users_loop_through_outputs_loss(mode, lora):
+    """``outputs = model(**batch); outputs.loss.backward()`` on a stock GPT-2 (sdpa attention, attention mask,
+    -100 labels), with and without PEFT LoRA: ε is ``featuredp account``'s, ``generate()`` works afterwards, and the
+    user's model keeps its own attention (the engine's per-example passes run eager attention)."""
     from torch.utils.data import DataLoader
 
     from featuredp import PrivacyEngine
 
     model = _gpt2()
+    if lora:
+        peft = pytest.importorskip("peft")
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"],
+                                                           lora_dropout=0.0, fan_in_fan_out=True))  # fmt: skip
     attention = model.config._attn_implementation
+    before = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
     engine = PrivacyEngine()
-    out = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                              data_loader=DataLoader(_records(32), batch_size=8), noise_multiplier=1.0,
-                              max_grad_norm=1.0, grad_sample_mode=mode)  # fmt: skip
+    out = engine.make_private(module=model, optimizer=torch.optim.SGD([p for p in model.parameters()
+                              if p.requires_grad], lr=0.1), data_loader=DataLoader(_records(32), batch_size=8),
+                              noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=mode)  # fmt: skip
     m, o, loader = out[0], out[1], out[-1]
     for batch in loader:
         o.zero_grad()
         m(**batch).loss.backward()
         o.step()
     assert engine.steps == 4 and model.config._attn_implementation == attention
+    assert engine.get_epsilon(1e-5) == pytest.approx(epsilon_for(1.0, 1 / 4, 4, 1e-5), rel=1e-9)
+    assert all(not torch.equal(p, before[k]) for k, p in model.named_parameters() if p.requires_grad)
+    assert m.generate(input_ids=torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False).shape == (1, 5)
+
+
+def test_a_bidirectional_encoder_with_padding_trains_in_the_users_loop():
+    """BERT's mask code reads the mask's values too (``padding_mask.all()``): the per-example pass builds the mask
+    instead (old code: vmap refused the data-dependent branch)."""
+    from torch.utils.data import DataLoader
+
+    from featuredp import PrivacyEngine
+
+    config = transformers.BertConfig(vocab_size=V, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=L, num_labels=2,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config)
+    rows = [{"input_ids": r["input_ids"], "attention_mask": r["attention_mask"],
+             "labels": r["input_ids"][1] % 2} for r in _records(32)]  # fmt: skip
+    engine = PrivacyEngine()
+    m, o, loader = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                       data_loader=DataLoader(rows, batch_size=8), noise_multiplier=1.0,
+                                       max_grad_norm=1.0, grad_sample_mode="functorch")  # fmt: skip
+    for batch in loader:
+        o.zero_grad()
+        m(**batch).loss.backward()
+        o.step()
+    assert engine.steps == 4
 
 
 # -- feature DP of text spans through DPTrainer ------------------------------------------------------------------

@@ -132,3 +132,91 @@ def test_the_image_classifier_tutorial_loop_with_only_the_imports_changed(max_ph
     assert epsilon == pytest.approx(_account(optimizer.noise_multiplier, 1 / len(train_loader), steps, capsys),
                                     rel=0.01)  # fmt: skip
     assert _accuracy(model, test_loader) > 0.2
+
+
+def _sentence_pairs(n: int = 240, length: int = 12):
+    """SNLI-shaped rows: input_ids, attention_mask, token_type_ids (two segments), a label of three."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 60, (n, length), generator=g)
+    ids[:, 0] = 1
+    lengths = torch.randint(4, length + 1, (n,), generator=g)
+    mask = (torch.arange(length)[None] < lengths[:, None]).long()
+    ids = ids * mask
+    segments = (torch.arange(length)[None] >= (lengths[:, None] // 2)).long() * mask
+    labels = (ids[:, 1] >= 23).long() + (ids[:, 1] >= 41).long()
+    return TensorDataset(ids, mask, segments, labels)
+
+
+def test_the_text_classifier_tutorial_loop_with_only_the_imports_changed(capsys):
+    """"Building text classifier with differential privacy" (BERT on SNLI): the last encoder layer, the pooler and
+    the classifier trainable, AdamW over all parameters, ``make_private_with_epsilon`` on a SequentialSampler loader,
+    ``BatchMemoryManager``, ``outputs = model(**inputs); loss = outputs[0]``, and its evaluate() under no_grad. A
+    tiny BERT built from a config (no download); stock transformers attention (sdpa)."""
+    transformers = pytest.importorskip("transformers")
+    from torch.utils.data import SequentialSampler
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=16, num_labels=3,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config)
+    train_dataset = test_dataset = _sentence_pairs()
+    trainable_layers = [model.bert.encoder.layer[-1], model.bert.pooler, model.classifier]
+    raw = model
+    frozen = {k: v.detach().clone() for k, v in model.named_parameters()
+              if not any(v is p for layer in trainable_layers for p in layer.parameters())}  # fmt: skip
+    head = model.classifier.weight.detach().clone()
+    for p in model.parameters():  # the tutorial's cells, unchanged from here
+        p.requires_grad = False
+    for layer in trainable_layers:
+        for p in layer.parameters():
+            p.requires_grad = True
+    train_dataloader = DataLoader(train_dataset, sampler=SequentialSampler(train_dataset), batch_size=30)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3, eps=1e-8)
+    privacy_engine = PrivacyEngine()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, optimizer, train_dataloader = privacy_engine.make_private_with_epsilon(
+            module=model, optimizer=optimizer, data_loader=train_dataloader, target_delta=DELTA, target_epsilon=7.5,
+            epochs=2, max_grad_norm=0.1)  # fmt: skip
+
+        def evaluate(model):
+            model.eval()
+            loss_arr, accuracy_arr = [], []
+            for batch in DataLoader(test_dataset, batch_size=60):
+                inputs = {"input_ids": batch[0], "attention_mask": batch[1], "token_type_ids": batch[2],
+                          "labels": batch[3]}  # fmt: skip
+                with torch.no_grad():
+                    outputs = model(**inputs)
+                    loss, logits = outputs[:2]
+                    preds = np.argmax(logits.detach().cpu().numpy(), axis=1)
+                    labels = inputs["labels"].detach().cpu().numpy()
+                    loss_arr.append(loss.item())
+                    accuracy_arr.append((preds == labels).mean())
+            model.train()
+            return np.mean(loss_arr), np.mean(accuracy_arr)
+
+        for _epoch in range(1, 3):
+            losses = []
+            with BatchMemoryManager(data_loader=train_dataloader, max_physical_batch_size=8,
+                                    optimizer=optimizer) as memory_safe_data_loader:  # fmt: skip
+                for _step, batch in enumerate(memory_safe_data_loader):
+                    optimizer.zero_grad()
+                    inputs = {"input_ids": batch[0], "attention_mask": batch[1], "token_type_ids": batch[2],
+                              "labels": batch[3]}  # fmt: skip
+                    outputs = model(**inputs)  # output = loss, logits, hidden_states, attentions
+                    loss = outputs[0]
+                    loss.backward()
+                    losses.append(loss.item())
+                    optimizer.step()
+            eval_loss, eval_accuracy = evaluate(model)
+            eps = privacy_engine.get_epsilon(DELTA)
+    steps = 2 * len(train_dataloader)
+    assert privacy_engine.steps == steps and eps <= 7.5
+    assert eps == pytest.approx(_account(optimizer.noise_multiplier, 1 / len(train_dataloader), steps, capsys),
+                                rel=0.01)  # fmt: skip
+    assert np.isfinite(eval_loss) and 0.0 <= eval_accuracy <= 1.0
+    after = dict(raw.named_parameters())
+    assert all(torch.equal(after[k], v) for k, v in frozen.items())
+    assert not torch.equal(after["classifier.weight"], head)

@@ -77,27 +77,50 @@ def register_hf_rules() -> None:
 
 @contextlib.contextmanager
 def eager_attention(model: nn.Module) -> Iterator[None]:
-    """transformers' eager attention in every config of ``model`` for the duration (sdpa and the others back after).
+    """transformers' attention with plain tensor operations for the duration: eager attention in every config of
+    ``model``, and masks always materialised (sdpa and the mask shortcuts back after).
 
     The per-example passes (torch.func's vmap, ghost's fallback for a layer without a rule) trace one example at a
-    time, and transformers' sdpa mask code branches on the attention mask's values (``padding_mask.all()``), which
-    vmap cannot trace. Eager attention computes the same function with plain tensor operations. A model without a
-    ``config._attn_implementation`` is left as it is."""
+    time, and transformers' mask code decides whether it may skip building a mask by reading the attention mask's
+    values (``padding_mask.all()``), which vmap cannot trace. A materialised mask with eager attention computes the
+    same function. A model without a ``config._attn_implementation`` is left as it is."""
     configs: dict[int, Any] = {}
     for m in model.modules():
         config: Any = getattr(m, "config", None)
         if isinstance(getattr(config, "_attn_implementation", None), str):
             configs[id(config)] = config
     saved = {k: c._attn_implementation for k, c in configs.items()}
+    masks = _mask_module() if configs else None
+    shortcuts = {name: getattr(masks, name) for name in _MASK_SHORTCUTS if hasattr(masks, name)}
     try:
         for c in configs.values():
             if c._attn_implementation != "eager":
                 c._attn_implementation = "eager"
+        for name in shortcuts:
+            setattr(masks, name, _never)
         yield
     finally:
+        for name, func in shortcuts.items():
+            setattr(masks, name, func)
         for k, c in configs.items():
             if c._attn_implementation != saved[k]:
                 c._attn_implementation = saved[k]
+
+
+#: transformers' tests of whether a mask may be skipped (they read the mask's values)
+_MASK_SHORTCUTS = ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa")
+
+
+def _never(*_args: Any, **_kwargs: Any) -> bool:
+    return False
+
+
+def _mask_module() -> Any:
+    try:
+        from transformers import masking_utils
+    except ImportError:  # an older transformers: nothing to patch
+        return None
+    return masking_utils
 
 
 @contextlib.contextmanager
