@@ -156,15 +156,22 @@ def lm_scorer(model: nn.Module, tokenizer: Tokenizer, max_len: int, *, batch_siz
     return score
 
 
-def lm_generator(model: nn.Module, tokenizer: Tokenizer, max_len: int) -> GenerateFn:
-    """``generate(prompt, max_new_tokens)`` → the greedy continuation of ``prompt`` (the prompt not included).
+def lm_generator(model: nn.Module, tokenizer: Tokenizer, max_len: int, *, temperature: float = 0.0,
+                 generator: torch.Generator | None = None) -> GenerateFn:  # fmt: skip
+    """``generate(prompt, max_new_tokens)`` → the continuation of ``prompt`` (the prompt not included): greedy
+    (``temperature`` 0, the default) or sampled at ``temperature`` from ``generator`` (the model is public: its
+    samples need no secret randomness).
 
     The input is ``[BOS, prompt, generated so far]`` (no padding: a causal model's last position never sees
-    it); each step appends the most likely token among the tokenizer's vocabulary. Generation stops at EOS (or
-    BOS or PAD, which never occur in text), after ``max_new_tokens`` tokens, or when the input is full
-    (``max_len`` tokens: the model never saw a longer context). A prompt that does not fit is a ValueError.
+    it); each step appends the most likely token among the tokenizer's vocabulary (or a draw from its softmax).
+    Generation stops at EOS (or BOS or PAD, which never occur in text), after ``max_new_tokens`` tokens, or when the
+    input is full (``max_len`` tokens: the model never saw a longer context). A prompt that does not fit is a
+    ValueError.
     """
     max_len = check_int("max_len", max_len, minimum=2)
+    temperature = float(temperature)
+    if not temperature >= 0.0 or math.isinf(temperature):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     stop = {tokenizer.eos_id, tokenizer.bos_id, tokenizer.pad_id}
 
     def generate(prompt: str, max_new_tokens: int) -> str:
@@ -179,7 +186,12 @@ def lm_generator(model: nn.Module, tokenizer: Tokenizer, max_len: int) -> Genera
                 # no padding after the context: a causal model's last real position does not see it anyway
                 x = torch.tensor([ids], dtype=torch.int64, device=device)
                 logits = forward(model, {"x": x})
-                token = int(logits[0, len(ids) - 1, : tokenizer.vocab_size].argmax())
+                last = logits[0, len(ids) - 1, : tokenizer.vocab_size].float()
+                if temperature == 0.0:
+                    token = int(last.argmax())
+                else:
+                    probs = torch.softmax(last / temperature, dim=0).cpu()
+                    token = int(torch.multinomial(probs, 1, generator=generator))
                 if token in stop:
                     break
                 new.append(token)

@@ -290,6 +290,31 @@ def test_a_model_that_knows_nothing_is_at_the_prior_and_never_violates():
     assert span_inference(constant, targets, epsilon=0.0)["bound"] == pytest.approx(0.2)
 
 
+def test_an_attack_below_the_prior_has_no_power_and_says_so():
+    """A scorer that prefers a wrong candidate scores below the no-model prior: "within the bound" would say nothing
+    about privacy (issue 44: 56 % against a 70 % prior, the non-private model included). It is marked no power; a
+    scorer that knows the spans is not."""
+    targets = _targets(200, 5)
+    truth = {(t[: s.start], t[s.start :]) for t, s, _ in targets}
+
+    def wrong(prefixes, suffixes):
+        return np.array([10.0 if (p, s) in truth else 0.0 for p, s in zip(prefixes, suffixes, strict=True)])
+
+    out = span_inference(wrong, targets, epsilon=1.0, delta=1e-5)
+    assert out["accuracy"] < out["prior_baseline"] and out["no_power"] is True and out["violates"] is False
+    assert span_inference(wrong, targets)["no_power"] is True  # non-private: no bound, still no power
+    assert span_inference(knowing_scorer(targets), targets, epsilon=5.0)["no_power"] is False
+
+
+def test_the_audit_line_says_no_power_instead_of_within_the_bound():
+    from featuredp.experiments.text_runs import text_audit_lines
+
+    block = {"n": 50, "accuracy": 0.56, "accuracy_lower": 0.45, "prior_baseline": 0.70, "bound": 0.9,
+             "violates": False, "no_power": True, "by_group": None}  # fmt: skip
+    line = text_audit_lines({"attack": "span", "span_inference": block})[0]
+    assert "no power" in line and "within the bound" not in line
+
+
 def test_bound_grows_with_epsilon_from_the_prior_to_one():
     targets = _targets(50, 4)
     score = knowing_scorer(targets)

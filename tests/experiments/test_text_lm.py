@@ -363,3 +363,13 @@ def test_a_methods_subset_reuses_the_cells_it_shares(compared: dict[str, Any], t
     done = run_text_compare(TextCompareConfig(out=out, methods=["public", "fdp"], epsilons=[3.0], progress=False,
                                               overwrite=True))  # fmt: skip
     assert [r["method"] for r in done["rows"]] == ["public", "fdp"]
+
+
+def test_the_canary_span_type_is_private_only_where_canaries_are_planted():
+    """Old code listed ``secret`` among the protected span types (and in the guarantee) with no canary planted."""
+    from featuredp.experiments.text_data import CANARY_TYPE, load_text_data
+
+    without = load_text_data(spans=["email"], n_train=20, n_test=10, canary_repeats=())
+    assert CANARY_TYPE not in without.psi.types and without.options["spans"] == ["email"]
+    planted = load_text_data(spans=["email"], n_train=20, n_test=10, canary_repeats=(1,), canaries_per_repeat=1)
+    assert planted.psi.types == ("email", CANARY_TYPE)

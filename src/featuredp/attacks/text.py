@@ -404,7 +404,7 @@ def span_inference(
     ``"2-10"``, ``">10"``), since a value many records share is learnt from all of them.
 
     Returns ``{"n", "hits", "accuracy", "accuracy_lower", "accuracy_upper", "mean_rank", "prior_baseline",
-    "ball", "bound", "violates", "epsilon", "delta", "confidence", "k": {"min", "max", "mean"},
+    "ball", "bound", "violates", "no_power", "epsilon", "delta", "confidence", "k": {"min", "max", "mean"},
     "value_elsewhere", "tie_rule", "by_type": {type: {n, hits, accuracy, accuracy_lower, accuracy_upper,
     mean_rank, prior_baseline, ball, bound}}, "by_group": {...the same} | None}`` (per-type and per-group limits
     are not corrected for the several types or groups).
@@ -466,6 +466,9 @@ def span_inference(
     h, r, k, bp = np.array(hits), np.array(ranks), np.array(ks, dtype=float), np.array(best_prior)
     out = _inference_block(h, r, bp, ball, eps, d, conf)
     out["violates"] = None if out["bound"] is None else bool(out["accuracy_lower"] > out["bound"])
+    # An attack no better than guessing from the prior alone cannot show a leak: "within the bound" would say
+    # nothing, as an exposure audit whose non-private model memorised nothing says nothing.
+    out["no_power"] = bool(out["accuracy"] <= out["prior_baseline"])
     out.update(
         {
             "epsilon": eps,

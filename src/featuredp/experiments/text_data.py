@@ -121,7 +121,7 @@ def load_text_data(
         train_recs, test_recs = records[:n_tr], records[n_tr:]
         source = (f"generated support messages (featuredp.data.text_corpus.support_dialogues, public seed "
                   f"{corpus_seed}): {n_tr:,} train / {n_te:,} test")  # fmt: skip
-        psi = TextSpans(tuple(dict.fromkeys((*types, CANARY_TYPE))))
+        psi = TextSpans(_with_canaries(types, canary_repeats))
         train_recs = [TextRecord(r.text, [s for s in r.spans if s.type in types]) for r in train_recs]
         test_recs = [TextRecord(r.text, [s for s in r.spans if s.type in types]) for r in test_recs]
         # the generated corpus's spans are its annotations (no detector runs on it)
@@ -152,7 +152,7 @@ def load_text_data(
                   if test is None else f"{Path(path).name}: {len(train_recs):,} train (the whole file); "
                   f"{Path(test).name} (--test-data): {len(test_recs):,} test")  # fmt: skip
         detect_ = tuple(d for d in detect if d in spans)
-        psi = TextSpans(tuple(dict.fromkeys((*spans, CANARY_TYPE))), detect_, tuple(names))
+        psi = TextSpans(_with_canaries(spans, canary_repeats), detect_, tuple(names))
     canaries: list[Canary] = []
     # the audit rebuilds the data from options: n_train must count the texts the canaries are added to
     n_originals = len(train_recs)
@@ -169,6 +169,12 @@ def load_text_data(
                "canary_repeats": list(canary_repeats), "canaries_per_repeat": canaries_per_repeat,
                "canary_digits": canary_digits, "corpus_seed": corpus_seed, "canary_seed": canary_seed}  # fmt: skip
     return TextData(train, test_set, canaries, psi, source, options, boundary)
+
+
+def _with_canaries(types: Sequence[str], canary_repeats: Sequence[int]) -> tuple[str, ...]:
+    """The private span types, with the canaries' type where canaries are planted (and only there: a type nobody's
+    data holds would be listed in the guarantee)."""
+    return tuple(dict.fromkeys((*types, CANARY_TYPE))) if canary_repeats else tuple(dict.fromkeys(types))
 
 
 def text_model_spec(data: TextData, base: Mapping[str, Any]) -> dict[str, Any]:

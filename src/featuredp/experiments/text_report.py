@@ -57,7 +57,9 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
         si = r.get("span_inference")
         si_txt = "—" if not si else (f"{_pct(si['accuracy'])} ({_pct(si['prior'])}, "
                                      f"{'—' if si['bound'] is None else _pct(si['bound'])})"
-                                     + (" **exceeds the bound**" if si["violates"] else ""))  # fmt: skip
+                                     + (" **exceeds the bound**" if si["violates"] else "")
+                                     + (" (no power)" if si.get("no_power") and not si["violates"]
+                                        else ""))  # fmt: skip
         e = r["extraction"]
         std = f" ± {r['perplexity_std']:.2f}" if r["seeds"] > 1 else ""
         lines.append(
@@ -87,7 +89,9 @@ def render_text_summary(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, An
         "same two attacks on the canaries planted 100 times (extraction after their prefix; inference among k digit "
         "strings) show the attacks' power where a model memorises. Exposure \"(no power)\": the non-private model's "
         "exposure exceeds this model's by less than 3 bits at every repeat count (10×, 100×), so the canaries "
-        "were not memorised enough for a low exposure to show privacy. Extraction and span-inference targets are "
+        "were not memorised enough for a low exposure to show privacy. Span inference \"(no power)\": its accuracy is "
+        "no better than the prior without the model, so it cannot show a leak (\"within the bound\" would say "
+        "nothing). Extraction and span-inference targets are "
         "drawn at random (OS entropy), the same "
         "number from training and held-out texts; span inference's prior is the best guess without the model (the "
         "likeliest candidate when values recur, 1/k when they are all distinct). Record ε: the run's ε for whole "

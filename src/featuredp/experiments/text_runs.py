@@ -16,8 +16,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from featuredp._io import atomic_write_json, atomic_write_text, inside
-from featuredp._validate import check_choice
+from featuredp._validate import check_choice, check_int
 from featuredp.accounting.group import group_bound
 from featuredp.errors import PrivacyLeakWarning, PrivacyRiskWarning
 from featuredp.experiments.runs import (
@@ -45,7 +47,7 @@ from featuredp.methods import get_method
 from featuredp.plan import TrainResult
 
 __all__ = ["GROUP_STATS_KEY", "GROUP_STATS_WARNING", "NAMES_KEY", "REPEAT_WARNING", "TASK_KEY", "audit_text_run",
-           "check_names", "group_guarantee", "is_text_run", "names_digest", "train_text_run"]
+           "check_names", "generate_text", "group_guarantee", "is_text_run", "names_digest", "train_text_run"]
 
 #: run.json's key that marks a text run
 TASK_KEY = "task"
@@ -274,6 +276,29 @@ def audit_text_run(run_dir: str | Path, attack: str, *, out: str | Path | None =
     return payload
 
 
+def generate_text(run_dir: str | Path, prompts: Sequence[str], *, max_new_tokens: int = 60,
+                  temperature: float = 0.0, samples: int = 1, seed: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+    """Continuations of each prompt by a trained text run's model (``featuredp generate``): greedy, or ``samples``
+    draws at ``temperature`` from the public ``seed`` (the model is what the run released: generating from it reads
+    no private data). Returns ``[{"prompt", "continuations": [...]}]``; the model's context is the run's max_len."""
+    from featuredp.data.text import ByteTokenizer
+    from featuredp.lm import lm_generator
+
+    run = load_run(run_dir)
+    if not is_text_run(run):
+        raise ValueError(f"--run: {run.path} is not a text run (featuredp train --task text)")
+    if not prompts:
+        raise ValueError("--prompt: give at least one prompt")
+    samples = check_int("--samples", samples, minimum=1)
+    if temperature == 0.0 and samples > 1:
+        raise ValueError(f"--samples {samples} with --temperature 0: greedy decoding has one continuation per "
+                         "prompt; give --temperature > 0 to sample")  # fmt: skip
+    max_len = int((run.dataset.get("options") or {}).get("max_len") or 128)
+    generator = torch.Generator().manual_seed(int(seed))
+    generate = lm_generator(run.model, ByteTokenizer(), max_len, temperature=temperature, generator=generator)
+    return [{"prompt": p, "continuations": [generate(p, max_new_tokens) for _ in range(samples)]} for p in prompts]
+
+
 def render_text_audit(p: Mapping[str, Any]) -> str:
     """A short Markdown report of one text audit."""
     eps = p["epsilon_claimed"]
@@ -307,6 +332,8 @@ def text_audit_lines(p: Mapping[str, Any]) -> list[str]:
         return [f"span inference: no span type with enough distinct values to draw candidates from ({skipped})"]
     bound = "no bound (not private)" if s["bound"] is None else f"Theorem 4's bound {100 * s['bound']:.1f}%"
     verdict = "" if s["violates"] is None else (" — EXCEEDS THE BOUND" if s["violates"] else " — within the bound")
+    if s.get("no_power") and not s["violates"]:
+        verdict = " — no power (no better than the prior without the model: it cannot show a leak)"
     lines = [f"span inference: {100 * s['accuracy']:.1f}% of {s['n']} targets drawn at random (95% CI lower "
              f"{100 * s['accuracy_lower']:.1f}%), prior (best guess without the model) "
              f"{100 * s['prior_baseline']:.1f}%, {bound}{verdict}"]
