@@ -385,7 +385,7 @@ def summarize_text(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "span_inference": None if not spi else {
                 "accuracy": _mean([s["accuracy"] for s in spi]), "prior": _mean([s["prior_baseline"] for s in spi]),
                 "bound": _mean([s["bound"] for s in spi]), "violates": any(bool(s["violates"]) for s in spi),
-                "no_power": _mean([s["accuracy"] for s in spi]) <= _mean([s["prior_baseline"] for s in spi]),
+                "no_power": all(bool(s.get("no_power")) for s in spi),
                 "n": int(np.mean([s["n"] for s in spi])),
                 "canaries": _mean_by_key([s.get("canaries") or {} for s in spi])},
             "train_wall_s": _mean([r["train_wall_s"] for r in rs]),
