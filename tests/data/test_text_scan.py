@@ -178,3 +178,27 @@ def test_data_scan_does_not_import_torch(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert out.stdout.split() == ["0", "False"], out.stderr
+
+
+def test_records_per_user_by_a_field_never_the_users_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    records = _records(30)
+    for i, r in enumerate(records):  # one prolific author (12 records), the rest one or two each
+        r["author"] = "Quilla Brandtmoor" if i < 12 else f"Author{i // 2:02d}"
+    path = _write(tmp_path / "log.jsonl", records)
+    users = scan_text_file(path, user_field="author", sample=0)["users"]
+    assert users["users"] == 1 + 9 and users["largest"] == 12 and users["top"][:2] == [12, 2]
+    code, out, _ = _cli(capsys, ["data", "scan", str(path), "--user-field", "author", "--json"])
+    assert code == 0 and json.loads(out)["users"]["largest"] == 12
+    code, text, _ = _cli(capsys, ["data", "scan", str(path), "--user-field", "author", "--sample", "0"])
+    assert code == 0 and "largest 12" in text and "group of 12" in text
+    assert "Quilla" not in out + text and "Author0" not in out + text
+
+
+def test_a_record_without_the_user_field_is_refused_naming_its_line(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    records = _records(5)
+    for r in records[:3]:
+        r["author"] = "x"
+    path = _write(tmp_path / "log.jsonl", records)
+    code, _, err = _cli(capsys, ["data", "scan", str(path), "--user-field", "author"])
+    assert code == 2 and "line 4" in err and "--user-field 'author'" in err and len(err.strip().splitlines()) == 1

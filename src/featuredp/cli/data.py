@@ -108,6 +108,9 @@ def register(subparsers: Any) -> None:
                       help="built-in detectors to run (default: all of them but name; name too with --names-file)")
     scan.add_argument("--names-file", default=None, metavar="FILE", help="one name per line, for the name detector")
     scan.add_argument("--sample", type=int, default=5, metavar="N", help="random Ψ(x) lines to show (default 5)")
+    scan.add_argument("--user-field", default=None, metavar="F",
+                      help="the JSONL field naming each record's person (e.g. author): records per user (the "
+                      "largest, the 99th percentile), never the users' values")  # fmt: skip
     scan.add_argument("--json", action="store_true", help="print one JSON object")
     scan.set_defaults(func=run)
 
@@ -315,7 +318,8 @@ def _scan(args: argparse.Namespace) -> int:
             raise ValueError(f"--names-file {args.names_file}: no names in it (one name per line)")
     if args.sample < 0:
         raise ValueError(f"--sample must be >= 0, got {args.sample}")
-    out = scan_text_file(args.file, spans=args.spans, detect=args.detect, names=names, sample=args.sample)
+    out = scan_text_file(args.file, spans=args.spans, detect=args.detect, names=names, sample=args.sample,
+                         user_field=args.user_field)  # fmt: skip
     if args.json:
         print(json.dumps(out, indent=2, ensure_ascii=False))
         return 0
@@ -353,6 +357,13 @@ def scan_lines(out: dict[str, Any], *, file: str, detect_given: bool) -> list[st
         lines.append(f"repeats    {t}: the most repeated values appear in {', '.join(map(str, rep['top']))} records; "
                      f"a value in {rep['max']} records is a group of {rep['max']} "
                      "(train --task text --group-stats states its ε)")
+    users = out.get("users")
+    if users is not None:
+        lines.append(f"users      {users['users']:,} (field {users['field']!r}): records per user — largest "
+                     f"{users['largest']:,}, 99th percentile {users['p99']:.0f}, median {users['median']:.0f}")
+        if users["largest"] > 1:
+            lines.append(f"           a person with {users['largest']} records is a group of {users['largest']} to "
+                         "a record-level guarantee, which does not protect them as a person")  # fmt: skip
     if out["sample"]:
         lines += ["", f"sample of Ψ(x) ({len(out['sample'])} random records, at most 160 characters each):"]
         lines += [f"  {' '.join(line.split())}" for line in out["sample"]]

@@ -23,11 +23,13 @@ No torch import (``featuredp data scan`` starts fast and runs where torch is abs
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from scipy import stats
 
 from featuredp.features.text import DETECTORS, Span, TextSpans, detect_spans, load_annotated_jsonl
@@ -130,15 +132,38 @@ def boundary_counts(rows: Sequence[tuple[str, Sequence[Span]]], psi: TextSpans,
     return out
 
 
+def records_per_user(path: str | Path, field: str) -> dict[str, Any]:
+    """How many records each user holds, by the JSONL field ``field`` (``--user-field``): the number of users and
+    the records per user (largest, 99th percentile, median), never the users' values. A record without the field
+    is a ValueError naming its line."""
+    counts: dict[str, int] = {}
+    with Path(path).open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            value = row.get(field) if isinstance(row, dict) else None
+            if value is None or isinstance(value, dict | list):
+                raise ValueError(f"--user-field {field!r}: line {n} of {Path(path).name} has no such field (every "
+                                 "record must name its user)")  # fmt: skip
+            counts[str(value)] = counts.get(str(value), 0) + 1
+    per = np.sort(np.fromiter(counts.values(), dtype=np.int64))[::-1]
+    return {"field": field, "users": int(per.size), "largest": int(per[0]),
+            "p99": float(np.percentile(per, 99)), "median": float(np.median(per)),
+            "top": [int(c) for c in per[:TOP_REPEATS]]}  # fmt: skip
+
+
 def scan_text_file(path: str | Path, *, spans: Sequence[str] | None = None, detect: Sequence[str] | None = None,
-                   names: Sequence[str] = (), sample: int = 5) -> dict[str, Any]:  # fmt: skip
+                   names: Sequence[str] = (), sample: int = 5, user_field: str | None = None
+                   ) -> dict[str, Any]:  # fmt: skip
     """What Ψ does on an annotated JSONL file: the counts of the module docstring and ``sample`` Ψ(x) lines.
 
     ``spans``: the private types (default: every annotated type); ``detect``: built-in detectors to run (default:
     all but ``name``, and ``name`` too when ``names`` are given); Ψ hides ``spans`` and ``detect`` types. Returns
     ``records``, ``annotated``, ``detected``, ``recall`` (type → ``found``, ``of``, ``rate``, ``lower``,
     ``upper``), ``repeated`` (type → ``top``: record counts, largest first; ``max``), ``sample``, ``spans``,
-    ``detect``. A bad flag or file is a ValueError naming it (before any work).
+    ``detect``; with ``user_field``, ``users`` (:func:`records_per_user`). A bad flag or file is a ValueError naming
+    it (before any work).
     """
     p = Path(path)
     if not p.is_file():
@@ -148,6 +173,7 @@ def scan_text_file(path: str | Path, *, spans: Sequence[str] | None = None, dete
     rows = load_annotated_jsonl(p)
     if not rows:
         raise ValueError(f"FILE {str(path)!r} holds no records (expected one JSON object per line)")
+    users = None if user_field is None else records_per_user(p, user_field)
     annotated_types = {s.type for _, ann in rows for s in ann}
     spans_, detect_ = _check_types(spans, detect, names, annotated_types)
     psi = TextSpans(tuple(dict.fromkeys([*spans_, *detect_])), tuple(detect_), tuple(names))
@@ -176,4 +202,5 @@ def scan_text_file(path: str | Path, *, spans: Sequence[str] | None = None, dete
         public = psi(*rows[i])
         lines.append(public if len(public) <= SAMPLE_CHARS else public[: SAMPLE_CHARS - 1] + "…")
     return {"records": len(rows), "annotated": dict(sorted(annotated.items())), "detected": detected,
-            "recall": recall, "repeated": repeated, "sample": lines, "spans": spans_, "detect": detect_}  # fmt: skip
+            "recall": recall, "repeated": repeated, "sample": lines, "spans": spans_, "detect": detect_,
+            **({} if users is None else {"users": users})}  # fmt: skip
