@@ -68,13 +68,13 @@ from featuredp.dp_wrappers import (
     DPLoss,
     DPModule,
     DPOptimizer,
-    PerExampleLoss,
     output_transform,
     unwrap,
 )
 from featuredp.errors import BudgetExceededError, PrivacyLeakWarning
 from featuredp.features import PublicFeatureMap
 from featuredp.hf_losses import hf_criterion
+from featuredp.loss_batch import loss_batch, with_draw_columns
 from featuredp.losses import LossSplit
 from featuredp.methods import get_method
 from featuredp.models.hf import eager_attention, register_hf_rules
@@ -88,7 +88,7 @@ from featuredp.own_loop_checks import (
     strategy_of,
 )
 from featuredp.plan import PrivacyPlan, TrainResult
-from featuredp.private_loader import Draw, Draws, RowsUsedError, at, check_loader, leaves, private_loader
+from featuredp.private_loader import Draw, Draws, RowsUsedError, at, check_loader, private_loader
 from featuredp.private_output import FunctionalLoss, plain, wrap_output
 from featuredp.run import PrivateRun
 from featuredp.run_state import RunState, reserve, settle
@@ -557,10 +557,10 @@ class PrivacyEngine(Uncopyable):
         if loss.inputs is None:
             raise RuntimeError("the loss was not computed from the private model's output")
         plan, record = state.plan, get_method(state.plan.method)
-        batch, loss_fn = self._batch_and_loss(loss)
+        batch, loss_fn = loss_batch(loss, self._require_run().split)
         draw, rows, paths = self._provenance(batch)
         if run.split is not None:
-            batch, paths = _with_draw_columns(batch, draw, rows, paths)
+            batch, paths = with_draw_columns(batch, draw, rows, paths)
         if plan.max_grad_norm is None:
             raise ValueError("the plan has no clipping bound")
         draw.used[rows] = True
@@ -642,29 +642,6 @@ class PrivacyEngine(Uncopyable):
                 "(for example padding to the batch's longest text with a model that averages over positions): "
                 "collate each record the same way whatever the batch (pad to a fixed length, or mask the padding "
                 "in the model)")  # fmt: skip
-
-    def _batch_and_loss(self, loss: DPLoss) -> tuple[Batch, Callable[..., torch.Tensor]]:
-        """The loss's batch as a dict of batch-first tensors, and the per-example loss the strategy differentiates."""
-        args, kwargs = loss.inputs
-        target = loss.target
-        split = self._require_run().split
-        size = next((int(v.shape[0]) for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
-        tail = tuple(target.shape[1:])
-        if size is not None and target.dim() >= 1 and int(target.shape[0]) != size:
-            if target.numel() % max(size, 1) or size == 0:
-                raise TypeError(f"the target's first dimension ({target.shape[0]}) is not the batch's ({size}) or a "
-                                "multiple of it")  # fmt: skip
-            target = target.reshape(size, -1)  # labels.view(-1) of an LM loop: batch-first again, row i = example i
-        if split is not None:  # ℓ and ℓ_pub are the split's (cross-entropy on Ψ(x) for column maps)
-            if len(args) != 1 or kwargs or not isinstance(args[0], torch.Tensor):
-                raise TypeError("with a feature map the model must be called as model(x) on one tensor x")
-            return {"x": args[0], "y": target}, split.loss
-        keys = [f"arg{i}" for i in range(len(args))]
-        tensors = {k: v for k, v in zip(keys, args, strict=True) if isinstance(v, torch.Tensor)}
-        tensors.update({f"kw:{k}": v for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
-        constants = ({k: v for k, v in zip(keys, args, strict=True) if not isinstance(v, torch.Tensor)},
-                     {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)})  # fmt: skip
-        return {**tensors, "y": target}, PerExampleLoss(loss.criterion, loss.transform, len(args), constants, tail)
 
     def _step(self, inner: torch.optim.Optimizer, closure: Any = None) -> Any:
         """Noise, Algorithm 1's public term (record-level noised with the backstop), then the user's optimizer step.
@@ -751,22 +728,6 @@ class PrivacyEngine(Uncopyable):
 
 #: the share of draws (after the first, always checked) on which a secret record is collated alone and compared
 RECORD_ALONE_RATE = 0.25
-
-
-def _with_draw_columns(batch: Batch, draw: Draw, rows: np.ndarray, paths: dict[str, tuple[Any, ...]]
-                       ) -> tuple[Batch, dict[str, tuple[Any, ...]]]:  # fmt: skip
-    """The loss's batch (``x``, ``y``) with the draw's other columns at the same rows: what a feature map's loss
-    reads besides the model's input (a text batch's ``x_pub``/``y_pub``, Ψ of each text), taken from the draw
-    itself, so that it is the same records' whatever the loop passed."""
-    batch, paths = dict(batch), dict(paths)
-    device = batch["x"].device
-    index = torch.as_tensor(rows, dtype=torch.long)
-    for path, t in leaves(draw.batch):
-        key = path[-1] if path else None
-        if len(path) == 1 and isinstance(key, str) and key not in batch and t.dim() >= 1 and t.shape[0] == draw.size:
-            batch[key] = t.index_select(0, index.to(t.device)).to(device)
-            paths[key] = path
-    return batch, paths
 
 
 def _same_records(a: Batch, b: Batch) -> bool:
