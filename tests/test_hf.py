@@ -105,7 +105,8 @@ def test_a_subclass_with_its_own_sampler_is_refused(tmp_path):
 @pytest.mark.parametrize(("name", "value"), [
     ("fsdp", "full_shard"), ("deepspeed", "ds.json"), ("fp16", True), ("neftune_noise_alpha", 5.0),
     ("label_smoothing_factor", 0.1), ("auto_find_batch_size", True), ("include_num_input_tokens_seen", "all"),
-    ("train_sampling_strategy", "group_by_length"), ("torch_compile", True),
+    ("train_sampling_strategy", "group_by_length"), ("torch_compile", True), ("activation_checkpointing", True),
+    ("gradient_checkpointing", True),
 ])  # fmt: skip
 def test_settings_dptrainer_cannot_honour_are_refused_in_one_line(tmp_path, monkeypatch, name, value):
     args = _args(tmp_path)
@@ -113,6 +114,16 @@ def test_settings_dptrainer_cannot_honour_are_refused_in_one_line(tmp_path, monk
     with pytest.raises(ValueError, match=rf"TrainingArguments\({name}=") as info:
         DPTrainer(model=_gpt2(), args=args, train_dataset=_records(), noise_multiplier=1.0, max_grad_norm=1.0)
     assert "\n" not in str(info.value)
+
+
+def test_evaluating_on_the_training_set_is_warned_about(tmp_path):
+    from featuredp.errors import PrivacyLeakWarning
+
+    train = _records()
+    warnings.simplefilter("always")
+    with pytest.warns(PrivacyLeakWarning, match="eval_dataset is train_dataset"):
+        DPTrainer(model=_gpt2(), args=_args(tmp_path), train_dataset=train, eval_dataset=train, noise_multiplier=1.0,
+                  max_grad_norm=1.0)  # fmt: skip
 
 
 def test_exactly_one_of_noise_multiplier_and_target_epsilon(tmp_path):

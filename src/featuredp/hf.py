@@ -36,13 +36,14 @@ Refused in one line, before any work: DeepSpeed, FSDP (sharding lands with featu
 process or GPU, ``train_sampling_strategy`` other than the default (``group_by_length``, ``sequential``,
 ``batch_rebalance``), a custom sampler or train data loader (a subclass overriding ``_get_train_sampler`` or
 ``get_train_dataloader``), an iterable dataset, ``fp16`` (loss scaling would scale the clipped gradients; ``bf16``
-works), NEFTune, label smoothing, ``auto_find_batch_size`` (it changes q mid-run), and
-``include_num_input_tokens_seen`` (a count of private tokens).
+works), NEFTune, label smoothing, ``auto_find_batch_size`` (it changes q mid-run),
+``include_num_input_tokens_seen`` (a count of private tokens), ``torch_compile`` and activation checkpointing.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from featuredp._io import atomic_write_json
 from featuredp.data.text import TextDataset
+from featuredp.errors import PrivacyLeakWarning
 from featuredp.features import PublicFeatureMap
 from featuredp.features.text import TextSpans
 from featuredp.features.tokens import TokenView
@@ -113,6 +115,10 @@ class DPTrainer(transformers.Trainer):
         if (noise_multiplier is None) == (target_epsilon is None):
             raise ValueError(f"give noise_multiplier or target_epsilon, exactly one (got noise_multiplier="
                              f"{noise_multiplier!r}, target_epsilon={target_epsilon!r})")  # fmt: skip
+        if kwargs.get("eval_dataset") is not None and kwargs.get("eval_dataset") is kwargs.get("train_dataset"):
+            warnings.warn("eval_dataset is train_dataset: its evaluation metrics are logged without noise and are not "
+                          "covered by epsilon; evaluate on held-out data", PrivacyLeakWarning,
+                          stacklevel=2)  # fmt: skip
         loss_split = _text_split(feature_map, loss_split, kwargs)
         _refuse_overrides(type(self))
         if args is not None:  # before Hugging Face sets anything up
@@ -374,6 +380,10 @@ _REFUSED_ARGS = (
     ("train_sampling_strategy", lambda v: v not in (None, "random"),
      "featuredp samples batches itself (Poisson at rate q, from secret coins), the sampling its ε is for"),
     ("torch_compile", lambda v: bool(v), "torch.compile of the model is not supported by the per-example passes"),
+    ("activation_checkpointing", lambda v: bool(v), "its saved-tensor hooks could rescale the gradients the "
+                                                     "per-example clip reads: train without it"),
+    ("gradient_checkpointing", lambda v: bool(v), "its saved-tensor hooks could rescale the gradients the "
+                                                   "per-example clip reads: train without it"),
 )
 
 
