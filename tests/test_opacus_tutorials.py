@@ -3,7 +3,10 @@
 * ``examples/mnist.py``: ``make_private`` without ``grad_sample_mode`` returns three values (Opacus's default
   ``"hooks"``), the loop builds its own ``nn.CrossEntropyLoss()``;
 * "Building an image classifier with differential privacy": ``make_private_with_epsilon``, ``RMSprop``, the loop's
-  own criterion, accuracy from ``output.detach().cpu().numpy()``, ``BatchMemoryManager``.
+  own criterion, accuracy from ``output.detach().cpu().numpy()``, ``BatchMemoryManager``;
+* "Building text classifier with differential privacy" (BERT on SNLI): its three loops (``outputs[0]`` with
+  ``BatchMemoryManager``; ghost with the returned criterion on ``outputs[1]``; PEFT LoRA), on a tiny BERT built
+  from a config.
 
 On sklearn's digits (8×8 images, offline), with a GroupNorm CNN (what Opacus's ``ModuleValidator.fix`` makes of a
 BatchNorm one). The ε must be featuredp's own account of (σ, q, T), and the model must learn.
@@ -56,9 +59,9 @@ def _accuracy(model, loader) -> float:
     return correct / total
 
 
-def _account(sigma: float, q: float, steps: int, capsys) -> float:
+def _account(sigma: float, q: float, steps: int, capsys, delta: float = DELTA) -> float:
     assert main(["account", "--noise-multiplier", str(sigma), "--sampling-rate", str(q), "--steps", str(steps),
-                 "--delta", str(DELTA), "--json"]) == 0  # fmt: skip
+                 "--delta", str(delta), "--json"]) == 0  # fmt: skip
     return float(json.loads(capsys.readouterr().out)["epsilon"])
 
 
@@ -220,3 +223,66 @@ def test_the_text_classifier_tutorial_loop_with_only_the_imports_changed(capsys)
     after = dict(raw.named_parameters())
     assert all(torch.equal(after[k], v) for k, v in frozen.items())
     assert not torch.equal(after["classifier.weight"], head)
+
+
+@pytest.mark.parametrize("variant", ["ghost", "ghost_lora"])
+def test_the_text_classifiers_ghost_and_lora_loops_with_only_the_imports_changed(variant, capsys):
+    """The same tutorial's fast-gradient-clipping loops: ``grad_sample_mode="ghost"`` with the returned criterion
+    on ``outputs[1]`` (the logits of a model called with labels), ``model_gc.to(device)`` after ``make_private``,
+    ``DELTA = 1 / len(train_dataloader)``; and PEFT LoRA (``TaskType.SEQ_CLS``, ``lora_dropout=0.05``, the first
+    layers frozen)."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    config = transformers.BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=16, num_labels=3,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config)
+    if variant == "ghost_lora":
+        peft = pytest.importorskip("peft")
+        lora_config = peft.LoraConfig(task_type=peft.TaskType.SEQ_CLS, inference_mode=False, r=4, lora_alpha=32,
+                                      lora_dropout=0.05)  # fmt: skip
+        model = peft.get_peft_model(model, lora_config)
+        for param in model.base_model.bert.encoder.layer[:-1].parameters():
+            param.requires_grad = False
+    else:
+        for p in model.parameters():
+            p.requires_grad = False
+        for layer in [model.bert.encoder.layer[-1], model.bert.pooler, model.classifier]:
+            for p in layer.parameters():
+                p.requires_grad = True
+    raw = model
+    before = {k: v.detach().clone() for k, v in raw.named_parameters() if v.requires_grad}
+    train_dataloader = DataLoader(_sentence_pairs(), batch_size=30)
+    delta = 1 / len(train_dataloader)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4, eps=1e-8)
+    model = model.train()
+    privacy_engine = PrivacyEngine()
+    criterion = nn.CrossEntropyLoss(reduction="mean")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model_gc, optimizer_gc, criterion_gc, train_dataloader = privacy_engine.make_private_with_epsilon(
+            module=model, optimizer=optimizer, data_loader=train_dataloader, criterion=criterion, target_delta=delta,
+            target_epsilon=7.5, epochs=2, max_grad_norm=0.1, grad_sample_mode="ghost")  # fmt: skip
+        model_gc = model_gc.to("cpu")
+        model_gc = model_gc.train()
+        for _epoch in range(1, 3):
+            losses = []
+            for _step, batch in enumerate(train_dataloader):
+                optimizer_gc.zero_grad()
+                batch = tuple(t.to("cpu") for t in batch)
+                inputs = {"input_ids": batch[0], "attention_mask": batch[1], "token_type_ids": batch[2],
+                          "labels": batch[3]}  # fmt: skip
+                outputs = model_gc(**inputs)  # output = loss, logits, hidden_states, attentions
+                loss = criterion_gc(outputs[1], batch[3])
+                loss.backward()
+                optimizer_gc.step()
+                losses.append(loss.item())
+        eps = privacy_engine.get_epsilon(delta)
+    steps = 2 * len(train_dataloader)
+    assert privacy_engine.steps == steps and eps <= 7.5
+    assert eps == pytest.approx(_account(optimizer_gc.noise_multiplier, 1 / len(train_dataloader), steps, capsys,
+                                         delta), rel=0.01)  # fmt: skip
+    after = dict(raw.named_parameters())
+    assert all(not torch.equal(after[k], v) for k, v in before.items())
+
