@@ -56,3 +56,48 @@ def test_a_row_used_twice_is_refused():
     draw.used[rows] = True
     with pytest.raises(RowsUsedError):
         draws.rows_of({"a": batch["input_ids"][:2]}, draw)
+
+
+class _CountingTensors(torch.utils.data.TensorDataset):
+    """A TensorDataset that counts item reads."""
+
+    reads = 0
+
+    def __getitem__(self, i):
+        type(self).reads += 1
+        return super().__getitem__(i)
+
+
+def _draws(collate, seed: int = 3) -> list[list[torch.Tensor]]:
+    import warnings
+
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    from featuredp import PrivacyEngine
+
+    g = torch.Generator().manual_seed(0)
+    data = _CountingTensors(torch.randn(200, 4, generator=g), torch.randint(0, 2, (200,), generator=g))
+    model = nn.Linear(4, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = PrivacyEngine(seed=seed).make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(data, batch_size=20, **({} if collate is None else {"collate_fn": collate})),
+            noise_multiplier=1.0, max_grad_norm=1.0)  # fmt: skip
+    return [list(b) for b in out[-1]]
+
+
+def test_a_tensor_dataset_is_read_with_one_index_per_tensor_and_the_same_batches():
+    """The batched fetch reads no item, and yields exactly what the default collate of the items would (the same
+    secret draws, the same values and dtypes)."""
+    from torch.utils.data import default_collate
+
+    _CountingTensors.reads = 0
+    fast = _draws(None)
+    assert _CountingTensors.reads == 0
+    slow = _draws(lambda items: default_collate(items))  # another collate: item by item, as the user's loader
+    assert _CountingTensors.reads > 0
+    assert len(fast) == len(slow) == 10
+    for a, b in zip(fast, slow, strict=True):
+        assert all(torch.equal(x, y) and x.dtype == y.dtype for x, y in zip(a, b, strict=True))

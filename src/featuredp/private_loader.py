@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, Sampler, TensorDataset, default_collate
 
 from featuredp.run_state import RunState
 
@@ -231,12 +231,28 @@ class PrivateDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._plan_sampler.pending.clear()
-        for batch in super().__iter__():
+        batches = self._indexed() if self._batched_fetch() else super().__iter__()
+        for batch in batches:
             # Batches come back in the sampler's order (workers included), so the oldest pending indices are this
             # batch's.
             idx = self._plan_sampler.pending.pop(0)
             self._on_draw(idx, batch)
             yield batch
+
+
+    def _batched_fetch(self) -> bool:
+        """Whether a draw can be read with one index per tensor: a ``TensorDataset`` with the default collate, in
+        this process. ``default_collate`` of its items is exactly ``[t[idx] for t in tensors]``; any other
+        dataset or collate is read item by item, as the user's loader reads it."""
+        return (isinstance(self.dataset, TensorDataset) and self.user_collate is default_collate
+                and self.num_workers == 0 and not self.pin_memory)  # fmt: skip
+
+    def _indexed(self) -> Iterator[Any]:
+        """The sampler's draws read with one index tensor per tensor of the dataset (no per-item fetch)."""
+        tensors = self.dataset.tensors  # type: ignore[attr-defined]
+        for rows in self._plan_sampler:
+            index = torch.as_tensor(rows, dtype=torch.long)
+            yield [t.index_select(0, index.to(t.device)) for t in tensors]
 
 
 def private_loader(loader: DataLoader, state: RunState, batches: int,
