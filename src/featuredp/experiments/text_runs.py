@@ -21,6 +21,7 @@ import torch
 from featuredp._io import atomic_write_json, atomic_write_text, inside
 from featuredp._validate import check_choice, check_int
 from featuredp.accounting.group import group_bound
+from featuredp.data.text import ByteTokenizer
 from featuredp.errors import PrivacyLeakWarning, PrivacyRiskWarning
 from featuredp.experiments.runs import (
     DATA_FINGERPRINT_FILE,
@@ -42,7 +43,7 @@ from featuredp.experiments.text_lm import (
     train_text_model,
 )
 from featuredp.experiments.train_one import record_summary
-from featuredp.lm import perplexity
+from featuredp.lm import lm_generator, perplexity
 from featuredp.methods import get_method
 from featuredp.plan import TrainResult
 
@@ -281,9 +282,6 @@ def generate_text(run_dir: str | Path, prompts: Sequence[str], *, max_new_tokens
     """Continuations of each prompt by a trained text run's model (``featuredp generate``): greedy, or ``samples``
     draws at ``temperature`` from the public ``seed`` (the model is what the run released: generating from it reads
     no private data). Returns ``[{"prompt", "continuations": [...]}]``; the model's context is the run's max_len."""
-    from featuredp.data.text import ByteTokenizer
-    from featuredp.lm import lm_generator
-
     run = load_run(run_dir)
     if not is_text_run(run):
         raise ValueError(f"--run: {run.path} is not a text run (featuredp train --task text)")
