@@ -103,6 +103,16 @@ def test_the_group_bound_where_it_is_and_is_not_computed() -> None:
         assert g is not None and g["epsilon"] is None and says in lines[0], lines
 
 
+def test_a_group_whose_bound_is_vacuous_is_said_to_have_no_meaningful_guarantee() -> None:
+    """Old code printed "the group of 419 is covered at ε_419 = 1.344e+06 (δ = inf)": a number, not a guarantee."""
+    g, lines = group_guarantee(_result(), {"name": 400})
+    assert g is not None and g["size"] == 400 and (g["epsilon"] >= 100 or g["delta"] >= 1)
+    assert "no meaningful guarantee for a group of 400" in lines[0] and "--user-field" in lines[0]
+    assert "is covered at" not in lines[0]
+    _, small = group_guarantee(_result(), {"name": 2})
+    assert "is covered at ε_2 = " in small[0]
+
+
 def _neighbour_file(path: Path, long_emails: bool) -> Path:
     """60 records with distinct names and emails; the files differ only inside the email spans of records 0-4 (Ψ
     is the same: a span is replaced whatever its length). The long ones would make those texts longer than

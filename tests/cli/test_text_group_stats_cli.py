@@ -19,7 +19,7 @@ from featuredp.experiments.text_runs import GROUP_STATS_KEY
 SHARED = "Zorblax Quinterra"
 #: what would give the equality of hidden values away, in any output or file
 GROUP_MARKERS = ("largest_repeat", "largest repeat", "group_notes", "repeat in up to", "is covered at ε_",
-                 "training records (more than")  # fmt: skip
+                 "no meaningful guarantee for a group", "training records (more than")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

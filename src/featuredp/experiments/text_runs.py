@@ -54,6 +54,8 @@ __all__ = ["GROUP_STATS_KEY", "GROUP_STATS_WARNING", "NAMES_KEY", "REPEAT_WARNIN
 TASK_KEY = "task"
 #: a private value held by more training records than this is warned about (it is a group: group privacy)
 REPEAT_WARNING = 10
+#: a group ε at or above this (a likelihood ratio of e^100) is no guarantee at all, and is said so
+VACUOUS_EPSILON = 100.0
 #: run.json's key that says whether the run was asked for the group statistics (the setting, never the numbers)
 GROUP_STATS_KEY = "group_stats"
 #: what ``--group-stats`` prints (and warns) before its numbers
@@ -233,6 +235,12 @@ def group_guarantee(result: TrainResult, largest_repeat: Mapping[str, int]) -> t
                             float(plan.delta or 0.0), k, accountant=plan.accountant)  # fmt: skip
         delta = float(plan.delta or 0.0) + (math.inf if bound.epsilon > 700 else (1 + math.exp(bound.epsilon)) * tail)
         found[t] = {"type": t, "size": k, "epsilon": bound.epsilon, "delta": delta, "accounting": bound.method}
+        if delta >= 1.0 or bound.epsilon >= VACUOUS_EPSILON:
+            lines.append(f"{head}; ε = {eps_one} covers one record, and there is no meaningful guarantee for a "
+                         f"group of {k} (ε_{k} = {bound.epsilon:.4g}, δ = {delta:.3g}): a person who wrote {k} "
+                         "records is not protected as a person (records per person: featuredp data scan "
+                         "--user-field F)")  # fmt: skip
+            continue
         lines.append(f"{head}; ε = {eps_one} covers one record, the group of {k} is covered at ε_{k} = "
                      f"{bound.epsilon:.4g} (δ = {delta:.3g}; {bound.method} accounting)")
     top = max(groups, key=lambda t: groups[t])
