@@ -332,3 +332,26 @@ def test_contributions_for_different_shapes_are_refused():
     wrong = Outer(torch.randn(5, 3, 1, D), torch.randn(5, 3, 1, V + 1), torch.Size([V + 1, D]))
     with pytest.raises(TypeError, match=r"different shapes: Rows \(13, 6\), Outer \(14, 6\)"):
         combine([r, wrong])
+
+
+def test_a_bias_whose_gradient_cancels_to_zero_stays_on_its_rule():
+    """A conv bias before GroupNorm(C, C) (what ModuleValidator.fix makes of BatchNorm) and an attention key bias
+    under softmax have gradient exactly 0: their terms cancel. Old code compared that cancelled sum with rounding
+    of its own size and demoted the bias to torch.func with a wrong diagnosis ("used outside the layer's call")."""
+    from featuredp.clipping import get_strategy
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.GroupNorm(8, 8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(8, 3))  # fmt: skip
+    batch = {"x": torch.randn(16, 1, 6, 6), "y": torch.randint(0, 3, (16,))}
+
+    def loss_fn(m, b, _draws):
+        return nn.functional.cross_entropy(m(b["x"]), b["y"], reduction="none")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no fallback warning
+        sums, norms = get_strategy("ghost").clipped_sum(model, loss_fn, batch, {}, 1.0)
+    reference, ref_norms = get_strategy("vmap").clipped_sum(model, loss_fn, batch, {}, 1.0)
+    torch.testing.assert_close(norms, ref_norms, rtol=1e-4, atol=1e-6)
+    for k in reference:
+        torch.testing.assert_close(sums[k], reference[k], rtol=1e-4, atol=1e-6)

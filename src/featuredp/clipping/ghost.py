@@ -461,6 +461,17 @@ class GhostGradients(GhostChecks):
         ones = torch.ones(losses.shape[0], dtype=torch.float64, device=losses.device)
         bad = []
         with torch.no_grad():
+            # Rounding scales with the size of the terms, not of their (possibly cancelling) sum. A bias whose
+            # terms cancel exactly (a conv bias before GroupNorm(C, C), a key bias under softmax: its gradient is
+            # 0) reaches its rule already summed, so its layer's largest term size stands in for its own. A
+            # parameter this lets through only loses gradient outside its layer: the released sum is of the rules'
+            # per-example contributions, each clipped, whatever this check decides.
+            own = {n: float(add_up([p.abs_sum() for p in parts[n]]).max()) for n in names if n in combined}
+            layer_scale: dict[str, float] = {}
+            for layer in plan.layers:
+                biggest = max((own.get(n, 0.0) for n in layer.params.values()), default=0.0)
+                for n in layer.params.values():
+                    layer_scale[n] = max(layer_scale.get(n, 0.0), biggest)
             for n, t in zip(names, truth):
                 t = torch.zeros_like(params[n]) if t is None else t
                 if n not in combined:
@@ -468,8 +479,7 @@ class GhostGradients(GhostChecks):
                         bad.append(n)
                     continue
                 mine = combined[n].weighted_sum(ones)
-                # Rounding scales with the size of the terms, not of their (possibly cancelling) sum.
-                scale = float(add_up([p.abs_sum() for p in parts[n]]).max()) + float(t.abs().max())
+                scale = max(own[n], layer_scale.get(n, 0.0)) + float(t.abs().max())
                 if float((mine - t).abs().max()) > 1e-4 * scale:
                     bad.append(n)
         return bad
