@@ -650,15 +650,15 @@ class PrivacyEngine(Uncopyable):
         run = self._require_run()
         sums = self._pending
         draw = self._draws.current
-        if sums is None and draw is not None and draw.size == 0 and not draw.stepped:
+        if draw is not None and draw.stepped:
+            raise RuntimeError("optimizer.step() was already called for this batch: one step per drawn batch")
+        if sums is None and draw is not None and draw.size == 0:
             # An empty Poisson batch has nothing to call backward() on (many models refuse zero rows): its step is
             # the noise alone.
             sums = {k: torch.zeros_like(p) for k, p in trainable_parameters(run.model).items()}
         if sums is None or draw is None:
             raise RuntimeError("optimizer.step() without loss.backward() on the private criterion's loss of the "
                                "private loader's last batch")  # fmt: skip
-        if draw.stepped:
-            raise RuntimeError("optimizer.step() was already called for this batch: one step per drawn batch")
         if self._skip_next:  # BatchMemoryManager: a physical chunk, not the logical batch's last
             self._skip_next = False
             return None
