@@ -26,8 +26,9 @@ What it changes in the Trainer, and why:
   record, at the plan's δ), ``replacement_epsilon`` (replace one record's private part), ``private_steps``, and
   ``public_loss`` where the method has one. Evaluation (``eval_dataset``) is logged as usual: held-out data is the
   user's to publish.
-* **Checkpoints.** Each ``checkpoint-N`` also holds ``featuredp_privacy.pt`` (the run's state, without the weights
-  and without its secret coins, which are re-keyed on resume), and ``output_dir`` holds ``featuredp.spent.json``, the
+* **Checkpoints.** Each ``checkpoint-N`` also holds ``featuredp_privacy.pt`` (the run's state without the weights,
+  owner-readable only; its secret streams are re-keyed from OS entropy on resume, never replayed), and
+  ``output_dir`` holds ``featuredp.spent.json``, the
   private steps the run has charged, brought up to date at every draw. ``train(resume_from_checkpoint=...)``
   continues the accounting: resuming an older checkpoint keeps every step that ran charged (ε never goes back), and
   a correlated-noise run refuses to rewind.
