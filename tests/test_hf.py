@@ -116,6 +116,14 @@ def test_settings_dptrainer_cannot_honour_are_refused_in_one_line(tmp_path, monk
     assert "\n" not in str(info.value)
 
 
+def test_pushing_checkpoints_with_the_secret_run_state_to_the_hub_is_refused(tmp_path, monkeypatch):
+    args = _args(tmp_path)
+    monkeypatch.setattr(args, "push_to_hub", True)
+    monkeypatch.setattr(args, "hub_strategy", "all_checkpoints")
+    with pytest.raises(ValueError, match=r"hub_strategy='all_checkpoints'.*secret"):
+        DPTrainer(model=_gpt2(), args=args, train_dataset=_records(), noise_multiplier=1.0, max_grad_norm=1.0)
+
+
 def test_evaluating_on_the_training_set_is_warned_about(tmp_path):
     from featuredp.errors import PrivacyLeakWarning
 

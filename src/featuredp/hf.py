@@ -394,6 +394,11 @@ def _refuse_settings(args: Any, train_dataset: Any) -> None:
         value = getattr(args, name, None)
         if bad(value):
             raise ValueError(f"TrainingArguments({name}={value!r}): {why}")
+    strategy = str(getattr(getattr(args, "hub_strategy", None), "value", getattr(args, "hub_strategy", "")))
+    if getattr(args, "push_to_hub", False) and strategy in ("checkpoint", "all_checkpoints"):
+        raise ValueError(f"TrainingArguments(hub_strategy={strategy!r}) with push_to_hub: it would upload the "
+                         f"checkpoints' {PRIVACY_FILE}, which holds the run's secret sampler and noise state; push "
+                         "the model only (hub_strategy='end' or 'every_save')")  # fmt: skip
     processes = int(getattr(args, "world_size", 1) or 1)
     gpus = int(getattr(args, "n_gpu", 0) or 0)
     if processes > 1 or gpus > 1:
