@@ -40,6 +40,7 @@ def test_the_estimate_grows_with_the_data_and_fits_the_default():
     assert have is None or have > 0
 
 
+@pytest.mark.slow  # 16 s of torchrun timing; the benchmark, not a guarantee (run with `pytest -m slow`)
 def test_nproc_measures_strong_scaling_with_torchrun(capsys, monkeypatch):
     # Two real launches (1 and 2 gloo processes on 127.0.0.1): the ranks must agree on the steps they
     # time, or the collectives inside a step would hang until the timeout below.
