@@ -207,6 +207,7 @@ def test_data_schema_takes_the_missing_values_mode_the_error_suggests(raw, tmp_p
 # Issue 42: `compare --quick` on a user's table trained DP-SGD for 88 steps where `train` fits about 600 to the
 # table (62.1 % against 72.8 %), so the comparison showed numbers no `train` run gives. Both now take one schedule.
 # (Without --quick: tests/experiments/test_grid.py checks the same parameters without training.)
+@pytest.mark.slow  # 20 s of training (CI time; run with `pytest -m slow`)
 @pytest.mark.filterwarnings("ignore:.*encoding statistics")
 def test_compare_quick_on_a_users_table_trains_with_trains_fitted_schedule(people, tmp_path, capsys) -> None:
     data = ["--data", str(people), "--label", "income", "--private", "sex", "--categorical", "sex"]

@@ -24,6 +24,7 @@ def write_fake_fashion(root: Path, n_train: int, n_test: int, *, grouped: bool =
             (root / f"{prefix}-{kind}-ubyte.gz").write_bytes(gzip.compress(header + arr.astype(np.uint8).tobytes()))
 
 
+@pytest.mark.slow  # 16 s: every method's quick diffusion compare (CI time; run with `pytest -m slow`)
 def test_quick_compare_all_methods(tmp_path: Path) -> None:
     data = tmp_path / "fm"
     write_fake_fashion(data, n_train=48, n_test=24)
