@@ -8,13 +8,14 @@ private training texts and the held-out test texts.
 1. A GPT-2-shaped base (byte tokens, d = 64, 2 layers, 4 heads) is pre-trained non-privately on the public texts.
 2. LoRA r = 8 on every attention and MLP projection is fine-tuned through ``transformers.Trainer`` (non-private) and
    ``featuredp.hf.DPTrainer`` at ε = 3 (δ = 1e-5): DP-SGD, FDP (Algorithm 1) with the author spans private, and FDP
-   with the record-level backstop (``record_epsilon``, default 8).
-3. Held-out perplexity (per token, exp of the mean NLL over every test token) of each model.
+   with the record-level backstop (``record_epsilon``, default 8), each at every learning rate of ``--lrs``.
+3. Each method's learning rate is chosen by validation perplexity; its test perplexity (per token, exp of the mean
+   NLL over every test token) is reported.
 4. Samples/s of the same LoRA model in a hand loop (``outputs = model(**batch); outputs.loss.backward()``):
    non-private, featuredp's ``PrivacyEngine`` and Opacus 1.6's (``grad_sample_mode="hooks"``, where it runs),
    interleaved rounds, medians.
 
-    OMP_NUM_THREADS=2 PYTHONPATH=src python benchmarks/hf_changelogs.py --out results/hf-changelogs
+    OMP_NUM_THREADS=2 PYTHONPATH=src python benchmarks/hf_changelogs.py --out results/hf-changelogs --lrs 2e-3,5e-3,1e-2
 
 Writes ``hf_changelogs.md`` and ``hf_changelogs.json`` under --out.
 """
@@ -57,6 +58,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="results/hf-changelogs")
     p.add_argument("--train-size", type=int, default=1200)
     p.add_argument("--test-size", type=int, default=300)
+    p.add_argument("--val-size", type=int, default=300, help="held-out texts that choose each method's lr")
     p.add_argument("--public-size", type=int, default=3000, help="public pre-training texts (Ψ views)")
     p.add_argument("--max-len", type=int, default=128)
     p.add_argument("--epsilon", type=float, default=3.0)
@@ -64,24 +66,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--batch-size", type=int, default=64, help="logical batch (expected Poisson batch size)")
     p.add_argument("--physical-batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=5e-3)
+    p.add_argument("--lrs", default="5e-3", help="learning rates tried for every method alike (comma-separated); "
+                   "each method's is chosen by validation perplexity")  # fmt: skip
     p.add_argument("--pretrain-steps", type=int, default=600)
     p.add_argument("--speed-rounds", type=int, default=3)
     p.add_argument("--speed-steps", type=int, default=12)
     return p.parse_args(argv)
 
 
-def corpus(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any]]:
-    """(public, train, test) records: packages split by a public hash, then train/test split within the rest."""
+def corpus(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+    """(public, train, validation, test) records: packages split by a public hash, then split within the rest."""
     path, _ = fetch_debian_changelogs(progress=False)
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     records = load_text_jsonl(path, spans=PSI.types, detect=PSI.detect)
     public_pkg = {r["package"] for r in rows if int(hashlib.sha256(r["package"].encode()).hexdigest(), 16) % 3 == 0}
     public = [rec for rec, r in zip(records, rows, strict=True) if r["package"] in public_pkg]
     rest = [rec for rec, r in zip(records, rows, strict=True) if r["package"] not in public_pkg]
-    n = args.train_size + args.test_size
-    train, test = split_records(rest[:: max(1, len(rest) // n)][:n], test_fraction=args.test_size / n, split_seed=0)
-    return public[: args.public_size], train, test
+    n = args.train_size + args.val_size + args.test_size
+    train, held = split_records(rest[:: max(1, len(rest) // n)][:n], test_fraction=(n - args.train_size) / n,
+                                split_seed=0)  # fmt: skip
+    val, test = split_records(held, test_fraction=args.test_size / len(held), split_seed=1)
+    return public[: args.public_size], train, val, test
 
 
 def gpt2(max_len: int) -> transformers.GPT2LMHeadModel:
@@ -146,21 +151,21 @@ class LMTrainer(transformers.Trainer):
         return (loss, {"logits": logits}) if return_outputs else loss
 
 
-def training_args(out: Path, args: argparse.Namespace, name: str) -> transformers.TrainingArguments:
+def training_args(out: Path, args: argparse.Namespace, name: str, lr: float) -> transformers.TrainingArguments:
     return transformers.TrainingArguments(
         output_dir=str(out / "runs" / name), per_device_train_batch_size=args.physical_batch_size,
         gradient_accumulation_steps=max(1, args.batch_size // args.physical_batch_size),
-        num_train_epochs=args.epochs, learning_rate=args.lr, lr_scheduler_type="constant", logging_steps=10,
+        num_train_epochs=args.epochs, learning_rate=lr, lr_scheduler_type="constant", logging_steps=10,
         save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, remove_unused_columns=False,
         label_names=["y"])  # fmt: skip
 
 
-def fine_tune(base: torch.nn.Module, train: TextDataset, args: argparse.Namespace, out: Path, method: str
-              ) -> tuple[torch.nn.Module, dict[str, Any]]:  # fmt: skip
+def fine_tune(base: torch.nn.Module, train: TextDataset, args: argparse.Namespace, out: Path, method: str,
+              lr: float) -> tuple[torch.nn.Module, dict[str, Any]]:  # fmt: skip
     """One LoRA fine-tune; returns the model and what it reports."""
     model = lora(base)
     shutil.rmtree(out / "runs" / method, ignore_errors=True)
-    targs = training_args(out, args, method)
+    targs = training_args(out, args, method, lr)
     start = time.time()
     if method == "nonprivate":
         trainer: Any = LMTrainer(model=model, args=targs, train_dataset=TokenRows(train))
@@ -246,18 +251,21 @@ LABELS = {"nonprivate": "non-private", "dpsgd": "DP-SGD", "fdp": "FDP (Alg. 1), 
 def render(report: dict[str, Any]) -> str:
     a = report["args"]
     lines = [f"# DPTrainer on Debian changelogs (LoRA r = 8, ε = {a['epsilon']}, δ = 1e-5)", "",
-             f"{report['sizes']['train']} private training texts, {report['sizes']['test']} held-out texts, "
+             f"{report['sizes']['train']} private training texts, {report['sizes']['validation']} validation and "
+             f"{report['sizes']['test']} test texts, "
              f"{report['sizes']['public']} public pre-training texts (Ψ views of other packages); "
              f"{a['epochs']} epochs, expected batch {a['batch_size']} (physical {a['physical_batch_size']}), "
-             f"lr {a['lr']}. Base model after pre-training: perplexity {report['base_perplexity']:.3f}.", "",
-             "| method | held-out perplexity | ε | record ε | σ | private steps | seconds |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+             f"learning rates {a['lrs']} tried for every method, each method's chosen by validation perplexity (the "
+             "choice reads held-out texts and is not accounted). Base model after pre-training: test perplexity "
+             f"{report['base_perplexity']:.3f}.", "",
+             "| method | lr (chosen) | validation perplexity | test perplexity | ε | record ε | σ | private steps | "
+             "seconds (one run) |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for m, r in report["methods"].items():
         eps = "—" if r.get("epsilon") is None else f"{r['epsilon']:.3f}"
         rec = "—" if r.get("record_epsilon") is None else f"{r['record_epsilon']:.3f}"
         sigma = "—" if r.get("noise_multiplier") is None else f"{r['noise_multiplier']:.3f}"
-        lines.append(f"| {LABELS[m]} | {r['perplexity']:.3f} | {eps} | {rec} | {sigma} | {r['steps']} | "
-                     f"{r['seconds']:.0f} |")  # fmt: skip
+        lines.append(f"| {LABELS[m]} | {r['lr']:g} | {r['val_perplexity']:.3f} | {r['perplexity']:.3f} | {eps} | "
+                     f"{rec} | {sigma} | {r['steps']} | {r['seconds']:.0f} |")  # fmt: skip
     s = report["speed"]
     lines += ["", f"Hand loop `model(**batch).loss.backward()` on the same LoRA model, batch {a['batch_size']}, "
               f"samples/s (median of {a['speed_rounds']} interleaved rounds of {a['speed_steps']} steps):", "",
@@ -276,22 +284,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     transformers.logging.set_verbosity_error()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    public_records, train_records, test_records = corpus(args)
+    public_records, train_records, val_records, test_records = corpus(args)
     common = {"max_len": args.max_len}
     public = TextDataset(public_records, PSI, **common)
     train, test = TextDataset(train_records, PSI, **common), TextDataset(test_records, PSI, **common)
-    print(f"{len(public)} public, {len(train)} train, {len(test)} test texts", flush=True)
+    val = TextDataset(val_records, PSI, **common)
+    lrs = [float(v) for v in args.lrs.split(",") if v.strip()]
+    print(f"{len(public)} public, {len(train)} train, {len(val)} validation, {len(test)} test texts", flush=True)
     base = gpt2(args.max_len)
     seconds = pretrain(base, public, args.pretrain_steps)
     report: dict[str, Any] = {"args": vars(args), "sizes": {"public": len(public), "train": len(train),
-                              "test": len(test)}, "pretrain_seconds": seconds,
+                              "validation": len(val), "test": len(test)}, "pretrain_seconds": seconds,
                               "base_perplexity": perplexity(base, test), "methods": {}}  # fmt: skip
     for method in ("nonprivate", "dpsgd", "fdp", "fdp_backstop"):
-        print(f"{method} ...", flush=True)
-        model, result = fine_tune(base, train, args, out, method)
-        result["perplexity"] = perplexity(model, test)
+        best: tuple[float, float, torch.nn.Module, dict[str, Any]] | None = None
+        tried = {}
+        for lr in lrs:  # every method gets the same grid, chosen on the validation texts
+            print(f"{method} lr={lr:g} ...", flush=True)
+            model, result = fine_tune(base, train, args, out, method, lr)
+            tried[f"{lr:g}"] = v = perplexity(model, val)
+            print(f"  {method} lr={lr:g}: validation perplexity {v:.3f} ({result['seconds']:.0f} s)", flush=True)
+            if best is None or v < best[0]:
+                best = (v, lr, model, result)
+        assert best is not None
+        v, lr, model, result = best
+        result.update(lr=lr, val_perplexity=v, tried=tried, perplexity=perplexity(model, test))
         report["methods"][method] = result
-        print(f"  {method}: perplexity {result['perplexity']:.3f} ({result['seconds']:.0f} s)", flush=True)
+        print(f"  {method}: lr {lr:g}, test perplexity {result['perplexity']:.3f}", flush=True)
     report["speed"] = speed(base, train, args)
     atomic_write_json(out / "hf_changelogs.json", report)
     atomic_write_text(out / "hf_changelogs.md", render(report))
