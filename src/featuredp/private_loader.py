@@ -239,7 +239,6 @@ class PrivateDataLoader(DataLoader):
             self._on_draw(idx, batch)
             yield batch
 
-
     def _batched_fetch(self) -> bool:
         """Whether a draw can be read with one index per tensor: a ``TensorDataset`` with the default collate, in
         this process. ``default_collate`` of its items is exactly ``[t[idx] for t in tensors]``; any other
