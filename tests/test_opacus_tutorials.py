@@ -150,20 +150,25 @@ def _sentence_pairs(n: int = 240, length: int = 12):
     return TensorDataset(ids, mask, segments, labels)
 
 
-def test_the_text_classifier_tutorial_loop_with_only_the_imports_changed(capsys):
-    """"Building text classifier with differential privacy" (BERT on SNLI): the last encoder layer, the pooler and
-    the classifier trainable, AdamW over all parameters, ``make_private_with_epsilon`` on a SequentialSampler loader,
-    ``BatchMemoryManager``, ``outputs = model(**inputs); loss = outputs[0]``, and its evaluate() under no_grad. A
-    tiny BERT built from a config (no download); stock transformers attention (sdpa)."""
+def _tiny_bert() -> nn.Module:
+    """BERT for sequence classification (3 labels) built from a config: nothing is downloaded."""
     transformers = pytest.importorskip("transformers")
-    from torch.utils.data import SequentialSampler
-
     transformers.logging.set_verbosity_error()
     config = transformers.BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                                      intermediate_size=32, max_position_embeddings=16, num_labels=3,
                                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.BertForSequenceClassification(config)
+    return transformers.BertForSequenceClassification(config)
+
+
+def test_the_text_classifier_tutorial_loop_with_only_the_imports_changed(capsys):
+    """"Building text classifier with differential privacy" (BERT on SNLI): the last encoder layer, the pooler and
+    the classifier trainable, AdamW over all parameters, ``make_private_with_epsilon`` on a SequentialSampler loader,
+    ``BatchMemoryManager``, ``outputs = model(**inputs); loss = outputs[0]``, and its evaluate() under no_grad. A
+    tiny BERT built from a config (no download); stock transformers attention (sdpa)."""
+    from torch.utils.data import SequentialSampler
+
+    model = _tiny_bert()
     train_dataset = test_dataset = _sentence_pairs()
     trainable_layers = [model.bert.encoder.layer[-1], model.bert.pooler, model.classifier]
     raw = model
@@ -231,13 +236,7 @@ def test_the_text_classifiers_ghost_and_lora_loops_with_only_the_imports_changed
     on ``outputs[1]`` (the logits of a model called with labels), ``model_gc.to(device)`` after ``make_private``,
     ``DELTA = 1 / len(train_dataloader)``; and PEFT LoRA (``TaskType.SEQ_CLS``, ``lora_dropout=0.05``, the first
     layers frozen)."""
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    config = transformers.BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=32, max_position_embeddings=16, num_labels=3,
-                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.BertForSequenceClassification(config)
+    model = _tiny_bert()
     if variant == "ghost_lora":
         peft = pytest.importorskip("peft")
         lora_config = peft.LoraConfig(task_type=peft.TaskType.SEQ_CLS, inference_mode=False, r=4, lora_alpha=32,
