@@ -91,6 +91,11 @@ def test_dptrainer_never_asks_hugging_faces_sampler(tmp_path, monkeypatch):
         drawn.append(int(batch["input_ids"].shape[0]))
     assert len(drawn) == len(loader) == 12 and len(set(drawn)) > 1
     trainer.engine.close()
+    # and a whole training run, through Hugging Face's loop, never asks it either
+    again = DPTrainer(model=_gpt2(), args=_args(tmp_path, "again"), train_dataset=_records(), noise_multiplier=1.0,
+                      max_grad_norm=1.0)  # fmt: skip
+    again.train()
+    assert again.engine.steps == again.state.global_step == 12
 
 
 def test_a_subclass_with_its_own_sampler_is_refused(tmp_path):
