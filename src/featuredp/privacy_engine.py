@@ -77,7 +77,7 @@ from featuredp.hf_losses import hf_criterion
 from featuredp.loss_batch import loss_batch, with_draw_columns
 from featuredp.losses import LossSplit
 from featuredp.methods import get_method
-from featuredp.models.hf import eager_attention, register_hf_rules
+from featuredp.models.hf import register_hf_rules, traceable_attention
 from featuredp.own_loop_checks import (
     OpacusOptions,
     check_make,
@@ -580,8 +580,9 @@ class PrivacyEngine(Uncopyable):
             self._pending[k] = self._pending[k] + v
 
     def _per_example(self) -> Any:
-        """The context of a per-example pass: eager attention for a transformers model (:func:`eager_attention`)."""
-        return eager_attention(self._require_run().model) if self._transformers else contextlib.nullcontext()
+        """The context of a per-example pass: a transformers model's attention in plain tensor operations
+        (:func:`traceable_attention`)."""
+        return traceable_attention(self._require_run().model) if self._transformers else contextlib.nullcontext()
 
     def _provenance(self, batch: Batch) -> tuple[Draw, np.ndarray, dict[str, tuple[Any, ...]]]:
         """The current draw and which of its rows the loss's batch holds, if every tensor of the batch is one of the

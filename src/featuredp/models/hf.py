@@ -34,7 +34,7 @@ from torch import nn
 from featuredp.clipping.contributions import Contribution, Dense, Outer
 from featuredp.clipping.rules import RULES, NotPerExampleError, _input, _lead, register_rule
 
-__all__ = ["HFCausalLM", "HFTokenizer", "eager_attention", "load_causal_lm", "register_hf_rules"]
+__all__ = ["HFCausalLM", "HFTokenizer", "load_causal_lm", "register_hf_rules", "traceable_attention"]
 
 
 def _transformers() -> Any:
@@ -76,7 +76,7 @@ def register_hf_rules() -> None:
 
 
 @contextlib.contextmanager
-def eager_attention(model: nn.Module) -> Iterator[None]:
+def traceable_attention(model: nn.Module) -> Iterator[None]:
     """transformers' attention with plain tensor operations for the duration: eager attention in every config of
     ``model``, and masks always materialised (sdpa and the mask shortcuts back after).
 
