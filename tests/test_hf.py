@@ -98,6 +98,26 @@ def test_dptrainer_never_asks_hugging_faces_sampler(tmp_path, monkeypatch):
     assert again.engine.steps == again.state.global_step == 12
 
 
+def test_batches_drawn_by_hand_before_train_are_charged(tmp_path):
+    """A hurried loop peeks at the train loader first: those draws are charged (ε counts what was drawn), and
+    training still draws its own planned batches."""
+    trainer = DPTrainer(model=_gpt2(), args=_args(tmp_path), train_dataset=_records(), noise_multiplier=1.0,
+                        max_grad_norm=1.0)  # fmt: skip
+    peek = iter(trainer.get_train_dataloader())
+    for _ in range(3):
+        next(peek)
+    del peek
+    trainer.train()
+    assert trainer.engine.steps == 3 + 12 and trainer.state.global_step == 12
+    assert trainer.privacy.epsilon == pytest.approx(epsilon_for(1.0, 1 / 12, 15, 1e-5), rel=1e-9)
+    # a resume asked of a trainer whose run has started would be ignored: refused
+    started = DPTrainer(model=_gpt2(), args=_args(tmp_path, "started"), train_dataset=_records(),
+                        noise_multiplier=1.0, max_grad_norm=1.0)  # fmt: skip
+    started.get_train_dataloader()
+    with pytest.raises(ValueError, match="already started"):
+        started.train(resume_from_checkpoint=str(tmp_path / "out"))
+
+
 def test_a_subclass_with_its_own_sampler_is_refused(tmp_path):
     class Sorted(DPTrainer):
         def _get_train_sampler(self, train_dataset=None):

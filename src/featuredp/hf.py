@@ -162,8 +162,12 @@ class DPTrainer(transformers.Trainer):
             resume_from_checkpoint = get_last_checkpoint(output_dir)
             if resume_from_checkpoint is None:
                 raise ValueError(f"resume_from_checkpoint=True: no checkpoint in output_dir={output_dir!r}")
+        if resume_from_checkpoint and self._private is not None:
+            raise ValueError("resume_from_checkpoint: this DPTrainer's run was already started (its train loader "
+                             "drew batches); resume in a new DPTrainer")  # fmt: skip
         self._resume_from = str(resume_from_checkpoint) if resume_from_checkpoint else None
-        if self._resume_from is None and (Path(output_dir) / SPENT_FILE).exists():
+        # The record of this trainer's own run (written when its loader was first asked for) is not another run's.
+        if self._resume_from is None and self._private is None and (Path(output_dir) / SPENT_FILE).exists():
             raise ValueError(f"output_dir={self.args.output_dir!r} holds another private run ({SPENT_FILE}): "
                              "resume it (resume_from_checkpoint=True) or give a new output_dir")  # fmt: skip
         self._trained = True
