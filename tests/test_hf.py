@@ -475,3 +475,21 @@ def test_gradient_accumulation_with_text_spans_is_the_one_large_batch_step(tmp_p
     assert steps_a == steps_b == 12
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def test_dptrainer_at_user_level_draws_users_and_accumulates_whole_users(tmp_path):
+    """A person with many records is one unit: q counts users, every accumulation chunk holds whole users, and the
+    guarantee says so."""
+    authors = [i % 7 if i % 3 else 100 + i for i in range(96)]  # 7 frequent authors and 32 one-record ones
+    users = len(set(authors))
+    trainer = _train(tmp_path, gradient_accumulation_steps=2, per_device_train_batch_size=4,
+                     trainer_kw={"user_key": authors, "records_per_user": 6, "num_users": users})  # fmt: skip
+    draws = -(-users // 8)  # ⌈users / (per_device × accumulation)⌉
+    plan = trainer.engine.plan
+    assert plan.unit == "user" and plan.dataset_size == users and plan.sampling_rate == pytest.approx(1 / draws)
+    assert trainer.engine.steps == trainer.state.global_step == draws
+    assert trainer.privacy.epsilon == pytest.approx(epsilon_for(1.0, 1 / draws, draws, 1e-5), rel=1e-9)
+    assert "whole users" in trainer.privacy.guarantee
+    assert trainer.engine.run.strategy.name == "vmap"
+    with pytest.raises(ValueError, match="grad_sample_mode='ghost'"):
+        _train(tmp_path, name="ghost", trainer_kw={"user_key": authors, "grad_sample_mode": "ghost"})

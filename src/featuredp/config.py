@@ -55,6 +55,8 @@ class PrivacyConfig:
     ``record_epsilon`` (E, default None: no backstop): make the whole run also (E, δ)-DP for whole records —
     every step that reads the public view Ψ(S) is Poisson-sampled from a secret stream, clipped and noised
     (docs/engine.md, "The record-level backstop"); what Ψ misses is otherwise public and not covered.
+    ``records_per_user`` (k): with a user key (``user_key=``, docs/users.md), the most records a sampled user
+    contributes to a step (a secret uniform subset of a larger user's); None: all of them.
     """
 
     noise_multiplier: float | None = None
@@ -71,6 +73,7 @@ class PrivacyConfig:
     noise: NoisePlan | str = Independent()  # noqa: RUF009 - frozen, hashable
     bands: int | None = None
     record_epsilon: float | None = None
+    records_per_user: int | None = None
 
     def __post_init__(self) -> None:
         _set(self, "noise_multiplier", _opt(check_nonnegative, "noise_multiplier", self.noise_multiplier))
@@ -98,6 +101,8 @@ class PrivacyConfig:
             noise = replace(noise, bands=self.bands)  # type: ignore[type-var]
         _set(self, "noise", noise)
         _set(self, "record_epsilon", _opt(check_positive, "record_epsilon", self.record_epsilon))
+        _set(self, "records_per_user", None if self.records_per_user is None else check_int(
+            "records_per_user", self.records_per_user, minimum=1))
         if self.record_epsilon is not None and noise.correlated:
             raise ValueError(f"record_epsilon (the record-level backstop) is not supported with noise={noise.kind!r} "
                              f"yet; use noise={Independent.kind!r}")  # fmt: skip
@@ -114,9 +119,10 @@ class ScheduleConfig:
     """The length of the run, its batch sizes and its optimiser.
 
     Exactly one of ``epochs`` / ``steps``; ``batch_size`` (the expected private batch m) or
-    ``sampling_rate`` (p = m/n), default m = 256. ``public_batch_size``: m', the public batch of
-    Algorithm 1 (default 4·m, at most n); ``pretrain_batch_size``: the batches of public pre-training
-    (default: a given ``public_batch_size``, else m).
+    ``sampling_rate`` (p = m/n), default m = 256; with a user key (``user_key=``) m and p count users, and
+    ``num_users`` declares how many the data holds (the analogue of ``dataset_size``). ``public_batch_size``:
+    m', the public batch of Algorithm 1 in records (default 4·m, at most n); ``pretrain_batch_size``: the
+    batches of public pre-training (default: a given ``public_batch_size``, else m).
     """
 
     epochs: float | None = None
@@ -126,6 +132,7 @@ class ScheduleConfig:
     public_batch_size: int | None = None
     pretrain_batch_size: int | None = None
     dataset_size: int | None = None
+    num_users: int | None = None
     pretrain_epochs: float = 0.0
     optimizer: str = "sgd"
     lr: float = 0.1
@@ -147,7 +154,7 @@ class ScheduleConfig:
         if self.batch_size is None and self.sampling_rate is None:
             _set(self, "batch_size", 256)
         _set(self, "sampling_rate", _opt(check_sampling_rate, "sampling_rate", self.sampling_rate))
-        for name in ("batch_size", "public_batch_size", "pretrain_batch_size", "dataset_size"):
+        for name in ("batch_size", "public_batch_size", "pretrain_batch_size", "dataset_size", "num_users"):
             value = getattr(self, name)
             _set(self, name, None if value is None else check_int(name, value, minimum=1))
         _set(self, "pretrain_epochs", check_nonnegative("pretrain_epochs", self.pretrain_epochs))
@@ -172,16 +179,16 @@ class ScheduleConfig:
 class PerformanceConfig:
     """How the run is computed: none of these changes the result beyond float rounding.
 
-    ``strategy``: a registered clipping strategy name (``featuredp.clipping.STRATEGIES``;
-    default ``"ghost"``) or a strategy object. ``device``: ``"cpu"``, ``"cuda"``,
-    ``"cuda:N"``, ``"mps"``, ``"auto"`` or None (the model's device). ``distributed``: ``"auto"``
+    ``strategy``: a registered clipping strategy name (``featuredp.clipping.STRATEGIES``)
+    or a strategy object; None (default): ``"ghost"``, or ``"vmap"`` for a user-level run. ``device``:
+    ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``, ``"auto"`` or None (the model's device). ``distributed``: ``"auto"``
     joins a data-parallel run when ``torch.distributed`` is initialised or ``torchrun`` launched
     several processes (:mod:`featuredp.distributed`); ``"off"`` never does. ``precision``:
     ``"fp32"`` (default) or ``"bf16"`` — forward and backward under bfloat16 autocast, with the
     per-example norms, clip factors, clipped sums and noise in float32 or better.
     """
 
-    strategy: Any = "ghost"
+    strategy: Any = None
     physical_batch_size: int | str | None = "auto"
     device: Any = None
     distributed: str = "auto"

@@ -73,6 +73,10 @@ from featuredp.run_state import RunState, data_fingerprint, settle
 from featuredp.sampling import make_streams, random_seed_from
 from featuredp.step import plain_cross_entropy, project
 from featuredp.testing import replay_step
+from featuredp.users import UserIndex
+
+#: the fingerprint's name for the records' user codes (a user-level run's grouping is part of its data)
+USERS_KEY = "\0users"
 
 __all__ = [
     "METHODS",
@@ -126,9 +130,15 @@ class Trainer:
       w (``fdp``: g = w·g_pub + α·g_priv with ℓ − w·ℓ_pub clipped; 0 = no public batch);
       ``relation``, ``accountant``; ``seed`` (secret: reproducible research only, warned, never
       written out), ``public_seed`` (public streams only), ``secure_rng`` (ChaCha20 noise).
-    * performance: ``strategy`` (a registered name, default ``"ghost"``), ``physical_batch_size``,
+    * performance: ``strategy`` (a registered name, default ``"ghost"``; ``"vmap"`` at user level),
+      ``physical_batch_size``,
       ``device`` (``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``auto``; default: the model's device),
       ``progress``, ``log_points``.
+    * ``user_key``: the privacy unit is a user, not a record (docs/users.md): one key per record (a
+      sequence, array or tensor), or the name of a tensor in a dict ``data`` that holds them (taken out of
+      the batch). Users are Poisson-sampled (``batch_size``/``sampling_rate`` then count users), a sampled
+      user gives at most ``records_per_user`` records, and its summed gradient is clipped at C;
+      ``num_users`` declares the count. The default strategy is then ``"vmap"``.
     * ``ledger``: a :class:`~featuredp.accounting.BudgetLedger` (or its path). Each ``fit``
       reserves the planned private spend before the first private step and settles it with
       what was actually spent, also on a crash.
@@ -148,11 +158,13 @@ class Trainer:
         schedule: ScheduleConfig | None = None,
         performance: PerformanceConfig | None = None,
         ledger: BudgetLedger | str | Path | None = None,
+        user_key: Any = None,
         **settings: Any,
     ) -> None:
         #: the run this loop trains (plan, streams, samplers, noise, step, ledger, report): featuredp.run.PrivateRun
         self.run = PrivateRun(model, method, feature_map=feature_map, loss_split=loss_split, privacy=privacy,
-                              schedule=schedule, performance=performance, ledger=ledger, **settings)  # fmt: skip
+                              schedule=schedule, performance=performance, ledger=ledger, user_key=user_key,
+                              **settings)  # fmt: skip
 
     def __getattr__(self, name: str) -> Any:
         """Read a setting by its flat name (``trainer.lr``, ``trainer.noise_multiplier``), as before the configs."""
@@ -293,14 +305,20 @@ class Trainer:
         Poisson-samples all its records at the global rate and draws its public share from them
         (docs/distributed.md).
         """
+        data, keys = self._user_keys(data)
         batch_all = as_batch(data)
         n = int(next(iter(batch_all.values())).shape[0])
         checkpoint_every, max_steps = self._check_fit(batch_all, checkpoint, checkpoint_every, max_steps)
+        users = None
+        if keys is not None:  # the grouping is part of the data: a resume or a later fit() must see the same
+            users = self.run.bind_users(keys, n) if self.run.state is None else UserIndex(keys)
+            batch_all = {**batch_all, USERS_KEY: torch.from_numpy(users.user_of)}
         shard = None
         if sharded:
             shard, n = n, self._whole_size(n)
         state, split = self._run_state(data, batch_all, n, checkpoint if resume else None, shard=shard)
         plan = state.plan
+        batch_all.pop(USERS_KEY, None)  # the loss never sees it: the step groups the records itself
         batch_all = to_device(batch_all, self.device)
 
         total = plan.pretrain_steps + plan.steps
@@ -356,6 +374,18 @@ class Trainer:
             state.averager.finalize(params)
             state.complete = True
         return self.run.report(state, split, finished)
+
+    def _user_keys(self, data: Any) -> tuple[Any, Any]:
+        """``data`` without the user-key tensor ``user_key`` names (a dict's), and the keys (None: record level)."""
+        key = self.run.user_key
+        if key is None:
+            return data, None
+        if isinstance(key, str):
+            if not isinstance(data, dict) or key not in data:
+                raise ValueError(f"user_key={key!r} names no tensor of data; give the name of one in a dict of "
+                                 "tensors, or one key per record")  # fmt: skip
+            return {k: v for k, v in data.items() if k != key}, data[key]
+        return data, key
 
     def _check_fit(self, batch_all: Batch, checkpoint: str | Path | None, checkpoint_every: int | None,
                    max_steps: int | None) -> tuple[int | None, int | None]:  # fmt: skip

@@ -66,6 +66,7 @@ from featuredp.losses import CausalLMSplit, LossSplit
 from featuredp.models.hf import HFCausalLM
 from featuredp.plan import TrainResult
 from featuredp.privacy_engine import PrivacyEngine
+from featuredp.users import UserIndex, draws_per_epoch, user_keys_for
 from featuredp.utils.batch_memory_manager import chunk_rows, rows_of_batch
 
 __all__ = ["PRIVACY_FILE", "SPENT_FILE", "DPTrainer", "TokenRows"]
@@ -94,12 +95,16 @@ class DPTrainer(transformers.Trainer):
       then :class:`featuredp.data.text.TextDataset` objects built with the same Ψ, and the model is called as
       ``model(input_ids=x)`` on their token batches (:class:`featuredp.models.hf.HFCausalLM`); the evaluation loss
       is each text's mean token NLL;
-    * ``grad_sample_mode``: ``"ghost"`` (default) or ``"vmap"`` (featuredp's strategies; Opacus's names map as in
-      :meth:`featuredp.PrivacyEngine.make_private`);
+    * ``grad_sample_mode``: ``"ghost"`` (the default; ``"vmap"`` with a user key) or ``"vmap"`` (featuredp's
+      strategies; Opacus's names map as in :meth:`featuredp.PrivacyEngine.make_private`);
     * ``noise`` and ``bands`` (correlated noise), ``record_epsilon`` (the record-level backstop), ``alpha``,
       ``public_batch_size``, ``public_weight``: as in :meth:`featuredp.PrivacyEngine.make_private`;
     * ``accountant``, ``secure_mode``, ``ledger``: as in :class:`featuredp.PrivacyEngine`; ``privacy_seed`` fixes the
-      secret key (tests only: it makes the noise predictable, and is warned about).
+      secret key (tests only: it makes the noise predictable, and is warned about);
+    * ``user_key`` (a column of ``train_dataset``, or one key per record), ``records_per_user``, ``num_users``:
+      user-level privacy (docs/users.md): each optimizer step is a Poisson draw of users, ``per_device_train_batch_size
+      × gradient_accumulation_steps`` of them expected, each user's records summed and clipped as one (the
+      accumulation's chunks cut at users' boundaries); the strategy is vmap.
 
     After :meth:`train`, :attr:`privacy` is the run's :class:`featuredp.plan.TrainResult` and :attr:`engine` the
     :class:`featuredp.PrivacyEngine` that ran it.
@@ -108,11 +113,13 @@ class DPTrainer(transformers.Trainer):
     def __init__(self, model: Any = None, args: Any = None, *, max_grad_norm: float,
                  noise_multiplier: float | None = None, target_epsilon: float | None = None,
                  target_delta: float | None = None, feature_map: PublicFeatureMap | None = None,
-                 loss_split: LossSplit | None = None, method: str | None = None, grad_sample_mode: str = "ghost",
+                 loss_split: LossSplit | None = None, method: str | None = None, grad_sample_mode: str | None = None,
                  noise: Any = None, bands: int | None = None, record_epsilon: float | None = None,
                  alpha: float | None = None, public_batch_size: int | None = None,
                  public_weight: float | None = None, accountant: str = "pld", secure_mode: bool = False,
-                 ledger: Any = None, privacy_seed: int | None = None, **kwargs: Any) -> None:  # fmt: skip
+                 ledger: Any = None, privacy_seed: int | None = None, user_key: Any = None,
+                 records_per_user: int | None = None, num_users: int | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
         if (noise_multiplier is None) == (target_epsilon is None):
             raise ValueError(f"give noise_multiplier or target_epsilon, exactly one (got noise_multiplier="
                              f"{noise_multiplier!r}, target_epsilon={target_epsilon!r})")  # fmt: skip
@@ -140,7 +147,12 @@ class DPTrainer(transformers.Trainer):
             "loss_split": loss_split, "method": method, "target_delta": target_delta, "noise": noise,
             "bands": bands, "record_epsilon": record_epsilon, "alpha": alpha,
             "public_batch_size": public_batch_size, "public_weight": public_weight,
+            "records_per_user": records_per_user, "num_users": num_users,
         }  # fmt: skip
+        # A column name is read before Hugging Face drops the columns the model does not take.
+        self._user_keys = None if user_key is None else user_keys_for(user_key, self.train_dataset)
+        if grad_sample_mode is None:  # a user's records are summed before the clip: the per-record strategy
+            self._privacy_settings["grad_sample_mode"] = "ghost" if user_key is None else "vmap"
         self._noise_multiplier, self._target_epsilon = noise_multiplier, target_epsilon
         self._private: tuple[Any, Any] | None = None  # the engine's (model, loader) once the run is made
         self._resume_from: str | None = None
@@ -210,10 +222,12 @@ class DPTrainer(transformers.Trainer):
         logical = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
         loader = DataLoader(dataset, batch_size=logical, collate_fn=collate)
         draws = len(loader)
+        if self._user_keys is not None:  # the batch counts users: ⌈users / batch⌉ draws per epoch
+            draws = draws_per_epoch(UserIndex(self._user_keys).num_users, logical)
         steps = self.args.max_steps if self.args.max_steps > 0 else math.ceil(self.args.num_train_epochs * draws)
         self.create_optimizer()
         module = HFCausalLM(self._model()) if self._text else self.model
-        common = {"module": module, "optimizer": self.optimizer, "data_loader": loader,
+        common = {"module": module, "optimizer": self.optimizer, "data_loader": loader, "user_key": self._user_keys,
                   **{k: v for k, v in self._privacy_settings.items() if v is not None}}  # fmt: skip
         if self._target_epsilon is not None:
             out = self.engine.make_private_with_epsilon(target_epsilon=self._target_epsilon, epochs=steps / draws,
@@ -315,7 +329,7 @@ class _Chunks:
 
     def __iter__(self) -> Iterator[Any]:
         for batch in self.loader:
-            yield from chunk_rows(batch, self.k)
+            yield from chunk_rows(batch, self.k, self.loader.last_groups)
 
 
 def _text_split(feature_map: Any, loss_split: Any, kwargs: dict[str, Any]) -> CausalLMSplit | None:

@@ -74,13 +74,18 @@ def check_optimizer_holds(model: nn.Module, optimizer: torch.optim.Optimizer) ->
                            "train (requires_grad=False)")  # fmt: skip
 
 
-def strategy_of(grad_sample_mode: str) -> str:
-    """featuredp's strategy for an Opacus ``grad_sample_mode`` (one-line refusal of the modes it cannot honour)."""
+def strategy_of(grad_sample_mode: str, *, users: bool = False) -> str:
+    """featuredp's strategy for an Opacus ``grad_sample_mode`` (one-line refusal of the modes it cannot honour).
+    ``users``: a user-level run, which sums each user's per-record gradients before clipping: the per-record modes
+    (Opacus's hooks materialise them too) run vmap, and ghost is refused."""
     if grad_sample_mode in REFUSED_MODES:
         raise ValueError(f"grad_sample_mode={grad_sample_mode!r}: {REFUSED_MODES[grad_sample_mode]}")
     if grad_sample_mode not in GRAD_SAMPLE_MODES:
         raise ValueError(f"grad_sample_mode must be one of {sorted(GRAD_SAMPLE_MODES)}, got {grad_sample_mode!r}")
-    return GRAD_SAMPLE_MODES[grad_sample_mode]
+    if users and "ghost" in grad_sample_mode:
+        raise ValueError(f"grad_sample_mode={grad_sample_mode!r} clips each record's gradient; user-level privacy "
+                         "(user_key=) sums a user's records first: use grad_sample_mode='hooks' or 'functorch'")
+    return "vmap" if users else GRAD_SAMPLE_MODES[grad_sample_mode]
 
 
 def check_make(module: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader,

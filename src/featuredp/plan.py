@@ -22,7 +22,13 @@ from featuredp.methods import get_method
 from featuredp.noise.independent import Independent
 from featuredp.noise.plans import NoisePlan, noise_plan, noise_plan_from_dict
 
-__all__ = ["Disclosure", "PrivacyPlan", "TrainResult", "inf_to_str", "str_to_inf"]
+#: The privacy units: a record, or a user (every record of one person, ``user_key=``).
+UNITS = ("record", "user")
+
+__all__ = ["UNITS", "Disclosure", "PrivacyPlan", "TrainResult", "inf_to_str", "str_to_inf"]
+
+#: The privacy units: a record, or a user (every record of one person, ``user_key=``).
+UNITS = ("record", "user")
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,9 @@ class PrivacyPlan:
     (correlated noise; ``noise_multiplier`` is then σ, the std of z in units of C). It owns
     the accounted terms (:meth:`dpsgd_terms`), hence :meth:`event`, the calibration and the
     budget stop; a name (``"bandmf"``) is turned into its unplanned plan.
+    ``unit``: the privacy unit, ``"record"`` or ``"user"`` (``user_key=``: users are Poisson-sampled and each
+    sampled user's summed gradient is clipped at C, so ``dataset_size`` and ``expected_batch_size`` count users;
+    ``records`` is then the number of records and ``records_per_user`` the most a sampled user contributes).
     ``record_target_epsilon`` (E) and ``record_noise_multiplier`` (σ_pub) are the record-level backstop
     (``record_epsilon=E``): every step that reads the public view (pre-training, the ``public`` method's steps,
     Algorithm 1's public batches) Poisson-samples its batch at its rate from a secret stream, clips at C and adds
@@ -142,9 +151,24 @@ class PrivacyPlan:
     noise: NoisePlan = Independent()  # noqa: RUF009 - frozen, hashable
     record_target_epsilon: float | None = None
     record_noise_multiplier: float | None = None
+    unit: str = "record"
+    records: int | None = None
+    records_per_user: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "noise", noise_plan(self.noise))  # a name: its (unplanned) plan
+        if self.unit not in UNITS:
+            raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {self.unit!r}")
+
+    @property
+    def record_count(self) -> int:
+        """The number of records (``dataset_size`` counts the privacy units: users when ``unit="user"``)."""
+        return self.dataset_size if self.records is None else self.records
+
+    @property
+    def one_unit(self) -> str:
+        """The privacy unit in words, for the guarantee: "one record", or "one user (all of a user's records)"."""
+        return "one record" if self.unit == "record" else "one user (all of that user's records)"
 
     # Read-only views of the noise plan's parameters, for the many reports and tests that print them.
     @property
@@ -433,11 +457,14 @@ record)', "telling two values of one record's private part apart: ε = 2.5 (repl
         acc = self.noise.describe(self, rel)
         questions = self._questions(epsilon, replacement_epsilon, whole=not method.needs_feature_map)
         if not method.needs_feature_map:
-            return f"({epsilon:.4g}, {delta:g})-DP for whole records, hence the same FDP for any Ψ ({acc}); {questions}"
+            whole = "whole records" if self.unit == "record" else "whole users (every record of one user)"
+            return f"({epsilon:.4g}, {delta:g})-DP for {whole}, hence the same FDP for any Ψ ({acc}); {questions}"
         pre = " after public pre-training on Ψ(S) (no cost)" if self.pretrain_steps else ""
         if self.record_noise_multiplier is not None:
             pre = " after pre-training on Ψ(S)" if self.pretrain_steps else ""
         kind = "Algorithm 1 (Thm 5)" if method.public_batch else "DP-SGD fine-tuning"
+        if self.unit == "user":
+            pre += " at user level (the private parts of all of one user's records are one unit)"
         return (f"({epsilon:.4g}, {delta:g})-FDP{what}: {kind}{pre} ({acc}); {questions}"
                 f"{self._record_clause(record_epsilon, delta)}")
 
@@ -446,18 +473,25 @@ record)', "telling two values of one record's private part apart: ε = 2.5 (repl
         if record_epsilon is None or delta is None:
             return ("; anything Ψ does not hide (e.g. PII that no annotation marks and no detector finds) is public "
                     "and NOT covered (no record-level backstop: record_epsilon / --record-epsilon)")
+        whole, anything = ("whole records", "anything in a record") if self.unit == "record" else (
+            "whole users (every record of one user)", "anything in a user's records")
         if self.record_noise_multiplier is not None:
-            return (f"; with the record-level backstop the run is also ({record_epsilon:.4g}, {delta:g})-DP for whole "
-                    "records (every pre-training, public and private step clipped and noised), which bounds what the "
-                    "model reveals about anything in a record, including missed PII")
+            return (f"; with the record-level backstop the run is also ({record_epsilon:.4g}, {delta:g})-DP for "
+                    f"{whole} (every pre-training, public and private step clipped and noised), which bounds what "
+                    f"the model reveals about {anything}, including missed PII")
         return (f"; no step read the public view without noise, so the run is also ({record_epsilon:.4g}, "
-                f"{delta:g})-DP for whole records, which bounds what the model reveals about anything in a record, "
-                "including missed PII")
+                f"{delta:g})-DP for {whole}, which bounds what the model reveals about {anything}, including "
+                "missed PII")
 
     def _questions(self, epsilon: float, replacement: float | None, *, whole: bool) -> str:
         """The guarantee's clause naming the question each ε answers (add/remove and replace-one)."""
-        part = "one record" if whole else "one record's private part"
-        simulated = "without any one record" if whole else "on only the public view of any one record"
+        unit = self.one_unit
+        if self.unit == "record":
+            part = "one record" if whole else "one record's private part"
+        else:
+            part = "one user's records" if whole else "the private parts of one user's records"
+        any_one = unit if self.unit == "record" else unit[4:]  # "any one record", "any user (all of ...)"
+        simulated = f"without any {any_one}" if whole else f"on only the public view of any {any_one}"
         swap = f"telling two values of {part} apart"
         if self.relation == "replace-one":
             return (f"ε = {epsilon:.4g} (replace-one: {swap}; it also bounds add/remove, the model being "

@@ -94,6 +94,7 @@ from featuredp.run import PrivateRun
 from featuredp.run_state import RunState, reserve, settle
 from featuredp.step import clipped_loss
 from featuredp.testing.replay import replay_engine_step
+from featuredp.users import UserIndex, draws_per_epoch, user_keys_for, whole_users
 
 # The wrappers live in featuredp.dp_wrappers; they are re-exported here, where users meet them.
 __all__ = ["DPCriterion", "DPLoss", "DPModule", "DPOptimizer", "PlanAccountant", "PrivacyEngine"]
@@ -209,6 +210,9 @@ class PrivacyEngine(Uncopyable):
         precision: str | None = None,
         physical_batch_size: int | str | None = None,
         relation: str | None = None,
+        user_key: Any = None,
+        records_per_user: int | None = None,
+        num_users: int | None = None,
     ) -> Private:
         """(model, optimizer, data_loader), private, for the user's own loop; with a ghost ``grad_sample_mode``
         (model, optimizer, criterion, data_loader): exactly the tuple Opacus 1.6 returns for the same arguments.
@@ -233,7 +237,10 @@ class PrivacyEngine(Uncopyable):
         columns) or ``feature_names``; ``epochs`` or ``steps`` (the planned run: needed for a ledger, correlated noise
         and a target ε); ``target_delta`` (the δ the run is planned at, default 1e-5; :meth:`get_epsilon` takes its
         own); ``precision`` (``"bf16"``); ``physical_batch_size``; ``relation``. ``None`` leaves the Trainer's
-        default.
+        default. ``user_key``: user-level privacy (docs/users.md): one key per record of the loader's dataset (or
+        the name of a column of a dataset that has ``column_names``); the loader's ``batch_size`` then counts
+        users: it draws users (Poisson, at 1/⌈users/batch_size⌉), each with at most ``records_per_user`` of its
+        records, and each user's summed gradient is clipped at C; ``num_users`` declares how many users there are.
         """
         opacus = OpacusOptions(clipping, noise_generator, batch_first, loss_reduction, wrap_model)
         return self._make(module=module, optimizer=optimizer, data_loader=data_loader, criterion=criterion,
@@ -244,7 +251,9 @@ class PrivacyEngine(Uncopyable):
                                     "noise": noise, "bands": bands, "alpha": alpha,
                                     "public_batch_size": public_batch_size, "public_weight": public_weight,
                                     "record_epsilon": record_epsilon, "precision": precision,
-                                    "physical_batch_size": physical_batch_size, "relation": relation})  # fmt: skip
+                                    "physical_batch_size": physical_batch_size, "relation": relation,
+                                    "records_per_user": records_per_user, "num_users": num_users},
+                          user_key=user_key)  # fmt: skip
 
     def make_private_with_epsilon(
         self,
@@ -278,6 +287,9 @@ class PrivacyEngine(Uncopyable):
         precision: str | None = None,
         physical_batch_size: int | str | None = None,
         relation: str | None = None,
+        user_key: Any = None,
+        records_per_user: int | None = None,
+        num_users: int | None = None,
     ) -> Private:
         """As :meth:`make_private`, with σ calibrated so that ``epochs`` epochs are (``target_epsilon``,
         ``target_delta``)-DP (or FDP); a draw past them is refused (the budget stop)."""
@@ -290,7 +302,9 @@ class PrivacyEngine(Uncopyable):
                                     "noise": noise, "bands": bands, "alpha": alpha,
                                     "public_batch_size": public_batch_size, "public_weight": public_weight,
                                     "record_epsilon": record_epsilon, "precision": precision,
-                                    "physical_batch_size": physical_batch_size, "relation": relation})  # fmt: skip
+                                    "physical_batch_size": physical_batch_size, "relation": relation,
+                                    "records_per_user": records_per_user, "num_users": num_users},
+                          user_key=user_key)  # fmt: skip
 
     def get_epsilon(self, delta: float) -> float:
         """ε(δ) of the private steps charged so far (every batch the loader drew; 0 before the first)."""
@@ -423,7 +437,7 @@ class PrivacyEngine(Uncopyable):
               criterion: nn.Module | None, poisson_sampling: bool, grad_sample_mode: str, opacus: OpacusOptions,
               feature_map: PublicFeatureMap | None, loss_split: LossSplit | None, method: str | None, dataset: Any,
               feature_names: Sequence[str] | None, epochs: float | None, steps: int | None,
-              target_delta: float | None, settings: dict[str, Any]
+              target_delta: float | None, settings: dict[str, Any], user_key: Any = None
               ) -> Private:  # fmt: skip
         """The run on the user's loader (``settings``: the Trainer's keywords given, None left to its default)."""
         if self._run is not None:
@@ -433,12 +447,16 @@ class PrivacyEngine(Uncopyable):
         self._transformers = any(type(m).__module__.startswith("transformers.") for m in module.modules())
         if self._transformers:
             register_hf_rules()  # ghost's rule for transformers' Conv1D (GPT-2's projections)
-        strategy = strategy_of(grad_sample_mode)
+        strategy = strategy_of(grad_sample_mode, users=user_key is not None)
         opacus.check()
         check_loader(data_loader)
         n, batches = len(data_loader.dataset), len(data_loader)  # type: ignore[arg-type]
         if n < 1 or batches < 1:
             raise ValueError(f"data_loader is empty ({n} records, {batches} batches)")
+        keys = None
+        if user_key is not None:  # the loader's batch_size counts users: ⌈users / batch_size⌉ draws per epoch
+            keys = user_keys_for(user_key, data_loader.dataset)
+            batches = draws_per_epoch(UserIndex(keys).num_users, data_loader.batch_size or 1)
         method = method or ("fdp" if feature_map is not None or loss_split is not None else "dpsgd")
         planned = steps if steps is not None else (max(1, round(float(epochs) * batches)) if epochs else None)
         run_settings: dict[str, Any] = {
@@ -452,7 +470,9 @@ class PrivacyEngine(Uncopyable):
             **{k: v for k, v in settings.items() if v is not None},
         }  # fmt: skip
         run = PrivateRun(module, method, feature_map=feature_map, loss_split=loss_split, ledger=self._ledger,
-                         **run_settings)  # fmt: skip
+                         user_key=user_key, **run_settings)  # fmt: skip
+        if keys is not None:
+            run.bind_users(keys, n)
         correlated = run.privacy.noise_plan.correlated
         if planned is None and (self._ledger is not None or correlated or "target_epsilon" in run_settings):
             raise ValueError("epochs= (or steps=) is needed to plan the run: a ledger, correlated noise and a target "
@@ -471,7 +491,7 @@ class PrivacyEngine(Uncopyable):
         self._finalizer = weakref.finalize(self, _settle, self._reservation, state)
         self._model, self._optimizer = DPModule(module, self), DPOptimizer(optimizer, self)
         self._criterion = DPCriterion(criterion, self)
-        loader = private_loader(data_loader, state, batches, self._drawn)
+        loader = private_loader(data_loader, lambda: self._draw_indices(run, state), batches, self._drawn)
         if "ghost" in grad_sample_mode:
             return self._model, self._optimizer, self._criterion, loader
         return self._model, self._optimizer, loader
@@ -487,7 +507,13 @@ class PrivacyEngine(Uncopyable):
         return state
 
     # -- the draws (called by the private loader) ------------------------------------------------------------
-    def _drawn(self, indices: np.ndarray, batch: Any) -> None:
+    @staticmethod
+    def _draw_indices(run: PrivateRun, state: RunState) -> tuple[np.ndarray, np.ndarray | None]:
+        """The run's next secret draw: record indices, and their users at user level."""
+        idx, groups = run.draw(state)
+        return idx, None if groups is None else groups.numpy()
+
+    def _drawn(self, indices: np.ndarray, batch: Any, groups: np.ndarray | None = None) -> None:
         """A batch the private loader drew: charged as one private step now, whether or not the loop trains on it
         (skipping a batch can only over-count), and refused past the run's budget."""
         state = self._require_state()
@@ -504,7 +530,7 @@ class PrivacyEngine(Uncopyable):
                                "featuredp.utils.batch_memory_manager.BatchMemoryManager")  # fmt: skip
         self._pending = None
         self._skip_next = False
-        self._draws.drawn(indices, batch)
+        self._draws.drawn(indices, batch, groups)
         self._require_run().count_private_step(state)
         if self._spent is not None:  # after a checkpoint: the record always holds what ran (a crash included)
             self._require_run().note_spent(self._spent[0], state, record=self._spent[1])
@@ -573,9 +599,13 @@ class PrivacyEngine(Uncopyable):
             loss_fn = clipped_loss(run.split, record, plan.public_weight)
         else:
             draws = {}
+        groups = None
+        if draw.groups is not None:
+            batch, draws, rows, groups = whole_users(draw.groups, rows, batch, draws)
         with self._per_example():
             self._record_alone_check(draw, rows, batch, paths, loss_fn, draws)
-            sums = run.core.clipped_sum(loss_fn, batch, draws, plan.max_grad_norm)
+            by_user = {} if groups is None else {"groups": groups}
+            sums = run.core.clipped_sum(loss_fn, batch, draws, plan.max_grad_norm, **by_user)
         for k, v in sums.items():
             self._pending[k] = self._pending[k] + v
 
@@ -688,7 +718,7 @@ class PrivacyEngine(Uncopyable):
     def _replay_step(self, data: Batch) -> None:
         """One step of the user's loop on the batch the private sampler draws from ``data`` (the replay test's);
         Algorithm 1's public batch reads ``data`` too."""
-        idx = np.asarray(self._require_state().private_sampler.sample(), dtype=np.int64)
+        idx, groups = self._draw_indices(self._require_run(), self._require_state())
         batch = gather(data, idx)
         own = self._public_batch, self._one_record
         self._public_batch = lambda idx: gather(data, idx)  # type: ignore[method-assign]
@@ -699,7 +729,7 @@ class PrivacyEngine(Uncopyable):
         else:
             self._one_record = lambda index: gather(data, np.asarray([index]))  # type: ignore[method-assign]
         try:
-            self._drawn(idx, batch)
+            self._drawn(idx, batch, groups)
             self._optimizer.zero_grad()
             out = self._model(batch["x"])
             if batch["y"].dim() == 2 and out.dim() == 3:  # a token batch: the loop flattens, as an LM loop does

@@ -27,8 +27,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset, default_collate
 
-from featuredp.run_state import RunState
-
 __all__ = ["Draw", "Draws", "PrivateDataLoader", "RowsUsedError", "leaves", "private_loader"]
 
 # Keyed fingerprints: exact for integers and floats of the same precision; a cast to half precision rounds each
@@ -73,6 +71,8 @@ class Draw:
     stepped: bool = False
     #: the collated batch as the loader yielded it (a feature map's loss reads its other columns: a text's Ψ(x))
     batch: Any = None
+    #: at user level, each row's user within the draw (0 .. U − 1, contiguous); None: records are the unit
+    groups: np.ndarray | None = None
 
 
 class Draws:
@@ -99,12 +99,13 @@ class Draws:
         key = self._key(int(flat.shape[1]), flat.device)
         return (flat @ key).cpu(), (flat.abs() @ key).cpu()
 
-    def drawn(self, indices: np.ndarray, batch: Any) -> Draw:
-        """Register ``batch`` (the collate of the records at ``indices``) as the current draw."""
+    def drawn(self, indices: np.ndarray, batch: Any, groups: np.ndarray | None = None) -> Draw:
+        """Register ``batch`` (the collate of the records at ``indices``; ``groups``: their users at user level) as
+        the current draw."""
         self.count += 1
         size = len(indices)
         draw = Draw(self.count, np.asarray(indices, dtype=np.int64), size, used=np.zeros(size, dtype=bool),
-                    batch=batch)  # fmt: skip
+                    batch=batch, groups=groups)  # fmt: skip
         for path, t in leaves(batch):
             if t.dim() >= 1 and int(t.shape[0]) == size:
                 printed = self._print(t, size)
@@ -195,17 +196,18 @@ class _PlanSampler(Sampler[list[int]]):
     """Batches of indices from the run's secret sampler, ``batches`` per epoch as the original loader had; each
     is remembered (in order) for the loader to pair with its collated batch."""
 
-    def __init__(self, state: RunState, batches: int) -> None:
-        self.state, self.batches = state, batches
-        self.pending: list[np.ndarray] = []
+    def __init__(self, draw: Callable[[], tuple[np.ndarray, np.ndarray | None]], batches: int) -> None:
+        self.draw, self.batches = draw, batches
+        self.pending: list[tuple[np.ndarray, np.ndarray | None]] = []
 
     def __len__(self) -> int:
         return self.batches
 
     def __iter__(self) -> Iterator[list[int]]:
         for _ in range(self.batches):
-            idx = np.asarray(self.state.private_sampler.sample(), dtype=np.int64)
-            self.pending.append(idx)
+            idx, groups = self.draw()
+            idx = np.asarray(idx, dtype=np.int64)
+            self.pending.append((idx, groups))
             yield [int(i) for i in idx]
 
 
@@ -213,8 +215,8 @@ class PrivateDataLoader(DataLoader):
     """The user's loader with its batches drawn by the run's sampler; each yielded batch is a draw, charged as one
     private step when it is drawn (``on_draw``)."""
 
-    def __init__(self, loader: DataLoader, state: RunState, batches: int,
-                 on_draw: Callable[[np.ndarray, Any], None]) -> None:  # fmt: skip
+    def __init__(self, loader: DataLoader, draw: Callable[[], tuple[np.ndarray, np.ndarray | None]], batches: int,
+                 on_draw: Callable[[np.ndarray, Any, np.ndarray | None], None]) -> None:  # fmt: skip
         dataset, collate = loader.dataset, loader.collate_fn
 
         def collate_or_empty(items: list[Any]) -> Any:
@@ -223,9 +225,11 @@ class PrivateDataLoader(DataLoader):
             # The shape of one record is public (the schema); its values are not used.
             return _empty_like(collate([dataset[0]]))
 
-        self._plan_sampler = _PlanSampler(state, batches)
+        self._plan_sampler = _PlanSampler(draw, batches)
         self._on_draw = on_draw
         self.user_collate = collate
+        #: the last draw's user per row at user level (physical chunks cut at users' boundaries); None otherwise
+        self.last_groups: np.ndarray | None = None
         super().__init__(dataset, batch_sampler=self._plan_sampler, collate_fn=collate_or_empty,
                          num_workers=loader.num_workers, pin_memory=loader.pin_memory)  # fmt: skip
 
@@ -235,8 +239,9 @@ class PrivateDataLoader(DataLoader):
         for batch in batches:
             # Batches come back in the sampler's order (workers included), so the oldest pending indices are this
             # batch's.
-            idx = self._plan_sampler.pending.pop(0)
-            self._on_draw(idx, batch)
+            idx, groups = self._plan_sampler.pending.pop(0)
+            self._on_draw(idx, batch, groups)
+            self.last_groups = groups
             yield batch
 
     def _batched_fetch(self) -> bool:
@@ -254,11 +259,12 @@ class PrivateDataLoader(DataLoader):
             yield [t.index_select(0, index.to(t.device)) for t in tensors]
 
 
-def private_loader(loader: DataLoader, state: RunState, batches: int,
-                   on_draw: Callable[[np.ndarray, Any], None]) -> PrivateDataLoader:  # fmt: skip
-    """The user's loader with its batches drawn by the run's sampler (refusing samplers it would replace)."""
+def private_loader(loader: DataLoader, draw: Callable[[], tuple[np.ndarray, np.ndarray | None]], batches: int,
+                   on_draw: Callable[[np.ndarray, Any, np.ndarray | None], None]) -> PrivateDataLoader:  # fmt: skip
+    """The user's loader with its batches drawn by ``draw`` (the run's secret draw: record indices, and each
+    record's user at user level), refusing samplers it would replace."""
     check_loader(loader)
-    return PrivateDataLoader(loader, state, batches, on_draw)
+    return PrivateDataLoader(loader, draw, batches, on_draw)
 
 
 def check_loader(loader: DataLoader) -> None:

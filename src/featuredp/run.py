@@ -35,7 +35,14 @@ from featuredp._io import atomic_write_json
 from featuredp._validate import check_choice, check_delta, check_int
 from featuredp.accounting import BudgetLedger, calibrate_record_noise, check_sampler_tail
 from featuredp.batches import as_batch, gather, resolve_device, to_device
-from featuredp.clipping import GradientStrategy, check_no_batch_mixing, get_strategy, trainable_parameters
+from featuredp.clipping import (
+    DEFAULT_STRATEGY,
+    GradientStrategy,
+    VmapGradients,
+    check_no_batch_mixing,
+    get_strategy,
+    trainable_parameters,
+)
 from featuredp.clipping.base import check_precision
 from featuredp.config import PerformanceConfig, PrivacyConfig, ScheduleConfig, resolve_config, split_settings
 from featuredp.distributed import (
@@ -51,6 +58,7 @@ from featuredp.distributed import (
 from featuredp.errors import (
     BudgetExceededError,
     DataValidationError,
+    PrivacyLeakWarning,
     UnreachableTargetError,
     warn_record_level_statistics,
 )
@@ -64,6 +72,7 @@ from featuredp.run_report import run_result
 from featuredp.run_state import ModelRuns, RunState, data_fingerprint, open_ledger, reserve
 from featuredp.sampling import warn_private_seed
 from featuredp.step import StepCore, noised_coordinates
+from featuredp.users import UserIndex
 
 __all__ = ["PUBLIC_BATCH_FACTOR", "SPENT_SUFFIX", "Fetch", "PrivateRun"]
 
@@ -112,6 +121,7 @@ class PrivateRun:
         schedule: ScheduleConfig | None = None,
         performance: PerformanceConfig | None = None,
         ledger: BudgetLedger | str | Path | None = None,
+        user_key: Any = None,
         **settings: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -122,6 +132,10 @@ class PrivateRun:
         self.schedule: ScheduleConfig = resolve_config(ScheduleConfig, "schedule", schedule, flat)
         self.performance: PerformanceConfig = resolve_config(PerformanceConfig, "performance", performance, flat)
         self._check_settings(feature_map, loss_split)
+        #: the privacy unit's key (None: records); bound to the data by :meth:`bind_users`
+        self.user_key = user_key
+        self.users: UserIndex | None = None
+        self._check_user_settings()
         self.device = model_device(model) if self.performance.device is None else resolve_device(
             self.performance.device)
         self.model = model.to(self.device)
@@ -135,8 +149,14 @@ class PrivateRun:
             broadcast_parameters(self.model)
         self.feature_map = loss_split.feature_map if loss_split is not None else feature_map
         self.loss_split = loss_split
-        self.strategy: GradientStrategy = get_strategy(
-            self.performance.strategy, physical_batch_size=self.performance.physical_batch_size)
+        chosen = self.performance.strategy
+        if chosen is None:  # a user's gradient is a sum of its records': the per-record (vmap) path forms it
+            chosen = "vmap" if user_key is not None else DEFAULT_STRATEGY
+        self.strategy: GradientStrategy = get_strategy(chosen, physical_batch_size=self.performance.physical_batch_size)
+        if user_key is not None and not isinstance(self.strategy, VmapGradients):
+            raise ValueError(f"strategy={self.strategy.name!r} clips each record's gradient; user-level clipping "
+                             "(user_key=) sums a user's records first and needs strategy='vmap' "
+                             "(grad_sample_mode='functorch'), the default with a user key")  # fmt: skip
         self.ledger = open_ledger(ledger)
         self.plan: PrivacyPlan | None = None
         self.last_result: TrainResult | None = None
@@ -175,6 +195,33 @@ class PrivateRun:
             warn_private_seed("seed", self.privacy.seed)  # public_seed= fixes only the public randomness
 
 
+    def _check_user_settings(self) -> None:
+        """One-line refusals of user-level settings, before any work."""
+        if self.user_key is None:
+            for name in ("records_per_user", "num_users"):
+                cfg = self.privacy if name == "records_per_user" else self.schedule
+                if getattr(cfg, name) is not None:
+                    raise ValueError(f"{name}={getattr(cfg, name)!r} is for user-level privacy: give user_key= too")
+            return
+
+    def bind_users(self, keys: Any, records: int) -> UserIndex:
+        """The run's users: ``keys`` (one per record, ``records`` of them) as a :class:`featuredp.users.UserIndex`.
+        The number of users is a count of the private keys: declared (``num_users=``), checked, or warned about."""
+        index = UserIndex(keys, records_per_user=self.privacy.records_per_user)
+        if index.num_records != records:
+            raise DataValidationError(f"user_key gives {index.num_records} keys for {records} records; give one key "
+                                      "per record")  # fmt: skip
+        declared = self.schedule.num_users
+        if declared is not None and declared != index.num_users:
+            raise DataValidationError(f"num_users={declared} was declared but the user keys name {index.num_users} "
+                                      "users")  # fmt: skip
+        if declared is None:
+            warnings.warn(f"the number of users ({index.num_users}) was counted from the private user keys; declare "
+                          f"num_users={index.num_users} (--num-users) when that count is public",
+                          PrivacyLeakWarning, stacklevel=4)  # fmt: skip
+        self.users = index
+        return index
+
     # -- configuration ---------------------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
         """The run's settings (JSON-able; no data, no RNG state, never the seed) for run.json."""
@@ -212,6 +259,11 @@ class PrivateRun:
             "secure_rng": p.secure_rng,
             "noise": p.noise_plan.kind,
             "record_epsilon": p.record_epsilon,
+            # The unit, never the keys (often names): a column's name at most.
+            "unit": "record" if self.user_key is None else "user",
+            "user_key": self.user_key if isinstance(self.user_key, str) else (
+                None if self.user_key is None else "<one key per record>"),
+            "records_per_user": p.records_per_user,
             # BandMF's bands as run (the plan's: chosen there when not given), None for independent noise.
             "bands": (self.plan.noise if self.plan is not None else p.noise_plan).settings().get("bands"),
             "device": str(self.device),
@@ -220,12 +272,21 @@ class PrivateRun:
         }
 
     def make_plan(self, n: int) -> PrivacyPlan:
-        """The privacy plan for a dataset of ``n`` records (calibrates σ when only a target is given)."""
+        """The privacy plan for a dataset of ``n`` records (calibrates σ when only a target is given). With users
+        bound (:meth:`bind_users`) the plan counts users: its size, batch and rate are the users'."""
         n = check_int("dataset_size", n, minimum=1)
         p_cfg, s_cfg = self.privacy, self.schedule
-        record = get_method(self.method)
         if s_cfg.dataset_size is not None and s_cfg.dataset_size != n:
             raise DataValidationError(f"dataset_size={s_cfg.dataset_size} was declared but the data holds {n} records")
+        if self.users is None:
+            return self._make_plan(n)
+        plan = self._make_plan(self.users.num_users)
+        return replace(plan, unit="user", records=n, records_per_user=p_cfg.records_per_user)
+
+    def _make_plan(self, n: int) -> PrivacyPlan:
+        """The plan for ``n`` privacy units."""
+        p_cfg, s_cfg = self.privacy, self.schedule
+        record = get_method(self.method)
         p, m, m_pub, m_pre = self._batch_sizes(n, record)
         steps = s_cfg.steps if s_cfg.steps is not None else max(1, round(float(s_cfg.epochs or 0.0) * n / m))
         pretrain = round(s_cfg.pretrain_epochs * n / m_pre) if s_cfg.pretrain_epochs else 0
@@ -311,7 +372,7 @@ class PrivateRun:
         else:
             batch = int(s_cfg.batch_size or 256)
             if batch > n:
-                raise DataValidationError(f"batch_size must be <= the number of records {n}, got {batch}")
+                raise DataValidationError(f"batch_size must be <= the number of {self._units()} {n}, got {batch}")
             m = float(batch)
             p = m / n
         if s_cfg.public_batch_size is not None:
@@ -323,12 +384,16 @@ class PrivateRun:
         else:
             m_pub = max(1, round(m))
         if m_pub > n:
-            raise DataValidationError(f"public_batch_size must be <= the number of records {n}, got {m_pub}")
+            raise DataValidationError(f"public_batch_size must be <= the number of {self._units()} {n}, got {m_pub}")
         # Pre-training keeps its own batch (default: a given m', else m), so a larger m' costs no pre-training steps.
         m_pre = s_cfg.pretrain_batch_size or s_cfg.public_batch_size or max(1, round(m))
         if m_pre > n:
-            raise DataValidationError(f"pretrain_batch_size must be <= the number of records {n}, got {m_pre}")
+            raise DataValidationError(f"pretrain_batch_size must be <= the number of {self._units()} {n}, got {m_pre}")
         return p, m, m_pub, m_pre
+
+    def _units(self) -> str:
+        """What the plan counts: records, or users (:meth:`bind_users`)."""
+        return "records" if self.users is None else "users"
 
     def _backstop_plan(self, plan: PrivacyPlan) -> PrivacyPlan:
         """``plan`` with σ_pub calibrated so that the whole run is (E, δ)-DP for whole records (E =
@@ -365,6 +430,11 @@ class PrivateRun:
                 UserWarning,
                 stacklevel=3,
             )
+        if self.user_key is not None and self.users is None:
+            raise ValueError("a user-level run binds its users before it starts (PrivateRun.bind_users)")
+        if self.user_key is not None and (self.dist is not None or shard is not None):
+            raise ValueError("user_key= (user-level privacy) is not supported in data-parallel runs yet; run on one "
+                             "process")  # fmt: skip
         plan = self.make_plan(n)
         self.plan = plan
         if plan.is_private:
@@ -549,8 +619,20 @@ class PrivateRun:
     def private_gradient(self, state: RunState, split: LossSplit | None, fetch: Fetch, record: Method
                          ) -> dict[str, torch.Tensor]:  # fmt: skip
         """(Σ_{i∈B} clip_C ∇ℓ_x(θ; x_i) + N(0, σ²C²)) / m for a Poisson batch B drawn by the run's secret sampler
-        (ℓ_x = the method's clipped loss)."""
-        return self.core.private_gradient(state, split, fetch(state.private_sampler.sample()), record)
+        (ℓ_x = the method's clipped loss). At user level B is a Poisson draw of users, each user's summed gradient
+        clipped as one (:meth:`draw`)."""
+        idx, groups = self.draw(state)
+        return self.core.private_gradient(state, split, fetch(idx), record, groups=groups)
+
+    def draw(self, state: RunState) -> tuple[np.ndarray, torch.Tensor | None]:
+        """One secret Poisson draw: record indices, and (at user level) each record's group, 0 .. U_B − 1. Users
+        are drawn by the private sampler; each gives its records (at most ``records_per_user``, a subset chosen from
+        the same secret stream)."""
+        drawn = state.private_sampler.sample()
+        if self.users is None:
+            return drawn, None
+        idx, groups = self.users.expand(drawn, state.private_sampler.generator)
+        return idx, torch.from_numpy(groups)
 
     def record_gradient(self, state: RunState, split: LossSplit, fetch: Fetch, *, pre: bool) -> dict[str, torch.Tensor]:
         """The backstop's public step: (Σ_{i∈B'} clip_C ∇ℓ_pub(θ; x_i) + N(0, σ_pub²C²)) / (q'·n) on a Poisson batch
@@ -560,7 +642,14 @@ class PrivateRun:
         sampler = state.record_pretrain_sampler if pre else state.record_sampler
         if sampler is None:
             raise ValueError("the record-level backstop needs its sampler in the run state")
-        return self.core.record_gradient(state, split, fetch(sampler.sample()), sampler.expected_batch_size)
+        drawn = sampler.sample()
+        if self.users is None:
+            return self.core.record_gradient(state, split, fetch(drawn), sampler.expected_batch_size)
+        # At user level the backstop covers whole users too: its batch is a Poisson draw of users (its own secret
+        # coins), each user's ℓ_pub gradients summed and clipped as one.
+        idx, groups = self.users.expand(drawn, sampler.generator)
+        return self.core.record_gradient(state, split, fetch(idx), sampler.expected_batch_size,
+                                         groups=torch.from_numpy(groups))  # fmt: skip
 
     def release(self, state: RunState, split: LossSplit | None, sums: dict[str, torch.Tensor], fetch: Fetch,
                 shown: dict[str, float]) -> dict[str, torch.Tensor]:  # fmt: skip

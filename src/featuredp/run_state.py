@@ -190,7 +190,9 @@ class RunState:
                                rank=rank if world_size > 1 else None, **extra)  # fmt: skip
         n = plan.dataset_size
         start, stop = shard_bounds(n, rank, world_size) if shard_size is None else (0, shard_size)
-        local = n if shard_size is None else shard_size
+        # The public batches, pre-training and the shufflers read records; at user level the private sampler draws
+        # users (plan.dataset_size counts them) and the public ones still draw records.
+        local = plan.record_count if shard_size is None else shard_size
         m_int = share(max(1, round(plan.expected_batch_size)), rank, world_size)
         noise: NoiseSource
         private_sampler: PoissonSampler | BMinSepSampler

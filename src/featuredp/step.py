@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from featuredp.batches import forward
-from featuredp.clipping import GradientStrategy, trainable_parameters
+from featuredp.clipping import GradientStrategy, VmapGradients, trainable_parameters
 from featuredp.clipping.base import AutocastLoss, LossFn
 from featuredp.distributed import DistContext, all_reduce_sum
 from featuredp.features import Batch
@@ -51,8 +51,18 @@ class StepCore:
             return AutocastLoss(loss_fn, self.device.type)
         return loss_fn
 
-    def clipped_sum(self, loss_fn: LossFn, batch: Batch, draws: Batch, max_grad_norm: float) -> dict[str, torch.Tensor]:
-        """Σ_{i∈B} clip_C ∇ℓ_i for the per-example loss ``loss_fn`` on ``batch`` (the strategy's checks included)."""
+    def clipped_sum(self, loss_fn: LossFn, batch: Batch, draws: Batch, max_grad_norm: float,
+                    groups: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+        """Σ_{i∈B} clip_C ∇ℓ_i for the per-example loss ``loss_fn`` on ``batch`` (the strategy's checks included).
+        ``groups``: each example's user (contiguous, 0 .. U − 1): Σ_u clip_C Σ_{i∈u} ∇ℓ_i, a user's records clipped
+        as one contribution (the per-record strategy, :meth:`VmapGradients.clipped_sum_by_group`)."""
+        if groups is not None:
+            if not isinstance(self.strategy, VmapGradients):
+                raise ValueError(f"user-level clipping needs strategy='vmap', got {self.strategy.name!r}")
+            sums, norms = self.strategy.clipped_sum_by_group(self.model, self.amp(loss_fn), batch, draws,
+                                                             max_grad_norm, groups)  # fmt: skip
+            self.tell_nonfinite(int((~torch.isfinite(norms)).sum()))
+            return sums
         sums, norms = self.strategy.clipped_sum(self.model, self.amp(loss_fn), batch, draws, max_grad_norm)
         self.tell_nonfinite(int((~torch.isfinite(norms)).sum()))
         return sums
@@ -71,8 +81,8 @@ class StepCore:
         # Divide by the EXPECTED batch size m = p·n (global); the realised batch size is private.
         return {k: v.div_(plan.expected_batch_size) for k, v in noisy.items()}
 
-    def private_gradient(self, state: Any, split: LossSplit | None, batch: Batch, record: Method
-                         ) -> dict[str, torch.Tensor]:  # fmt: skip
+    def private_gradient(self, state: Any, split: LossSplit | None, batch: Batch, record: Method, *,
+                         groups: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
         """(Σ_{i∈B} clip_C ∇ℓ_x(θ; x_i) + N(0, σ²C²)) / m for the sampled private batch B (ℓ_x: the method's
         clipped loss; the loss draws from the run's private draws generator)."""
         plan = state.plan
@@ -84,16 +94,20 @@ class StepCore:
             draws, loss_fn = {}, plain_cross_entropy
         if plan.noise_multiplier is None or plan.max_grad_norm is None:
             raise ValueError(f"method {plan.method!r} has no noise multiplier in its plan")
-        return self.noisy_mean(plan, state.noise, self.clipped_sum(loss_fn, batch, draws, plan.max_grad_norm))
+        by_user = {} if groups is None else {"groups": groups}
+        return self.noisy_mean(plan, state.noise, self.clipped_sum(loss_fn, batch, draws, plan.max_grad_norm,
+                                                                   **by_user))  # fmt: skip
 
-    def record_gradient(self, state: Any, split: LossSplit, batch: Batch, expected: float) -> dict[str, torch.Tensor]:
+    def record_gradient(self, state: Any, split: LossSplit, batch: Batch, expected: float, *,
+                        groups: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
         """The backstop's public step on a batch sampled from its secret Poisson stream: (Σ clip_C ∇ℓ_pub +
         N(0, σ_pub²C²)) / ``expected`` (the batch's expected size; the realised one is secret)."""
         plan = state.plan
         if plan.record_noise_multiplier is None or plan.max_grad_norm is None:
             raise ValueError("the record-level backstop needs σ_pub and C in the plan")
         draws = split.draws(batch, state.public_draws)
-        sums = self.clipped_sum(split.public_loss, batch, draws, plan.max_grad_norm)
+        by_user = {} if groups is None else {"groups": groups}
+        sums = self.clipped_sum(split.public_loss, batch, draws, plan.max_grad_norm, **by_user)
         noisy = state.noise.add(sums, plan.record_noise_multiplier * plan.max_grad_norm)
         return {k: v.div_(expected) for k, v in noisy.items()}
 

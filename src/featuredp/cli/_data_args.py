@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 #: datasets read from a file the user names with --data
 _FILE_DATASETS = ("csv", "purchase100", "criteo")
 #: flags that only describe a CSV/Parquet table (not purchase100/criteo files)
-_TABLE_FLAGS = ("label", "categorical", "numeric", "drop", "schema", "test_data", "missing", "sep")
+_TABLE_FLAGS = ("label", "categorical", "numeric", "drop", "schema", "test_data", "missing", "sep", "user_column")
 
 
 def _columns(text: str) -> list[str]:
@@ -55,7 +55,8 @@ def dataset_name(value: str) -> str:
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add --data, --label, --private, --categorical, --numeric, --drop, --missing, --schema, --test-data, --offline.
+    """Add --data, --label, --private, --categorical, --numeric, --drop, --user-column, --missing, --schema,
+    --test-data, --offline.
 
     Flags the command already has (``compare``'s ``--label``, ``train``'s ``--private``) are kept
     as they are; their values are read the same way. A ``--dataset`` default becomes None here
@@ -81,6 +82,9 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
         help="columns to one-hot encode (others are typed from the schema or their dtypes)")
     add("--numeric", metavar="A,B", type=_columns, default=None, help="columns to scale as numbers")
     add("--drop", metavar="A,B", type=_columns, default=None, help="columns to leave out")
+    add("--user-column", metavar="COL", default=None,
+        help="user-level privacy (docs/users.md): the column naming each row's user; it is not a feature, users are "
+        "sampled, each user's rows clipped as one, and ε covers a whole user (with --records-per-user, --num-users)")
     add("--missing", choices=("drop", "impute", "category"), default=None,
         help="missing values: drop the rows, impute (numbers: the schema's public fill value, else the median of "
         "a public column; categories: their own) or give categorical ones their own category (default: an error "
@@ -193,6 +197,13 @@ def _table_options(args: argparse.Namespace, data: str, path: str, sep: str | No
     for key in ("private", "categorical", "numeric", "drop"):
         if getattr(args, key, None):
             opts[key] = list(getattr(args, key))
+    user = getattr(args, "user_column", None)
+    if user is not None:
+        if user not in header:
+            raise ValueError(f"--user-column {user!r}: no such column in {Path(data).name}")
+        if user == label or user in (private or ()):
+            raise ValueError(f"--user-column {user!r} is the label or a private column; it names each row's user")
+        opts["user_column"] = user
     if getattr(args, "missing", None):
         opts["missing"] = args.missing
     if getattr(args, "test_data", None):

@@ -74,11 +74,16 @@ def _blt_line(summary: Mapping[str, Any], block: Mapping[str, Any]) -> str:
 def _question_lines(summary: Mapping[str, Any]) -> list[str]:
     """Which question the ε above answers, and the replace-one ε (two values of one record's private part)."""
     whole = not get_method(summary["method"]).needs_feature_map  # DP-SGD: whole records
-    part = "one record" if whole else "one record's private part"
+    if summary.get("unit") == "user":  # --user-field: the unit is every record of one user
+        part = "one user's records" if whole else "the private parts of one user's records"
+        unit = "user (all of that user's records)"
+    else:
+        part = "one record" if whole else "one record's private part"
+        unit = "one record"
     if summary.get("relation") == "replace-one":
         return [f"  question        replace-one: telling two values of {part} apart (it also bounds add/remove)"]
     r = summary["replacement_epsilon"]
-    simulated = "without any one record" if whole else "on only the public view of any one record"
+    simulated = f"without any {unit}" if whole else f"on only the public view of any {unit}"
     return [f"  question        add/remove: the model is indistinguishable from one trained {simulated}",
             f"replacement eps   {'inf' if r is None else f'{r:.4g}'} (replace-one: telling two values of {part} "
             "apart)"]

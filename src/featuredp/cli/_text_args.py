@@ -32,7 +32,7 @@ def _counts(text: str) -> list[int]:
 
 def add_text_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``text`` argument group: --spans, --detect, --names-file, --max-len, --text-train-size, --canaries,
-    --group-stats (train only)."""
+    --user-field, --records-per-user, --num-users, --group-stats (train only)."""
     g = parser.add_argument_group(
         "text (--task text; docs/text.md)",
         "a causal LM on texts whose private spans are protected: --data FILE.jsonl (one {\"text\", \"spans\": "
@@ -54,6 +54,16 @@ def add_text_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--canaries", type=_counts, default=None, metavar="R1,R2",
                    help="plant the exposure audit's canaries this many times each (compare: default 1,10,100; "
                    "train: none unless given; 0: none). They are private spans of type 'secret' from a public seed")
+    g.add_argument("--user-field", default=None, metavar="F",
+                   help="user-level privacy (docs/users.md): the JSON field naming each record's user (e.g. author); "
+                   "users are sampled, each user's records clipped as one, and ε covers a whole user. See the "
+                   "records per user with featuredp data scan --user-field F")
+    g.add_argument("--records-per-user", type=int, default=None, metavar="K",
+                   help="with --user-field: the most records of one sampled user in a step (a secret random subset "
+                   "of a larger user's; default: all). It changes speed and utility, not ε")
+    g.add_argument("--num-users", type=int, default=None, metavar="U",
+                   help="with --user-field: the number of users, when it is public (else it is counted from the data "
+                   "and a PrivacyLeakWarning says so)")
     g.add_argument("--group-stats", action="store_true",
                    help="train only: also print which private values repeat across training records (the largest "
                    "repeat per type) and the group ε of such a value. These numbers read the private values, are not "
@@ -75,7 +85,33 @@ def text_data_options(args: argparse.Namespace, *, train: bool = False) -> dict[
     ``args`` by the caller, never part of these options); elsewhere the flag is refused."""
     if getattr(args, "group_stats", False) and not train:
         raise ValueError("--group-stats is for train --task text (it prints statistics of the private values)")
-    return {**_file_options(args), **_span_options(args), **_size_options(args), **_canary_options(args)}
+    return {**_file_options(args), **_span_options(args), **_size_options(args), **_canary_options(args),
+            **_user_options(args)}
+
+
+def _user_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``user_field`` (--user-field, for --data); --records-per-user and --num-users need it (they go to the
+    Trainer: :func:`user_settings`)."""
+    field = getattr(args, "user_field", None)
+    for flag, name in (("--records-per-user", "records_per_user"), ("--num-users", "num_users")):
+        value = getattr(args, name, None)
+        if value is not None and field is None:
+            raise ValueError(f"{flag} {value} is for user-level privacy: give --user-field F too")
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if field is None:
+        return {}
+    if getattr(args, "data", None) is None:
+        raise ValueError("--user-field: give --data FILE.jsonl whose records name their users (the generated corpus "
+                         "has none)")  # fmt: skip
+    return {"user_field": field}
+
+
+def user_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The Trainer's user-level settings from --records-per-user and --num-users (checked by
+    :func:`text_data_options`)."""
+    return {name: getattr(args, name) for name in ("records_per_user", "num_users")
+            if getattr(args, name, None) is not None}
 
 
 def _file_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 from featuredp.cli._device import check_device
 from featuredp.cli._flags import is_default_noise
 from featuredp.cli._summary import privacy_lines, record_line
-from featuredp.cli._text_args import text_data_options
+from featuredp.cli._text_args import text_data_options, user_settings
 
 #: train flags of the tabular task that --task text refuses (one line each, before any work)
 _TABULAR_ONLY = {"--dataset": "dataset", "--private": "private", "--label": "label", "--model": "model",
@@ -50,6 +50,7 @@ def train_text(args: argparse.Namespace) -> int:
         settings.update(noise=args.noise, bands=args.bands)
     if args.record_epsilon is not None:
         settings["record_epsilon"] = args.record_epsilon
+    settings.update(user_settings(args))
     for name in ("accountant", "relation"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
@@ -86,6 +87,11 @@ GROUP_HINT = ("ε covers one record; a private value repeated in k records is a 
               "(--group-stats computes k and ε_k from the private values, outside ε)")
 
 
+#: the group line of a user-level run (--user-field)
+USER_HINT = ("ε covers one user: every record of one --user-field value, however many; a private value shared by k "
+             "users is a group of k users")
+
+
 def boundary_lines(summary: dict[str, Any]) -> list[str]:
     """What Ψ hid in the training texts (spans per type: annotated, detected); with ``--group-stats``, each type's
     largest repeat, the warning that these read the private values, and the group sentences (a value in k > 1
@@ -100,6 +106,8 @@ def boundary_lines(summary: dict[str, Any]) -> list[str]:
                      + ("" if det is None else f", {det} detected")
                      + ("" if rep is None else f", largest repeat {rep}"))  # fmt: skip
     lines = [f"boundary          {'; '.join(cells)} (training texts)"] if cells else []
+    if summary.get("unit") == "user":  # the unit is the person: a value repeated in one user's records is covered
+        return [*lines, f"group             {USER_HINT}"]
     if not summary.get("group_stats"):
         return [*lines, f"group             {GROUP_HINT}"]
     lines.append(f"WARNING           {summary.get('group_stats_warning', '')}")

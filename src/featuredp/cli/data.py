@@ -363,7 +363,8 @@ def scan_lines(out: dict[str, Any], *, file: str, detect_given: bool) -> list[st
                      f"{users['largest']:,}, 99th percentile {users['p99']:.0f}, median {users['median']:.0f}")
         if users["largest"] > 1:
             lines.append(f"           a person with {users['largest']} records is a group of {users['largest']} to "
-                         "a record-level guarantee, which does not protect them as a person")  # fmt: skip
+                         "a record-level guarantee, which does not protect them as a person: train with "
+                         f"--user-field {users['field']} to make each person one unit")  # fmt: skip
     if out["sample"]:
         lines += ["", f"sample of Ψ(x) ({len(out['sample'])} random records, at most 160 characters each):"]
         lines += [f"  {' '.join(line.split())}" for line in out["sample"]]

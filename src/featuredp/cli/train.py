@@ -22,7 +22,7 @@ from featuredp.cli._flags import (
     whole_number,
 )
 from featuredp.cli._summary import privacy_lines, record_line
-from featuredp.cli._text_args import add_text_arguments
+from featuredp.cli._text_args import add_text_arguments, user_settings
 from featuredp.methods import METHOD_NAMES
 
 
@@ -196,6 +196,11 @@ def _train(args: argparse.Namespace) -> int:
         common.update(noise=args.noise, bands=args.bands)
     if args.record_epsilon is not None:
         common["record_epsilon"] = args.record_epsilon
+    users = user_settings(args)
+    if users and "user_column" not in dataset_options:
+        flag = "--records-per-user" if "records_per_user" in users else "--num-users"
+        raise ValueError(f"{flag} is for user-level privacy: give --user-column COL too")
+    common.update(users)
     if args.tune or args.method == "fdp_auto":
         from featuredp.experiments.tuning import TuningSettings, tune
 

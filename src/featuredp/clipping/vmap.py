@@ -86,13 +86,76 @@ class VmapGradients:
                 if not g:  # nothing trainable: every gradient is empty, of norm 0
                     all_norms.append(empty_result({}, batch, draws)[1].new_zeros(sl.stop - sl.start))
                     continue
-                norms = torch.sqrt(add_up([t.reshape(t.shape[0], -1).pow(2).sum(1) for t in g.values()]))
-                factors = clip_factors(norms, float(max_grad_norm))
-                finite = torch.isfinite(norms)
-                for k, t in g.items():
-                    # A non-finite example has factor 0, and its gradient is zeroed as well (0 · NaN is NaN).
-                    t = torch.where(finite.view(-1, *[1] * (t.dim() - 1)), t, 0)
-                    sums[k] += torch.einsum("b,b...->...", factors.to(t.dtype), t)
-                all_norms.append(norms.detach())
+                all_norms.append(_add_clipped(sums, g, max_grad_norm))
             model.train(was_training)
         return sums, torch.cat(all_norms)
+
+    def clipped_sum_by_group(
+        self, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, max_grad_norm: float,
+        groups: torch.Tensor,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Σ_u clip_C(Σ_{i∈u} ∇_θ loss_fn(model, batch_i, draws_i)): each group's (user's) summed gradient clipped as
+        one contribution, and the groups' norms before clipping, shape (U,).
+
+        ``groups`` (B,): each example's group, non-decreasing from 0 with no gaps (a group's examples contiguous, as
+        :meth:`featuredp.users.UserIndex.expand` returns them). Per-example gradients are computed in physical
+        chunks as by :meth:`clipped_sum`; a group cut by a chunk's end carries its partial sum into the next chunk,
+        so memory stays one chunk's whatever a group's size, and the result does not depend on the chunking beyond
+        float summation order. A group with a non-finite gradient contributes nothing (factor 0, rows zeroed)."""
+        check_positive("max_grad_norm", max_grad_norm, allow_inf=True)
+        n = batch_size_of(batch, draws)
+        params = trainable_parameters(model)
+        check_no_batch_mixing(model)
+        groups = groups.to("cpu", torch.int64)
+        if groups.shape != (n,):
+            raise ValueError(f"groups must hold one group per example, shape ({n},), got {tuple(groups.shape)}")
+        if n == 0:
+            return empty_result(params, batch, draws)
+        steps = groups[1:] - groups[:-1]
+        if int(groups[0]) != 0 or bool(((steps != 0) & (steps != 1)).any()):
+            raise ValueError("groups must be contiguous and numbered 0, 1, 2, ... in order (UserIndex.expand)")
+        sums = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in params.items()}
+        chunk = self.physical_batch_size or n
+        norms_out: list[torch.Tensor] = []
+        carry: dict[str, torch.Tensor] | None = None  # the partial sum of a group cut by the previous chunk's end
+        was_training = model.training
+        with ForwardStateGuard(model):
+            for start in range(0, n, chunk):
+                stop = min(start + chunk, n)
+                g = self.per_example_grads(model, loss_fn, slice_batch(batch, slice(start, stop)),
+                                           slice_batch(draws, slice(start, stop)))  # fmt: skip
+                local = groups[start:stop] - groups[start]
+                count = int(local[-1]) + 1
+                per_group = {}
+                for k, t in g.items():
+                    s = t.new_zeros((count, *t.shape[1:]))
+                    s.index_add_(0, local.to(t.device), t)
+                    per_group[k] = s
+                if carry is not None:  # the first group continues the previous chunk's last one
+                    for k in per_group:
+                        per_group[k][0] += carry[k]
+                open_end = stop < n and int(groups[stop]) == int(groups[stop - 1])
+                closed = count - 1 if open_end else count
+                carry = {k: v[count - 1].clone() for k, v in per_group.items()} if open_end else None
+                if closed == 0:
+                    continue
+                done = {k: v[:closed] for k, v in per_group.items()}
+                if not done:
+                    norms_out.append(empty_result({}, batch, draws)[1].new_zeros(closed))
+                    continue
+                norms_out.append(_add_clipped(sums, done, max_grad_norm))
+            model.train(was_training)
+        return sums, torch.cat(norms_out)
+
+
+def _add_clipped(sums: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], max_grad_norm: float) -> torch.Tensor:
+    """Add Σ_b clip_C(g_b) to ``sums`` for the rows b of ``grads`` (name → (B, *shape)); returns the norms (B,)."""
+    rows = next(iter(grads.values())).shape[0]
+    norms = torch.sqrt(add_up([t.reshape(rows, -1).pow(2).sum(1) for t in grads.values()]))
+    factors = clip_factors(norms, float(max_grad_norm))
+    finite = torch.isfinite(norms)
+    for k, t in grads.items():
+        # A non-finite row has factor 0, and its gradient is zeroed as well (0 · NaN is NaN).
+        t = torch.where(finite.view(-1, *[1] * (t.dim() - 1)), t, 0)
+        sums[k] += torch.einsum("b,b...->...", factors.to(t.dtype), t)
+    return norms.detach()

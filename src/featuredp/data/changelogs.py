@@ -179,9 +179,11 @@ class ChangelogRecord:
         return [self.text[a:b] for a, b, t in self.spans if span_type is None or t == span_type]
 
     def to_json(self) -> dict[str, Any]:
-        """The JSONL object: ``text`` and ``spans`` (what ``load_text_jsonl`` reads) plus the measurement fields."""
+        """The JSONL object: ``text`` and ``spans`` (what ``load_text_jsonl`` reads), ``author`` (the author's email,
+        lower-cased: the user of ``--user-field author``) and the measurement fields."""
         return {"text": self.text, "spans": [{"start": a, "end": b, "type": t} for a, b, t in self.spans],
-                "package": self.package, "version": self.version, "bullet_emails": list(self.bullet_emails)}
+                "author": self.email.lower(), "package": self.package, "version": self.version,
+                "bullet_emails": list(self.bullet_emails)}
 
 
 def parse_changelog(text: str) -> list[ChangelogEntry]:

@@ -149,6 +149,7 @@ def load_table(
     missing: str | Mapping[str, str] | None = None,
     fill: Mapping[str, float] | None = None,
     sep: str | None = None,
+    user_column: str | None = None,
 ) -> tuple[TabularDataset, TabularDataset]:
     """Load a user table as ``(train, test)``; errors name the column and the problem.
 
@@ -182,6 +183,9 @@ def load_table(
     ``sep``: the CSV delimiter (one of ``, ; | \\t``); by default the file type's, or the one the header
     is split by (:func:`~featuredp.data.table_io.table_separator`, with a warning saying so). A schema whose
     columns do not match the file's header is one DataValidationError naming both files and the columns.
+
+    ``user_column``: the column naming each row's user (``--user-column``, docs/users.md). It is never a feature; its
+    values (as strings) become the datasets' ``users``, the unit of a user-level run. A row without one is an error.
     """
     sch = None if schema is None else read_schema(schema)
     label = _checked_label(label, sch)
@@ -191,6 +195,7 @@ def load_table(
     num = _as_list("numeric", numeric) or []
     cat = _as_list("categorical", categorical) or []
     dropped = _as_list("drop", drop) or []
+    dropped += _user_column(df, user_column, label, [*num, *cat])
     unknown = [c for c in [*num, *cat, *dropped] if c not in df.columns]
     if unknown:
         raise DataValidationError(f"unknown column(s) {unknown}; available columns: {list(df.columns)}")
@@ -265,7 +270,26 @@ def load_table(
         train_df, test_df = df.iloc[tr_idx].reset_index(drop=True), df.iloc[te_idx].reset_index(drop=True)
     warn_small_test(len(test_df), f"the test split of {Path(path).name}" if test is None else f"{Path(test).name}")
     desc = _description(path, test, sch, typed)
-    return encode_frames(train_df, test_df, spec, name=name or Path(path).stem, description=desc, categorical=encoding)
+    out = encode_frames(train_df, test_df, spec, name=name or Path(path).stem, description=desc, categorical=encoding)
+    for ds, frame in zip(out, (train_df, test_df), strict=True):
+        if user_column is not None and user_column in frame.columns:  # a --test-data file may name none
+            ds.users = frame[user_column].astype(str).to_numpy()
+    return out
+
+
+def _user_column(df: pd.DataFrame, column: str | None, label: str, typed: Sequence[str]) -> list[str]:
+    """``[column]`` (left out of the features) when it names a column of the file that is neither the label nor a
+    typed feature, with a value in every row; ``[]`` without a user column."""
+    if column is None:
+        return []
+    if column not in df.columns:
+        raise DataValidationError(f"--user-column {column!r}: no such column; available columns: {list(df.columns)}")
+    if column == label or column in typed:
+        raise DataValidationError(f"--user-column {column!r} is the label or a feature; it names each row's user")
+    if df[column].isna().any():
+        raise DataValidationError(f"--user-column {column!r}: {int(df[column].isna().sum())} row(s) name no user "
+                                  "(every row needs one)")  # fmt: skip
+    return [column]
 
 
 def _checked_label(label: str | None, sch: Schema | None) -> str:

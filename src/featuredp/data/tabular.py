@@ -77,6 +77,7 @@ class TabularDataset:
     ``column_types`` maps every raw feature column to ``"numeric"`` or ``"categorical"``
     (None: not recorded) and ``inferred_types`` lists those whose type nobody declared
     (typed from the file's dtypes by the CSV/Parquet loader, see ``featuredp.data.files``).
+    ``users``: each row's user (a user table's ``user_column``, never a feature), for ``user_key=``.
     """
 
     name: str
@@ -95,6 +96,8 @@ class TabularDataset:
     statistics_warned: list[str] = field(default_factory=list)
     column_types: dict[str, str] | None = None
     inferred_types: list[str] = field(default_factory=list)
+    #: each row's user (``user_column``: the privacy unit of a user-level run); None: no user column
+    users: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.statistics_from_data is not None:

@@ -32,6 +32,7 @@ from featuredp._io import atomic_write_text
 from featuredp._validate import check_int, check_open_unit
 from featuredp.errors import DataValidationError
 from featuredp.features.text import Span, TextSpans, check_span_types, load_annotated_jsonl, placeholder
+from featuredp.users import read_user_field
 
 __all__ = [
     "IGNORE_INDEX",
@@ -158,10 +159,12 @@ class ByteTokenizer:
 
 @dataclass(frozen=True)
 class TextRecord:
-    """One text and its private spans (character offsets into ``text``; the ground truth where generated)."""
+    """One text and its private spans (character offsets into ``text``; the ground truth where generated), and its
+    user (``user_field``: who wrote it, the privacy unit of a user-level run; None where the data names none)."""
 
     text: str
     spans: list[Span]
+    user: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):
@@ -247,7 +250,9 @@ def insert_canaries(
     canaries = [Canary(f"{int(s):0{digits}d}", prefix, f"{prefix}{int(s):0{digits}d}{rest}", r)
                 for s, r in zip(drawn, [r for r in counts for _ in range(per_repeat)])]  # fmt: skip
     marked = [] if span_type is None else [Span(len(prefix), len(prefix) + digits, span_type)]
-    copies = [TextRecord(c.text, list(marked)) for c in canaries for _ in range(c.repeats)]
+    # Each canary's copies are one user's records: a user-level run protects the canary as one person's secret.
+    copies = [TextRecord(c.text, list(marked), user=f"{CANARY_USER}{i}") for i, c in enumerate(canaries)
+              for _ in range(c.repeats)]  # fmt: skip
     total = len(records) + len(copies)
     is_copy = np.zeros(total, bool)
     is_copy[rng.choice(total, size=len(copies), replace=False)] = True
@@ -373,7 +378,7 @@ class TextDataset:
 
 
 def load_text_jsonl(path: str | Path, *, spans: Sequence[str], detect: Sequence[str] = (),
-                    names: Sequence[str] = ()) -> list[TextRecord]:  # fmt: skip
+                    names: Sequence[str] = (), user_field: str | None = None) -> list[TextRecord]:  # fmt: skip
     """The records of an annotated JSONL file, each with the private spans Ψ will hide.
 
     ``spans``: the private span types (``--spans``); ``detect``: built-in detectors to run as well; ``names``: the
@@ -381,6 +386,7 @@ def load_text_jsonl(path: str | Path, *, spans: Sequence[str], detect: Sequence[
     the detectors find (:meth:`~featuredp.features.text.TextSpans.spans`); annotations of other types are public
     and dropped. A file without a record is an error naming it; so is a private type that is neither annotated in
     the file nor a built-in detector (a typo such as ``emial`` would otherwise leave the emails public).
+    ``user_field``: the JSON field that names each record's user (``--user-field``; every record needs one).
     """
     psi = TextSpans(tuple(spans), tuple(detect), tuple(names))
     rows = load_annotated_jsonl(path)
@@ -390,7 +396,14 @@ def load_text_jsonl(path: str | Path, *, spans: Sequence[str], detect: Sequence[
         check_span_types(spans, {s.type for _, annotated in rows for s in annotated}, Path(path).name)
     except ValueError as exc:
         raise DataValidationError(str(exc)) from None
-    return [TextRecord(text, psi.spans(text, annotated)) for text, annotated in rows]
+    users = [None] * len(rows) if user_field is None else read_user_field(path, user_field)
+    return [TextRecord(text, psi.spans(text, annotated), user) for (text, annotated), user in zip(rows, users,
+                                                                                                   strict=True)]
+
+
+#: the user key of a planted canary's copies (``{CANARY_USER}{i}``): one user per canary
+CANARY_USER = "\0canary:"
+
 
 
 def split_records(records: Sequence[TextRecord], *, test_fraction: float = 0.1,

@@ -23,7 +23,6 @@ No torch import (``featuredp data scan`` starts fast and runs where torch is abs
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np
 from scipy import stats
 
 from featuredp.features.text import DETECTORS, Span, TextSpans, detect_spans, load_annotated_jsonl
+from featuredp.users import read_user_field
 
 __all__ = ["SAMPLE_CHARS", "TOP_REPEATS", "boundary_counts", "clopper_pearson", "default_detectors", "normalise_value",
            "scan_text_file"]  # fmt: skip
@@ -137,16 +137,8 @@ def records_per_user(path: str | Path, field: str) -> dict[str, Any]:
     the records per user (largest, 99th percentile, median), never the users' values. A record without the field
     is a ValueError naming its line."""
     counts: dict[str, int] = {}
-    with Path(path).open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            value = row.get(field) if isinstance(row, dict) else None
-            if value is None or isinstance(value, dict | list):
-                raise ValueError(f"--user-field {field!r}: line {n} of {Path(path).name} has no such field (every "
-                                 "record must name its user)")  # fmt: skip
-            counts[str(value)] = counts.get(str(value), 0) + 1
+    for value in read_user_field(path, field):
+        counts[value] = counts.get(value, 0) + 1
     per = np.sort(np.fromiter(counts.values(), dtype=np.int64))[::-1]
     return {"field": field, "users": int(per.size), "largest": int(per[0]),
             "p99": float(np.percentile(per, 99)), "median": float(np.median(per)),

@@ -8,8 +8,9 @@ exact prior baseline; the scorer's length limit is respected for real records. T
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,8 @@ class SpanTargets:
     groups: list[int]
     #: the span types not targeted, and why
     skipped: dict[str, str]
+    #: per target, its record's user (None where the data names none)
+    users: list[Any] = field(default_factory=list)
 
 
 def span_targets(records: Sequence[TextRecord], *, k: int = 10, n: int = 200,
@@ -129,6 +132,7 @@ def span_targets(records: Sequence[TextRecord], *, k: int = 10, n: int = 200,
         out.targets.append((text, moved, cands))
         out.priors.append([float(weight[span.type].get(c, 0)) for c in cands])
         out.groups.append(holders[span.type][true])
+        out.users.append(r.user)
     return out
 
 
@@ -177,7 +181,25 @@ def extraction_audit(generate: Any, data: TextData, n: int, *, rng: np.random.Ge
     out = extraction(generate, [(r.text, r.spans) for r in train], span_types=types,
                      heldout=[(r.text, r.spans) for r in held])  # fmt: skip
     out["targets"] = {"train": len(train), "heldout": len(held), "drawn": RANDOM_TARGETS}
+    users = data.users
+    if users is not None:  # user level: the same targets by how many training records their user holds
+        counts = Counter(users)
+        own = {id(r): counts[u] for r, u in zip(data.train.records, users, strict=True)}
+        out["by_user_records"] = {}
+        for lo, hi in USER_BUCKETS:
+            part = [r for r in train if lo <= own[id(r)] <= hi]
+            if part:
+                got = extraction(generate, [(r.text, r.spans) for r in part], span_types=types)
+                out["by_user_records"][_bucket(lo, hi)] = {k: got[k] for k in ("tried", "extracted", "rate")}
     return out
+
+
+#: the extraction audit's groups of users by their training records (user level: ``--user-field``)
+USER_BUCKETS = ((1, 1), (2, 9), (10, 99), (100, 10**12))
+
+
+def _bucket(lo: int, hi: int) -> str:
+    return str(lo) if lo == hi else (f"{lo}+" if hi >= 10**12 else f"{lo}-{hi}")
 
 
 def audit_text_model(model: torch.nn.Module, data: TextData, *, epsilon: float | None, delta: float | None,
@@ -221,6 +243,12 @@ def audit_text_model(model: torch.nn.Module, data: TextData, *, epsilon: float |
             **span_inference(score, drawn.targets, epsilon=epsilon, delta=delta, priors=drawn.priors,
                              groups=drawn.groups, seed=None),
             "groups": drawn.groups, "targets_drawn": RANDOM_TARGETS}  # fmt: skip
+        users = data.users
+        if out["span_inference"] is not None and users is not None:  # user level: by the target user's records
+            counts = Counter(users)
+            sizes = [counts[u] for u in drawn.users]
+            by = span_inference(score, drawn.targets, priors=drawn.priors, groups=sizes, seed=None)["by_group"]
+            out["span_inference"]["by_user_records"] = by
         out["span_skipped"] = drawn.skipped
         if out["span_inference"] is not None and data.canaries:
             digits = len(data.canaries[0].secret)

@@ -68,6 +68,13 @@ class TextData:
                 "noiseless function of those texts' private spans (use --test-data FILE to keep them off it)"}
 
     @property
+    def users(self) -> list[Any] | None:
+        """Each training record's user (``user_field``), canaries included; None for a record-level task."""
+        if self.options.get("user_field") is None:
+            return None
+        return [r.user for r in self.train.records]
+
+    @property
     def originals(self) -> list[TextRecord]:
         """The training records that are not canaries (the audits' targets)."""
         return [r for r in self.train.records if not any(s.type == CANARY_TYPE for s in r.spans)]
@@ -90,6 +97,7 @@ def load_text_data(
     corpus_seed: int = 0,
     canary_seed: int = 0,
     group_stats: bool = False,
+    user_field: str | None = None,
 ) -> TextData:
     """The generated support corpus (``path=None``) or a user's annotated JSONL, split, with canaries planted.
 
@@ -104,11 +112,16 @@ def load_text_data(
     training texts before the canaries; ``names``: how many, not which), so these options with ``names`` given
     again rebuild the same data. ``group_stats``: also count, per private type, the most training records that
     hold one value (``boundary["largest_repeat"]``), a statistic of the private values that ε does not cover
-    (``train --task text --group-stats``); never in ``options``.
+    (``train --task text --group-stats``); never in ``options``. ``user_field``: the JSON field naming each record's
+    user (``--user-field``; a file only): the privacy unit of a user-level run (:attr:`TextData.users`); each
+    canary's copies are then one user's records.
     """
     max_len = check_int("max_len", max_len, minimum=16)
     if test is not None and path is None:
         raise ValueError("--test-data: give --data FILE.jsonl too (the generated corpus has its own held-out split)")
+    if user_field is not None and path is None:
+        raise ValueError("--user-field: give --data FILE.jsonl whose records name their users (the generated corpus "
+                         "has none)")  # fmt: skip
     if path is None:
         types = tuple(spans) if spans else CORPUS_SPANS
         unknown = [t for t in types if t not in (*CORPUS_SPANS, CANARY_TYPE)]
@@ -130,10 +143,11 @@ def load_text_data(
     else:
         if not spans:
             raise ValueError("--spans: name the private span types of --data FILE.jsonl (e.g. email,phone,name)")
-        records = load_text_jsonl(path, spans=spans, detect=detect, names=names)
+        records = load_text_jsonl(path, spans=spans, detect=detect, names=names, user_field=user_field)
         raw = [TextRecord(text, ann) for text, ann in load_annotated_jsonl(path)]
         if test is not None:
-            train_recs, test_recs = records, load_text_jsonl(test, spans=spans, detect=detect, names=names)
+            train_recs, test_recs = records, load_text_jsonl(test, spans=spans, detect=detect, names=names,
+                                                             user_field=user_field)  # fmt: skip
             raw_train = raw
         else:
             train_recs, test_recs = split_records(records, test_fraction=test_fraction, split_seed=corpus_seed)
@@ -167,7 +181,8 @@ def load_text_data(
                "spans": list(psi.types), "detect": list(detect),
                "names": len(names), "n_train": n_originals, "n_test": len(test_recs), "max_len": max_len,
                "canary_repeats": list(canary_repeats), "canaries_per_repeat": canaries_per_repeat,
-               "canary_digits": canary_digits, "corpus_seed": corpus_seed, "canary_seed": canary_seed}  # fmt: skip
+               "canary_digits": canary_digits, "corpus_seed": corpus_seed, "canary_seed": canary_seed,
+               **({} if user_field is None else {"user_field": user_field})}  # fmt: skip
     return TextData(train, test_set, canaries, psi, source, options, boundary)
 
 

@@ -142,10 +142,17 @@ def train_text_model(*, data: TextData, method: str, epsilon: float | None, delt
     split = CausalLMSplit(TokenView(data.psi))
     spec = text_model_spec(data, model)
     net = build_model(spec, seed=None if seed is None else init_seed(seed))
-    kwargs = trainer_arguments(record, {**fit_batches(params, len(data.train)), **settings}, epsilon=epsilon,
+    users = data.users if record.private else None  # the unit of a private run: a user (--user-field) or a record
+    units = len(data.train) if users is None else len(set(users))
+    if users is None:
+        settings = {k: v for k, v in settings.items() if k not in ("records_per_user", "num_users")}
+    kwargs = trainer_arguments(record, {**fit_batches(params, units), **settings}, epsilon=epsilon,
                                delta=delta, device=device)  # fmt: skip
+    if users is not None and settings.get("strategy") is None:
+        kwargs["strategy"] = "vmap"  # a preset's strategy is a speed choice; a user's records are summed per record
     t0 = time.perf_counter()
-    trainer = Trainer(net, record.name, loss_split=split, public_seed=seed, progress=progress, **kwargs)
+    trainer = Trainer(net, record.name, loss_split=split, public_seed=seed, progress=progress, user_key=users,
+                      **kwargs)  # fmt: skip
     result = trainer.fit(data.train.batch())
     return TrainedText(trainer, result, trainer.model.to("cpu"), spec, time.perf_counter() - t0)
 

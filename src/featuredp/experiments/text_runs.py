@@ -106,6 +106,7 @@ def train_text_run(*, out: str | Path | None, method: str, epsilon: float | None
         "noise_multiplier": result.plan.noise_multiplier, "noise": result.plan.noise.kind, "bands": result.plan.bands,
         "correlated_noise": result.privacy_report.get("correlated_noise"), "max_grad_norm": result.plan.max_grad_norm,
         "sampling_rate": result.plan.sampling_rate, "steps": result.steps, "pretrain_steps": result.pretrain_steps,
+        "unit": result.plan.unit, "records_per_user": result.plan.records_per_user,
         **record_summary(result),
         "guarantee": result.guarantee, "data": data.source, "private": data.psi.describe().hides,
         "train_texts": len(data.train), "test_texts": len(data.test), "truncated": data.train.truncated,
@@ -238,8 +239,8 @@ def group_guarantee(result: TrainResult, largest_repeat: Mapping[str, int]) -> t
         if delta >= 1.0 or bound.epsilon >= VACUOUS_EPSILON:
             lines.append(f"{head}; ε = {eps_one} covers one record, and there is no meaningful guarantee for a "
                          f"group of {k} (ε_{k} = {bound.epsilon:.4g}, δ = {delta:.3g}): a person who wrote {k} "
-                         "records is not protected as a person (records per person: featuredp data scan "
-                         "--user-field F)")  # fmt: skip
+                         "records is not protected as a person; train at user level with --user-field F (records "
+                         "per person: featuredp data scan --user-field F)")  # fmt: skip
             continue
         lines.append(f"{head}; ε = {eps_one} covers one record, the group of {k} is covered at ε_{k} = "
                      f"{bound.epsilon:.4g} (δ = {delta:.3g}; {bound.method} accounting)")
@@ -329,9 +330,13 @@ def text_audit_lines(p: Mapping[str, Any]) -> list[str]:
         pct = {k: "—" if r is None else f"{100 * r:.1f}%"
                for k, r in (("train", x["rate"]), ("held", held.get("rate")))}  # fmt: skip
         drawn = x.get("targets") or {}
-        return [f"extraction: {x['extracted']} of {x['tried']} private spans of training texts reproduced exactly "
-                f"({pct['train']}); held-out texts {pct['held']} (guessable values); "
-                f"{drawn.get('train', '?')} training and {drawn.get('heldout', '?')} held-out texts drawn at random"]
+        lines = [f"extraction: {x['extracted']} of {x['tried']} private spans of training texts reproduced exactly "
+                 f"({pct['train']}); held-out texts {pct['held']} (guessable values); "
+                 f"{drawn.get('train', '?')} training and {drawn.get('heldout', '?')} held-out texts drawn at random"]
+        for bucket, b in (x.get("by_user_records") or {}).items():  # user level (--user-field)
+            lines.append(f"  texts of users with {bucket} training record(s): {b['extracted']} of {b['tried']} "
+                         "spans reproduced")
+        return lines
     s = p["span_inference"]
     skipped = "; ".join(f"{t}: {why}" for t, why in (p.get("span_skipped") or {}).items())
     if s is None:
@@ -345,6 +350,9 @@ def text_audit_lines(p: Mapping[str, Any]) -> list[str]:
              f"{100 * s['prior_baseline']:.1f}%, {bound}{verdict}"]
     for g, b in (s.get("by_group") or {}).items():
         lines.append(f"  true value held by {g} training record(s): {100 * b['accuracy']:.1f}% of {b['n']} "
+                     f"(prior {100 * b['prior_baseline']:.1f}%)")
+    for g, b in (s.get("by_user_records") or {}).items():  # user level (--user-field)
+        lines.append(f"  texts of users with {g} training record(s): {100 * b['accuracy']:.1f}% of {b['n']} "
                      f"(prior {100 * b['prior_baseline']:.1f}%)")
     if skipped:
         lines.append(f"  not targeted: {skipped}")

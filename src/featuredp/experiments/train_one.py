@@ -196,12 +196,19 @@ def train_one(
     spec = _model_spec(train, model, kind, hidden)
     net = build_model(spec, seed=init_seed(public_seed if public_seed is not None else seed))
 
-    kwargs = resolved_params(record.name, dataset, int(train.n), params, preset=preset,
+    # The unit of a private run on a table with a user column: a user (docs/users.md), else a record.
+    users = getattr(train, "users", None) if record.private else None
+    if users is None:
+        params = {k: v for k, v in params.items() if k not in ("records_per_user", "num_users")}
+    units = int(train.n) if users is None else len(set(users.tolist()))
+    kwargs = resolved_params(record.name, dataset, units, params, preset=preset,
                              label_dp=isinstance(split, LabelDPSplit))
+    if users is not None and params.get("strategy") is None:
+        kwargs["strategy"] = "vmap"  # a preset's strategy is a speed choice; a user's records are summed per record
     _run_settings(kwargs, record, epsilon=epsilon, delta=delta, noise=noise, bands=bands,
                   record_epsilon=record_epsilon, params=params, device=device, precision=precision)  # fmt: skip
     trainer = Trainer(net, record.name, loss_split=split, seed=seed, public_seed=public_seed, secure_rng=secure_rng,
-                      ledger=ledger, progress=progress, **kwargs)  # fmt: skip
+                      ledger=ledger, progress=progress, user_key=users, **kwargs)  # fmt: skip
     checkpoint = None if out is None else _open_checkpoint(trainer, out, resume, accept_legacy_checkpoint)
     # Periodic checkpoints (between steps: a resumed run is the uninterrupted one up to the checkpoint).
     result = trainer.fit(train, checkpoint=checkpoint, checkpoint_every=200 if checkpoint else None, resume=resume)
@@ -290,6 +297,10 @@ def _summary(record: Method, result: TrainResult, trainer: Trainer, fmap: Column
         # the replace-one question (two values of one record's private part), same steps (docs/accounting.md)
         "replacement_epsilon": _finite(result.replacement_epsilon),
         "relation": plan.relation,
+        # the privacy unit: a record, or a user (--user-column; batch and rate then count users)
+        "unit": plan.unit,
+        "units": plan.dataset_size,
+        "records_per_user": plan.records_per_user,
         "delta": result.delta,
         "noise_multiplier": plan.noise_multiplier,
         "noise": plan.noise.kind,

@@ -23,6 +23,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from featuredp._validate import check_int
@@ -65,7 +66,7 @@ class _PhysicalBatches:
     def __iter__(self) -> Iterator[Any]:
         for batch in self.loader:
             chunks = max(1, math.ceil(rows_of_batch(batch) / self.size))
-            for k, chunk in enumerate(chunk_rows(batch, chunks)):
+            for k, chunk in enumerate(chunk_rows(batch, chunks, self.loader.last_groups)):
                 self.optimizer.signal_skip_step(do_skip=k < chunks - 1)
                 yield chunk
 
@@ -75,11 +76,17 @@ def rows_of_batch(batch: Any) -> int:
     return next((int(t.shape[0]) for _, t in leaves(batch) if t.dim() >= 1), 0)
 
 
-def chunk_rows(batch: Any, chunks: int) -> Iterator[Any]:
+def chunk_rows(batch: Any, chunks: int, groups: np.ndarray | None = None) -> Iterator[Any]:
     """``batch`` in exactly ``chunks`` near-equal chunks of consecutive rows (as Opacus splits; some are empty when
-    the batch has fewer rows than chunks)."""
+    the batch has fewer rows than chunks). ``groups`` (a user-level draw's user per row, contiguous): every cut at a
+    user's boundary, the nearest to the even split, so that each user's records stay in one chunk (a user larger
+    than a chunk makes its chunk larger)."""
     rows = rows_of_batch(batch)
     bounds = [round(i * rows / chunks) for i in range(chunks + 1)]
+    if groups is not None and rows:
+        edges = np.concatenate([[0], np.flatnonzero(np.diff(groups)) + 1, [rows]])
+        snapped = [int(edges[np.abs(edges - b).argmin()]) for b in bounds]
+        bounds = [max(snapped[: i + 1]) for i in range(len(snapped))]
     for k in range(chunks):
         yield _slice(batch, bounds[k], bounds[k + 1])
 
