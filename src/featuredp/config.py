@@ -185,7 +185,9 @@ class PerformanceConfig:
     joins a data-parallel run when ``torch.distributed`` is initialised or ``torchrun`` launched
     several processes (:mod:`featuredp.distributed`); ``"off"`` never does. ``precision``:
     ``"fp32"`` (default) or ``"bf16"`` — forward and backward under bfloat16 autocast, with the
-    per-example norms, clip factors, clipped sums and noise in float32 or better.
+    per-example norms, clip factors, clipped sums and noise in float32 or better. ``prefetch_noise`` (default
+    True): draw the next step's noise on a worker thread while the step computes; the noise is bit for bit the same
+    (:class:`featuredp.noise.sources.TorchNoise`), False draws it in line.
     """
 
     strategy: Any = None
@@ -195,6 +197,7 @@ class PerformanceConfig:
     precision: str = "fp32"
     progress: bool = True
     log_points: int = 5
+    prefetch_noise: bool = True
 
     def __post_init__(self) -> None:
         pbs = self.physical_batch_size
@@ -203,6 +206,7 @@ class PerformanceConfig:
         _set(self, "distributed", check_choice("distributed", self.distributed, ("auto", "off")))
         _set(self, "precision", check_choice("precision", self.precision, ("fp32", "bf16")))
         _set(self, "progress", bool(self.progress))
+        _set(self, "prefetch_noise", bool(self.prefetch_noise))
         _set(self, "log_points", check_int("log_points", self.log_points, minimum=1))
 
 

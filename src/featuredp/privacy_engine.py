@@ -46,7 +46,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -82,13 +82,12 @@ from featuredp.own_loop_checks import (
     OpacusOptions,
     check_make,
     check_optimizer_holds,
-    loss_and_gradient,
     named_columns,
-    same_up_to_rounding,
     strategy_of,
 )
+from featuredp.own_loop_rows import DrawnRows
 from featuredp.plan import PrivacyPlan, TrainResult
-from featuredp.private_loader import Draw, Draws, RowsUsedError, at, check_loader, private_loader
+from featuredp.private_loader import Draws, check_loader, private_loader
 from featuredp.private_output import FunctionalLoss, plain, wrap_output
 from featuredp.run import PrivateRun
 from featuredp.run_state import RunState, reserve, settle
@@ -132,7 +131,7 @@ class PlanAccountant:
         return self._engine.steps
 
 
-class PrivacyEngine(Uncopyable):
+class PrivacyEngine(DrawnRows, Uncopyable):
     """Makes a user's model, optimizer, criterion and data loader private (Opacus 1.6's surface).
 
     ``accountant``: ``"pld"`` (default; dp-accounting's PLD), ``"rdp"``, or ``"prv"`` (Opacus's default name:
@@ -418,7 +417,7 @@ class PrivacyEngine(Uncopyable):
             raise ValueError("check_model replays a step of a run that has not started; call it before training")
         collated = data is None
         if collated:
-            data = self._as_xy(self._collate([self._dataset[i] for i in range(len(self._dataset))]))  # type: ignore[arg-type]
+            data = self._as_xy(self._collate([self._dataset[i] for i in range(len(self._dataset))]))
         n = int(next(iter(as_batch(data).values())).shape[0])
         rng = np.random.default_rng()
         reports = []
@@ -614,66 +613,6 @@ class PrivacyEngine(Uncopyable):
         (:func:`traceable_attention`)."""
         return traceable_attention(self._require_run().model) if self._transformers else contextlib.nullcontext()
 
-    def _provenance(self, batch: Batch) -> tuple[Draw, np.ndarray, dict[str, tuple[Any, ...]]]:
-        """The current draw and which of its rows the loss's batch holds, if every tensor of the batch is one of the
-        draw's (moved, cast, reshaped batch-first; all rows or a chunk not yet in a backward); refused in one line
-        otherwise. Returns the draw, the rows and where each tensor came from."""
-        draw = self._draws.current
-        if draw is None:
-            raise RuntimeError("this batch was not drawn by the data loader make_private returned: iterate that "
-                               "loader (not the original one, not a validation set) for every private step")
-        if draw.stepped:
-            raise RuntimeError("this batch was already trained on: featuredp takes one optimizer.step() per batch "
-                               "the private loader draws (draw the next batch)")  # fmt: skip
-        try:
-            rows, paths = self._draws.rows_of(batch, draw)
-        except RowsUsedError:
-            raise RuntimeError(
-                "loss.backward() was called twice on rows of one drawn batch before optimizer.step(): each record of a "
-                "draw counts once (physical chunks of one draw are fine: BatchMemoryManager)") from None
-        except LookupError as exc:
-            raise RuntimeError(
-                f"the batch's tensor {exc.args[0]!r} is not the private loader's last batch (a batch of another "
-                "loader, an older batch, or one changed in the loop): only .to(device), a dtype cast and a "
-                "batch-first reshape are allowed; put transforms in the dataset or the collate, per record"
-            ) from None
-        return draw, rows, paths
-
-    def _record_alone_check(self, draw: Draw, rows: np.ndarray, batch: Batch, paths: dict[str, tuple[Any, ...]],
-                            loss_fn: Callable[..., torch.Tensor], draws: Batch) -> None:  # fmt: skip
-        """On the first draw and a secret quarter of the others: one secret record of the batch, collated alone by
-        the loader's collate, must make the same loss and gradient as its row in the batch. A collate that pads to
-        the batch's longest record, or any collate that lets records mix, changes what the model makes of a row
-        with the batch, and so one record's clipped contribution: refused."""
-        if self._every_row is not None:  # check_model on the loader's own records: every row
-            for row in range(len(rows)):
-                self._compare_alone(draw, rows, row, batch, paths, loss_fn, draws)
-            return
-        if draw.number > 1 and self._check_coins.random() >= RECORD_ALONE_RATE:
-            return
-        self._compare_alone(draw, rows, int(self._check_coins.integers(len(rows))), batch, paths, loss_fn, draws)
-
-    def _compare_alone(self, draw: Draw, rows: np.ndarray, row: int, batch: Batch, paths: dict[str, tuple[Any, ...]],
-                       loss_fn: Callable[..., torch.Tensor], draws: Batch) -> None:  # fmt: skip
-        """Row ``row`` of the loss's batch (row ``rows[row]`` of the draw) collated alone against itself in the batch
-        (loss and gradient)."""
-        alone_items = self._one_record(int(draw.indices[rows[row]]))
-        alone: Batch = {}
-        for key, t in batch.items():
-            leaf = at(alone_items, paths[key])
-            leaf = leaf if leaf.dim() == t.dim() else leaf.reshape(1, -1)
-            alone[key] = leaf.to(device=t.device, dtype=t.dtype)
-        in_batch = {k: v[row:row + 1] for k, v in batch.items()}
-        mine = {k: v[row:row + 1] for k, v in draws.items()}
-        model = self._require_run().model
-        a, b = loss_and_gradient(model, loss_fn, in_batch, mine), loss_and_gradient(model, loss_fn, alone, mine)
-        if a is None or b is None or not same_up_to_rounding(a, b):
-            raise RuntimeError(
-                "the data loader's collate makes a record's loss or gradient depend on the other records of its batch "
-                "(for example padding to the batch's longest text with a model that averages over positions): "
-                "collate each record the same way whatever the batch (pad to a fixed length, or mask the padding "
-                "in the model)")  # fmt: skip
-
     def _step(self, inner: torch.optim.Optimizer, closure: Any = None) -> Any:
         """Noise, Algorithm 1's public term (record-level noised with the backstop), then the user's optimizer step.
         The step was charged when its batch was drawn."""
@@ -741,10 +680,6 @@ class PrivacyEngine(Uncopyable):
             del self._public_batch, self._one_record  # the methods again
             assert (self._public_batch, self._one_record) == own
 
-    def _one_record(self, index: int) -> Any:
-        """The record at ``index`` collated alone by the loader's collate."""
-        return self._collate([self._dataset[index]])
-
     def _public_batch(self, idx: np.ndarray) -> Batch:
         return self._as_xy(self._collate([self._dataset[int(i)] for i in idx]))
 
@@ -755,10 +690,6 @@ class PrivacyEngine(Uncopyable):
             return dict(batch)
         x, y = batch
         return {"x": x, "y": y}
-
-
-#: the share of draws (after the first, always checked) on which a secret record is collated alone and compared
-RECORD_ALONE_RATE = 0.25
 
 
 def _same_records(a: Batch, b: Batch) -> bool:

@@ -449,6 +449,7 @@ class PrivateRun:
             plan, {"data": data_print, "psi": self._psi_fingerprint(split)},
             params=list(trainable_parameters(self.model).values()), privacy=self.privacy, schedule=self.schedule,
             device=self.device, rank=rank, world_size=world, shard_size=shard,
+            prefetch_noise=self.performance.prefetch_noise,
         )  # fmt: skip
         self.state, self.split = state, split
         MODEL_RUNS.warn_if_trained_before(self.model, state)

@@ -170,6 +170,7 @@ class RunState:
         rank: int = 0,
         world_size: int = 1,
         shard_size: int | None = None,
+        prefetch_noise: bool = False,
     ) -> RunState:
         """A fresh state: streams from OS entropy (or the user's seeds), samplers, generators, optimisers.
 
@@ -181,7 +182,8 @@ class RunState:
         The private sampler and the noise come from the plan's noise plan
         (:meth:`featuredp.noise.NoisePlan.sampler_and_noise`), over the secret private-sampling stream (or key) and
         the noise source: a Poisson sampler and fresh noise, or a correlated plan's cyclic :class:`BMinSepSampler`
-        and its correlated noise; the public batch keeps its own independent sampler either way.
+        and its correlated noise; the public batch keeps its own independent sampler either way. ``prefetch_noise``:
+        the source draws the next step's noise on a worker thread while a step computes (the same noise).
         """
         backstop = plan.record_noise_multiplier is not None
         # Without a backstop, exactly today's call (no extra stream; the same streams as before it existed).
@@ -200,10 +202,10 @@ class RunState:
         if privacy.secure_rng:
             # Keys from os.urandom, or from the user's seed for a reproducible (and secret) run.
             keys = [streams.noise.bytes(32), streams.private_sampling.bytes(32)] if streams.seeded else [None, None]
-            noise = SecureNoise(ChaCha20Generator(keys[0]))
+            noise = SecureNoise(ChaCha20Generator(keys[0]), prefetch=prefetch_noise)
             sampling_generator = ChaCha20Generator(keys[1])
         else:
-            noise = TorchNoise(torch_generator(random_seed_from(streams.noise), device))
+            noise = TorchNoise(torch_generator(random_seed_from(streams.noise), device), prefetch=prefetch_noise)
             sampling_generator = streams.private_sampling
         private_sampler, noise = plan.noise.sampler_and_noise(plan, start, stop, sampling_generator, noise,
                                                               sum(int(p.numel()) for p in params))  # fmt: skip

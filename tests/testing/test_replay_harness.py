@@ -170,7 +170,7 @@ def test_catches_a_divisor_taken_from_the_realised_batch(monkeypatch):
 def test_catches_the_old_bounded_float32_noise(monkeypatch):
     from featuredp.experiments.throughput import _Float32Noise
 
-    monkeypatch.setattr("featuredp.run_state.TorchNoise", lambda generator: _Float32Noise(generator.device))
+    monkeypatch.setattr("featuredp.run_state.TorchNoise", lambda generator, **kw: _Float32Noise(generator.device))
     assert failed(replay(mlp()), "noise tail")
 
 

@@ -38,6 +38,8 @@ neither mode makes the whole computation constant-time.
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -68,6 +70,7 @@ from featuredp.random_words import _random_words as _random_words  # benchmarks/
 __all__ = [
     "BLOCK_PAIRS",
     "MAX_RADIUS",
+    "PREFETCH_MAX",
     "REFINE_BELOW",
     "REFINE_OVERFLOW_BOUND",
     "TAIL_MASS_PER_PAIR",
@@ -131,10 +134,137 @@ class NoiseSource(ABC):
         """
 
 
-class TorchNoise(NoiseSource):
+#: the largest draw made ahead (coordinates): a prefetched vector is a float64 copy of the model's size held between
+#: steps, so a larger model draws in line (512 MiB of float64 at this bound)
+PREFETCH_MAX = 2**26
+
+_PREFETCHING: weakref.WeakSet[_Prefetching] = weakref.WeakSet()
+
+
+def _finish_all_prefetches() -> None:
+    """Before a fork: no noise thread may be mid-draw (the child would inherit a generator in an unknown state)."""
+    for source in list(_PREFETCHING):
+        source._join()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_finish_all_prefetches)
+
+
+class _Prefetching(NoiseSource):
+    """A source that draws the next step's normals on a worker thread while the step computes (``prefetch=True``).
+
+    The noise does not depend on the data, so the draw after this one can start as soon as this one is used. The
+    worker is the only user of the generator while it runs, and it draws exactly what the next in-line call would
+    (the same words, in the same order, from the same state), so the released noise is bit for bit the in-line
+    noise, whatever the timing. Anything that would make the next call differ (another size or device, std 0,
+    a checkpoint, a load, a re-key) first waits for the worker; a draw that is not used puts the generator back
+    where the in-line source would be. :meth:`state_dict` is that in-line state, never the one after the draw
+    made ahead.
+    """
+
+    def __init__(self, prefetch: bool) -> None:
+        self.prefetch = bool(prefetch)
+        self._thread: threading.Thread | None = None
+        self._ahead: tuple[int, torch.device, torch.Tensor] | None = None  # (count, device, normals) drawn ahead
+        self._before: dict[str, Any] | None = None  # the in-line generator state: before the draw made ahead
+        self._failed: BaseException | None = None
+
+    @abstractmethod
+    def _normals(self, count: int, device: torch.device) -> torch.Tensor:
+        """``count`` float64 N(0, 1) draws on ``device`` from the generator (in line; may be a scratch view)."""
+
+    @abstractmethod
+    def _generator_state(self) -> dict[str, Any]:
+        """The generator's state (:meth:`state_dict`'s, without the wait)."""
+
+    @abstractmethod
+    def _set_generator_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`_generator_state`."""
+
+    def _next(self, count: int, device: torch.device) -> torch.Tensor:
+        """The next ``count`` normals: the ones drawn ahead when they are for this call, else drawn now."""
+        self._join()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == count and ahead[1] == device:
+            self._before = None
+            return ahead[2]
+        self._rewind()
+        return self._normals(count, device)
+
+    def _draw_ahead(self, count: int, device: torch.device) -> None:
+        """Start drawing the normals of the next call of the same size, on a worker thread."""
+        if not self.prefetch or count > PREFETCH_MAX:
+            return
+        self._before = self._generator_state()
+
+        def work() -> None:
+            try:
+                # A copy when the draw is a view of the scratch buffer that the next in-line draw would reuse.
+                self._ahead = (count, device, self._normals(count, device).clone())
+            except BaseException as exc:  # re-raised in the caller's thread at the next use
+                self._failed = exc
+
+        self._thread = threading.Thread(target=work, name="featuredp-noise", daemon=True)
+        _PREFETCHING.add(self)
+        self._thread.start()
+
+    def _join(self) -> None:
+        """Wait for the worker; re-raise what it raised."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            self._rewind()
+            raise failed
+
+    def _rewind(self) -> None:
+        """Drop a draw made ahead and not used: the generator goes back to the in-line state."""
+        self._ahead = None
+        if self._before is not None:
+            before, self._before = self._before, None
+            self._set_generator_state(before)
+
+    def _discard(self) -> None:
+        """Wait for the worker and drop what it drew (before a load or a re-key)."""
+        self._join()
+        self._ahead = None
+        self._before = None
+
+    def add(self, sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
+        """``sums`` + N(0, std²): one flat draw for all tensors, summed in float64, each rounded once to its dtype."""
+        std = check_nonnegative("std", std)
+        total = sum(int(v.numel()) for v in sums.values())
+        if std == 0 or total == 0:
+            self._join()
+            self._rewind()
+            return {k: v.clone() for k, v in sums.items()}
+        device = self._device(next(iter(sums.values())).device)
+        out = _add_in_float64(sums, self._next(total, device), std)
+        self._draw_ahead(total, device)
+        return out
+
+    def _device(self, device: torch.device) -> torch.device:
+        """Where the normals are drawn for sums on ``device``."""
+        return device
+
+    def state_dict(self) -> dict[str, Any]:
+        """The generator's state as the in-line source would have it (secret: the private checkpoint only)."""
+        self._join()
+        return self._before if self._before is not None else self._generator_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self._discard()
+        self._set_generator_state(state)
+
+
+class TorchNoise(_Prefetching):
     """Uniform words from one ``torch.Generator`` through :func:`normals_from_words`, added in float64.
 
     Fast (see the module docstring for the generator's limits); the uniforms are drawn on the sums' device.
+    ``prefetch``: draw the next step's normals on a worker thread while the step computes (the same noise).
     """
 
     tail_mass_per_pair = TAIL_MASS_PER_PAIR
@@ -143,20 +273,15 @@ class TorchNoise(NoiseSource):
         "126-bit radius uniform (radius <= 13.22), added in float64 and rounded once"
     )
 
-    def __init__(self, generator: torch.Generator) -> None:
+    def __init__(self, generator: torch.Generator, *, prefetch: bool = False) -> None:
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        super().__init__(prefetch)
         self.generator = generator
         self._scratch = _Scratch()
 
-    def add(self, sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
-        """``sums`` + N(0, std²): one flat draw for all tensors, summed in float64, each rounded once to its dtype."""
-        std = check_nonnegative("std", std)
-        total = sum(int(v.numel()) for v in sums.values())
-        if std == 0 or total == 0:
-            return {k: v.clone() for k, v in sums.items()}
-        device = next(iter(sums.values())).device
-        return _add_in_float64(sums, _draw_normals(self._words(device), total, device, self._scratch), std)
+    def _normals(self, count: int, device: torch.device) -> torch.Tensor:
+        return _draw_normals(self._words(device), count, device, self._scratch)
 
     def _words(self, device: torch.device) -> Callable[[int], torch.Tensor]:
         """``n`` ↦ ``n`` uniform 63-bit words from the generator on ``device`` (see :func:`_random_words`)."""
@@ -166,21 +291,21 @@ class TorchNoise(NoiseSource):
 
         return draw
 
-    def state_dict(self) -> dict[str, Any]:
-        """The torch generator's state."""
+    def _generator_state(self) -> dict[str, Any]:
         return {"torch": self.generator.get_state()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
+    def _set_generator_state(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["torch"])
 
     def rekey(self) -> None:
         """Re-seed the generator with 63 bits of OS entropy."""
+        self._discard()
         self.generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
 
 
-class SecureNoise(NoiseSource):
-    """Float64 Gaussians from a :class:`ChaCha20Generator` (:func:`normals_from_words`), added in float64."""
+class SecureNoise(_Prefetching):
+    """Float64 Gaussians from a :class:`ChaCha20Generator` (:func:`normals_from_words`), added in float64.
+    ``prefetch``: as :class:`TorchNoise`'s."""
 
     secure = True
     tail_mass_per_pair = TAIL_MASS_PER_PAIR
@@ -189,31 +314,28 @@ class SecureNoise(NoiseSource):
         "added in float64 and rounded once"
     )
 
-    def __init__(self, generator: ChaCha20Generator | None = None) -> None:
+    def __init__(self, generator: ChaCha20Generator | None = None, *, prefetch: bool = False) -> None:
+        super().__init__(prefetch)
         self.generator = ChaCha20Generator() if generator is None else generator
         if not isinstance(self.generator, ChaCha20Generator):
             raise TypeError(f"generator must be a ChaCha20Generator, got {type(self.generator).__name__}")
         self._scratch = _Scratch()
 
-    def add(self, sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
-        """``sums`` + float64 ChaCha20 Gaussians, added in float64 and only then rounded to the sums' dtype."""
-        std = check_nonnegative("std", std)
-        if std == 0:
-            return {k: v.clone() for k, v in sums.items()}
-        total = sum(int(v.numel()) for v in sums.values())
-        cpu = torch.device("cpu")
-        return _add_in_float64(sums, _draw_normals(self.generator.words, total, cpu, self._scratch), std)
+    def _normals(self, count: int, device: torch.device) -> torch.Tensor:
+        return _draw_normals(self.generator.words, count, device, self._scratch)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The ChaCha20 key and position (secret)."""
+    def _device(self, device: torch.device) -> torch.device:
+        return torch.device("cpu")  # the keystream is made on the CPU; _add_in_float64 moves each part
+
+    def _generator_state(self) -> dict[str, Any]:
         return {"chacha20": self.generator.state_dict()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
+    def _set_generator_state(self, state: dict[str, Any]) -> None:
         self.generator.load_state_dict(state["chacha20"])
 
     def rekey(self) -> None:
         """A fresh ChaCha20 key from ``os.urandom``."""
+        self._discard()
         self.generator.rekey()
 
 
