@@ -27,6 +27,7 @@ Writes ``user_level.md`` and ``user_level.json`` under --out (about 40 minutes o
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import string
 import sys
@@ -60,9 +61,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epsilons", default="3,8")
     p.add_argument("--methods", default="fdp,dpsgd")
     p.add_argument("--records-per-user", type=int, default=8)
+    p.add_argument("--units", default="record,user", help="the arms' units (non-private runs with 'record' only)")
+    p.add_argument("--user-epochs", type=float, default=None,
+                   help="epochs of the user-level arms (default: the preset's, as at record level)")
     p.add_argument("--samples", type=int, default=30)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--seed", type=int, default=0, help="public: the shuffle, the model's init, the samples")
+    p.add_argument("--render-only", action="store_true", help="write the .md again from the .json in --out")
     return p.parse_args(argv)
 
 
@@ -143,7 +148,8 @@ def probe(model: torch.nn.Module, data: TextData, tables: dict[str, Any], *, sam
     }  # fmt: skip
 
 
-def train_arm(data: TextData, method: str, epsilon: float | None, unit: str, k: int, seed: int) -> dict[str, Any]:
+def train_arm(data: TextData, method: str, epsilon: float | None, unit: str, k: int, seed: int,
+              user_epochs: float | None = None) -> dict[str, Any]:  # fmt: skip
     """One arm: the model and its facts (ε, σ, rate, steps, wall time, held-out perplexity)."""
     preset = text_lm.text_preset(True)
     params = dict(preset["methods"][method])
@@ -152,6 +158,8 @@ def train_arm(data: TextData, method: str, epsilon: float | None, unit: str, k: 
     if unit == "user":
         data.options["user_field"] = "author"
         settings = {"records_per_user": k}
+        if user_epochs is not None:
+            params["epochs"] = user_epochs
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the counted number of users: known here, it is this benchmark's data
@@ -174,7 +182,8 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"{meta['train']:,} training texts by {meta['authors']} authors (largest: {meta['largest']} records), "
         f"{meta['test']:,} held-out texts; name and email private; {meta['prompts']} greedy and {meta['samples']} "
         f"sampled continuations of `Author: ` per model; user level with at most {meta['k']} records per user "
-        f"per step. Command: `{meta['command']}`.", "",
+        f"per step ({meta.get('user_epochs') or 4:g} epochs, as the quick text preset's at record level). Command: "
+        f"`{meta['command']}`.", "",
         "| arm | ε | σ | rate | steps | held-out ppl | exact names | exact emails | private name fragments | "
         "authors hit (their records) | most frequent author hit | s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -197,9 +206,21 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rerender(out: Path) -> None:
+    """Write ``user_level.md`` again from ``user_level.json`` (the arms' labels with their ε)."""
+    saved = json.loads((out / "user_level.json").read_text(encoding="utf-8"))
+    for r in saved["rows"]:
+        if r["method"] != "nonprivate":
+            r["label"] = f"{r['method']}, {r['unit']} level, ε = {r['target_epsilon']:g}"
+    atomic_write_text(out / "user_level.md", render(saved["rows"], saved["meta"]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Train every arm, probe it, write the report."""
     args = parse_args(argv)
+    if args.render_only:
+        rerender(Path(args.out))
+        return 0
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -208,15 +229,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                           n_test=args.test_size, max_len=160, canary_repeats=(), corpus_seed=args.seed)  # fmt: skip
     tables = author_tables(data)
     users = Counter(data.users or [])
-    arms: list[tuple[str, float | None, str]] = [("nonprivate", None, "record")]
+    units = args.units.split(",")
+    arms: list[tuple[str, float | None, str]] = [("nonprivate", None, "record")] if "record" in units else []
     for eps in (float(e) for e in args.epsilons.split(",")):
         for method in args.methods.split(","):
-            arms += [(method, eps, "record"), (method, eps, "user")]
+            arms += [(method, eps, unit) for unit in units]
     rows = []
     for method, eps, unit in arms:
-        row = train_arm(data, method, eps, unit, args.records_per_user, args.seed)
+        row = train_arm(data, method, eps, unit, args.records_per_user, args.seed, args.user_epochs)
         model = row.pop("model")
-        row["label"] = method if method == "nonprivate" else f"{method}, {unit} level"
+        row["label"] = method if method == "nonprivate" else f"{method}, {unit} level, ε = {eps:g}"
         row["probe"] = probe(model, data, tables, samples=args.samples, max_new_tokens=args.max_new_tokens,
                              seed=args.seed)  # fmt: skip
         rows.append(row)
@@ -225,6 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = {"train": len(data.train), "test": len(data.test), "authors": len(users),
             "largest": max(users.values()), "prompts": len(PROMPTS), "samples": args.samples,
             "k": args.records_per_user, "private_name_words": len(tables["private_words"]),
+            "user_epochs": args.user_epochs,
             "command": "OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/user_level_changelogs.py "
                        + " ".join(argv if argv is not None else sys.argv[1:])}  # fmt: skip
     atomic_write_json(out / "user_level.json", {"meta": meta, "rows": rows})

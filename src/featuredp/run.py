@@ -42,6 +42,7 @@ from featuredp.clipping import (
     get_strategy,
     trainable_parameters,
 )
+from featuredp.clipping.auto import STAND_IN_ROWS, AutoStrategy
 from featuredp.clipping.base import check_precision
 from featuredp.config import PerformanceConfig, PrivacyConfig, ScheduleConfig, resolve_config, split_settings
 from featuredp.distributed import (
@@ -147,6 +148,9 @@ class PrivateRun:
         if chosen is None:  # a user's gradient is a sum of its records': the per-record (vmap) path forms it
             chosen = "vmap" if user_key is not None else DEFAULT_STRATEGY
         self.strategy: GradientStrategy = get_strategy(chosen, physical_batch_size=self.performance.physical_batch_size)
+        if self.dist is not None and isinstance(self.strategy, AutoStrategy):
+            raise ValueError("strategy='auto' times ghost and vmap on each process, which could choose differently; "
+                             "in a data-parallel run give strategy='ghost' or strategy='vmap'")  # fmt: skip
         if user_key is not None and not isinstance(self.strategy, VmapGradients):
             raise ValueError(f"strategy={self.strategy.name!r} clips each record's gradient; user-level clipping "
                              "(user_key=) sums a user's records first and needs strategy='vmap' "
@@ -294,6 +298,8 @@ class PrivateRun:
                              "process")  # fmt: skip
         plan = self.make_plan(n)
         self.plan = plan
+        if isinstance(self.strategy, AutoStrategy):  # its stand-in batch: the expected batch (public), not a draw's
+            self.strategy.rows = max(1, min(STAND_IN_ROWS, round(plan.expected_batch_size)))
         if plan.is_private:
             check_no_batch_mixing(self.model)
         record = get_method(plan.method)

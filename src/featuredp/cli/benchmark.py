@@ -51,8 +51,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--methods", type=_methods, default=list(DEFAULT_METHODS),
                    help=f"comma-separated subset of {','.join(METHOD_NAMES)} (default {','.join(DEFAULT_METHODS)}; "
                    "nonprivate is always timed as reference)")
-    p.add_argument("--strategy", choices=("ghost", "vmap"), default="ghost",
-                   help="per-example gradient strategy of the private methods (default ghost)")
+    p.add_argument("--strategy", choices=("ghost", "vmap", "auto"), default="ghost",
+                   help="per-example gradient strategy of the private methods (default ghost; auto: the faster of "
+                   "the two on a stand-in batch of zeros, chosen once)")
     p.add_argument("--loss-split", choices=("zero", "padding"), default="zero",
                    help="FDP's loss split: zero masking of the private columns (featuredp's Purchase preset; "
                    "default) or the paper's N(0,1) padding")

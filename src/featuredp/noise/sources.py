@@ -205,7 +205,8 @@ class _Prefetching(NoiseSource):
             except BaseException as exc:  # re-raised in the caller's thread at the next use
                 self._failed = exc
 
-        self._thread = threading.Thread(target=work, name="featuredp-noise", daemon=True)
+        # Not a daemon: the interpreter waits for a draw in flight at exit instead of tearing torch down under it.
+        self._thread = threading.Thread(target=work, name="featuredp-noise", daemon=False)
         _PREFETCHING.add(self)
         self._thread.start()
 
