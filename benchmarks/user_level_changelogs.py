@@ -81,7 +81,7 @@ def shuffled_corpus(out: Path, seed: int) -> Path:
         fetch_debian_changelogs(force=True)
         lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     order = np.random.default_rng(seed).permutation(len(lines))
-    shuffled = out / "corpus.shuffled.jsonl"
+    shuffled = out / "corpus.shuffled.jsonl"  # removed when the run is done: the corpus stays in the cache only
     atomic_write_text(shuffled, "".join(lines[i] + "\n" for i in order))
     return shuffled
 
@@ -252,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        + " ".join(argv if argv is not None else sys.argv[1:])}  # fmt: skip
     atomic_write_json(out / "user_level.json", {"meta": meta, "rows": rows})
     atomic_write_text(out / "user_level.md", render(rows, meta))
+    corpus.unlink(missing_ok=True)
     print(render(rows, meta))
     return 0
 

@@ -96,6 +96,7 @@ MODEL_RUNS = ModelRuns()
 #: the spent-steps record beside a checkpoint ``X`` is ``X`` + this suffix (:meth:`PrivateRun.note_spent`)
 SPENT_SUFFIX = ".spent.json"
 
+
 class PrivateRun:
     """One private run of one method on one model: the plan, the secret streams and samplers, the noise source,
     the step's arithmetic and checks, the ledger and the report (the module docstring has the picture).
@@ -148,6 +149,9 @@ class PrivateRun:
         if chosen is None:  # a user's gradient is a sum of its records': the per-record (vmap) path forms it
             chosen = "vmap" if user_key is not None else DEFAULT_STRATEGY
         self.strategy: GradientStrategy = get_strategy(chosen, physical_batch_size=self.performance.physical_batch_size)
+        if self.dist is not None and user_key is not None:
+            raise ValueError("user_key= (user-level privacy) is not supported in data-parallel runs yet; run on one "
+                             "process")  # fmt: skip
         if self.dist is not None and isinstance(self.strategy, AutoStrategy):
             raise ValueError("strategy='auto' times ghost and vmap on each process, which could choose differently; "
                              "in a data-parallel run give strategy='ghost' or strategy='vmap'")  # fmt: skip
@@ -200,7 +204,6 @@ class PrivateRun:
                 cfg = self.privacy if name == "records_per_user" else self.schedule
                 if getattr(cfg, name) is not None:
                     raise ValueError(f"{name}={getattr(cfg, name)!r} is for user-level privacy: give user_key= too")
-            return
 
     def bind_users(self, keys: Any, records: int) -> UserIndex:
         """The run's users: ``keys`` (one per record, ``records`` of them) as a :class:`featuredp.users.UserIndex`.
@@ -293,9 +296,9 @@ class PrivateRun:
             )
         if self.user_key is not None and self.users is None:
             raise ValueError("a user-level run binds its users before it starts (PrivateRun.bind_users)")
-        if self.user_key is not None and (self.dist is not None or shard is not None):
-            raise ValueError("user_key= (user-level privacy) is not supported in data-parallel runs yet; run on one "
-                             "process")  # fmt: skip
+        if self.user_key is not None and shard is not None:
+            raise ValueError("user_key= (user-level privacy) with sharded data is not supported yet: a user's records "
+                             "must all be in one process")  # fmt: skip
         plan = self.make_plan(n)
         self.plan = plan
         if isinstance(self.strategy, AutoStrategy):  # its stand-in batch: the expected batch (public), not a draw's

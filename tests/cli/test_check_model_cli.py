@@ -36,7 +36,7 @@ def test_flags_are_named(capsys):
     assert main(["check-model", "--records", "0"]) == 2
     assert "--records must be >= 1, got 0" in capsys.readouterr().err
     assert main(["check-model", "--strategies", "loop"]) == 2
-    assert "--strategies must be a comma-separated list of vmap, ghost, got 'loop'" in capsys.readouterr().err
+    assert "--strategies must be a comma-separated list of vmap, ghost, auto, got 'loop'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:  # argparse's own type check
         main(["check-model", "--methods", "nonprivate"])
     assert stop.value.code == 2 and "--methods must be a comma-separated list of" in capsys.readouterr().err

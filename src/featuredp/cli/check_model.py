@@ -45,7 +45,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--methods", type=_choices(PRIVATE_METHODS, "--methods"), default=list(PRIVATE_METHODS),
                    help=f"comma-separated private methods (default: all: {','.join(PRIVATE_METHODS)})")
     p.add_argument("--strategies", default=None,
-                   help="comma-separated strategies (default: every registered one: ghost, vmap, ...)")
+                   help="comma-separated strategies (default: every registered one but auto, which runs one of them: "
+                   "ghost, vmap, ...)")
     p.add_argument("--precisions", type=_choices(("fp32", "bf16"), "--precisions"), default=["fp32"],
                    help="comma-separated precisions: fp32, bf16 (default fp32)")
     p.add_argument("--secure-rng", action="store_true", help="also replay with the secure noise mode (ChaCha20)")
@@ -71,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
     from featuredp.clipping import STRATEGIES
 
     try:
-        args.strategies = _choices(tuple(STRATEGIES), "--strategies")(args.strategies or ",".join(STRATEGIES))
+        # "auto" runs one of the others, which the default replays anyway; it can be named
+        concrete = ",".join(k for k in STRATEGIES if k != "auto")
+        args.strategies = _choices(tuple(STRATEGIES), "--strategies")(args.strategies or concrete)
     except argparse.ArgumentTypeError as exc:
         raise ValueError(str(exc)) from None
     try:
