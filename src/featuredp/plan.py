@@ -27,9 +27,6 @@ UNITS = ("record", "user")
 
 __all__ = ["UNITS", "Disclosure", "PrivacyPlan", "TrainResult", "inf_to_str", "str_to_inf"]
 
-#: The privacy units: a record, or a user (every record of one person, ``user_key=``).
-UNITS = ("record", "user")
-
 
 @dataclass(frozen=True)
 class Disclosure:
