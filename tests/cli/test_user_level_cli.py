@@ -129,3 +129,12 @@ def test_span_inference_reports_by_how_many_records_the_targets_user_holds(texts
     by = out["span_inference"]["by_user_records"]
     assert sum(b["n"] for b in by.values()) == out["span_inference"]["n"]
     assert any(k != "1" for k in by)  # the frequent author's texts are a group of their own
+
+
+def test_a_wrong_number_of_users_names_the_flag(texts, capsys, monkeypatch):
+    monkeypatch.setattr(text_lm, "TEXT_PRESET", copy.deepcopy(TINY))
+    capsys.readouterr()
+    assert main(["train", "--task", "text", "--data", str(texts), "--spans", "name", "--user-field", "author",
+                 "--num-users", "500", "--epsilon", "3", "--max-len", "48"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "--num-users=500 was declared" in err and len(err.strip().splitlines()) == 1

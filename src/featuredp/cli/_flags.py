@@ -242,6 +242,8 @@ TRAIN_FLAGS = {
     "noise": "--noise",
     "bands": "--bands",
     "record_epsilon": "--record-epsilon",
+    "num_users": "--num-users",
+    "records_per_user": "--records-per-user",
 }
 del TRAIN_FLAGS["steps"]  # train has no --steps: a step count in a message is the computed one
 
