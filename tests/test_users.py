@@ -391,3 +391,12 @@ def test_a_user_level_run_resumes_from_its_checkpoint_and_refuses_other_users(tm
                     delta=1e-5, progress=False, num_users=20)  # fmt: skip
     with pytest.raises(ValueError, match="data"):
         other.fit({"x": x, "y": y}, checkpoint=ck, resume=True)
+
+
+def test_the_replay_self_test_says_it_has_no_user_level_replay_yet():
+    keys = _keys([2, 3])
+    x, y = _data(5)
+    trainer = Trainer(nn.Linear(4, 2), "dpsgd", user_key=keys, batch_size=1, steps=1, noise_multiplier=1.0,
+                      progress=False)  # fmt: skip
+    with pytest.raises(ValueError, match="user-level run's replay"):
+        trainer.check_model({"x": x, "y": y})

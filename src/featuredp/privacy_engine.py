@@ -415,6 +415,10 @@ class PrivacyEngine(DrawnRows, Uncopyable):
         state = self._require_state()
         if state.private_steps:
             raise ValueError("check_model replays a step of a run that has not started; call it before training")
+        if self._require_run().users is not None:
+            raise ValueError("check_model replays the step with and without one record; a user-level run's "
+                             "replay (with and without one user's records) is not built yet: its sensitivity is "
+                             "pinned by tests/test_users.py (docs/users.md)")  # fmt: skip
         collated = data is None
         if collated:
             data = self._as_xy(self._collate([self._dataset[i] for i in range(len(self._dataset))]))
