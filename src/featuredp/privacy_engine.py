@@ -607,8 +607,7 @@ class PrivacyEngine(DrawnRows, Uncopyable):
             batch, draws, rows, groups = whole_users(draw.groups, rows, batch, draws)
         with self._per_example():
             self._record_alone_check(draw, rows, batch, paths, loss_fn, draws)
-            by_user = {} if groups is None else {"groups": groups}
-            sums = run.core.clipped_sum(loss_fn, batch, draws, plan.max_grad_norm, **by_user)
+            sums = run.core.clipped_sum(loss_fn, batch, draws, plan.max_grad_norm, groups=groups)
         for k, v in sums.items():
             self._pending[k] = self._pending[k] + v
 

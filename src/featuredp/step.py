@@ -94,9 +94,8 @@ class StepCore:
             draws, loss_fn = {}, plain_cross_entropy
         if plan.noise_multiplier is None or plan.max_grad_norm is None:
             raise ValueError(f"method {plan.method!r} has no noise multiplier in its plan")
-        by_user = {} if groups is None else {"groups": groups}
         return self.noisy_mean(plan, state.noise, self.clipped_sum(loss_fn, batch, draws, plan.max_grad_norm,
-                                                                   **by_user))  # fmt: skip
+                                                                   groups=groups))  # fmt: skip
 
     def record_gradient(self, state: Any, split: LossSplit, batch: Batch, expected: float, *,
                         groups: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
@@ -106,8 +105,7 @@ class StepCore:
         if plan.record_noise_multiplier is None or plan.max_grad_norm is None:
             raise ValueError("the record-level backstop needs σ_pub and C in the plan")
         draws = split.draws(batch, state.public_draws)
-        by_user = {} if groups is None else {"groups": groups}
-        sums = self.clipped_sum(split.public_loss, batch, draws, plan.max_grad_norm, **by_user)
+        sums = self.clipped_sum(split.public_loss, batch, draws, plan.max_grad_norm, groups=groups)
         noisy = state.noise.add(sums, plan.record_noise_multiplier * plan.max_grad_norm)
         return {k: v.div_(expected) for k, v in noisy.items()}
 

@@ -138,3 +138,19 @@ def test_a_wrong_number_of_users_names_the_flag(texts, capsys, monkeypatch):
                  "--num-users", "500", "--epsilon", "3", "--max-len", "48"]) == 2  # fmt: skip
     err = capsys.readouterr().err
     assert "--num-users=500 was declared" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_user_key_read_from_a_private_span_is_warned_about(tmp_path):
+    """The changelogs' case: the author's email is the key and a private span of the same record. The grouping then
+    depends on a private value that a user-level ε does not cover; a public key (an account id) draws no warning."""
+    rows = [{"text": f"Author: <a{i % 3}@x.org>", "spans": [{"start": 9, "end": 17, "type": "email"}],
+             "author": f"a{i % 3}@x.org", "account": f"id{i % 3}"} for i in range(30)]  # fmt: skip
+    path = tmp_path / "k.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.warns(PrivacyLeakWarning, match="user keys are the contents of private spans"):
+        load_text_data(path=path, spans=["email"], user_field="author", canary_repeats=())
+    import warnings as w
+
+    with w.catch_warnings():
+        w.simplefilter("error", PrivacyLeakWarning)
+        load_text_data(path=path, spans=["email"], user_field="account", canary_repeats=())

@@ -28,6 +28,7 @@ A method without an entry in a preset borrows the entry of the registered method
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from featuredp.methods import METHODS, Method, get_method
@@ -49,6 +50,7 @@ __all__ = [
     "override",
     "preset_for",
     "trainer_arguments",
+    "unit_settings",
     "unused_params",
 ]
 
@@ -257,6 +259,25 @@ def trainer_arguments(method: str | Method, params: dict[str, Any], *, epsilon: 
     if device is not None:
         out["device"] = device
     return out
+
+
+#: the Trainer settings that only mean something at user level (``user_key=``)
+USER_LEVEL_SETTINGS = ("records_per_user", "num_users")
+
+
+def unit_settings(settings: Mapping[str, Any], users: Any) -> dict[str, Any]:
+    """``settings`` for a run whose unit is a user (``users``: each record's user) or a record (None): at record
+    level the user-level settings are dropped; at user level the strategy is vmap unless one is given (a preset's
+    strategy is a speed choice, and a user's gradient is the sum of its records').
+
+    >>> unit_settings({"lr": 0.1, "records_per_user": 8, "strategy": "ghost"}, None)
+    {'lr': 0.1, 'strategy': 'ghost'}
+    >>> unit_settings({"records_per_user": 8}, ["a", "b"])["strategy"]
+    'vmap'
+    """
+    if users is None:
+        return {k: v for k, v in settings.items() if k not in USER_LEVEL_SETTINGS}
+    return {**settings, "strategy": settings.get("strategy") or "vmap"}
 
 
 def unused_params(method: str | Method) -> frozenset[str]:

@@ -8,6 +8,7 @@ the training texts). :mod:`featuredp.experiments.text_lm` trains and compares on
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from featuredp.data.text import (
 )
 from featuredp.data.text_corpus import support_dialogues
 from featuredp.data.text_scan import boundary_counts
+from featuredp.errors import PrivacyLeakWarning
 from featuredp.features.text import TextSpans, load_annotated_jsonl
 
 __all__ = ["CANARY_TYPE", "CORPUS_SPANS", "TextData", "load_text_data", "text_model_spec"]
@@ -144,6 +146,8 @@ def load_text_data(
         if not spans:
             raise ValueError("--spans: name the private span types of --data FILE.jsonl (e.g. email,phone,name)")
         records = load_text_jsonl(path, spans=spans, detect=detect, names=names, user_field=user_field)
+        if user_field is not None:
+            warn_private_user_keys(records, user_field)
         raw = [TextRecord(text, ann) for text, ann in load_annotated_jsonl(path)]
         if test is not None:
             train_recs, test_recs = records, load_text_jsonl(test, spans=spans, detect=detect, names=names,
@@ -184,6 +188,20 @@ def load_text_data(
                "canary_digits": canary_digits, "corpus_seed": corpus_seed, "canary_seed": canary_seed,
                **({} if user_field is None else {"user_field": user_field})}  # fmt: skip
     return TextData(train, test_set, canaries, psi, source, options, boundary)
+
+
+def warn_private_user_keys(records: Sequence[TextRecord], field: str) -> None:
+    """Warn (:class:`~featuredp.errors.PrivacyLeakWarning`) when a record's user key is the content of one of its
+    own private spans (the author's email as the key): the grouping into users, and the number of users, are then
+    functions of private values, and a user-level ε covers a change within a user's records, not a change of whom a
+    record belongs to. No count is printed: it would be a statistic of the private values."""
+    for r in records:
+        key = str(r.user).casefold()
+        if key and any(key == r.text[s.start:s.end].casefold() for s in r.spans):
+            warnings.warn(f"--user-field {field!r}: user keys are the contents of private spans of their records; "
+                          "the grouping into users then depends on private values, which ε does not cover: use a "
+                          "public key (an account id) for a guarantee", PrivacyLeakWarning, stacklevel=3)  # fmt: skip
+            return
 
 
 def _with_canaries(types: Sequence[str], canary_repeats: Sequence[int]) -> tuple[str, ...]:

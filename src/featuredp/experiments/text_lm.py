@@ -43,7 +43,7 @@ from featuredp._io import atomic_write_json, atomic_write_text
 from featuredp._validate import check_choice, check_open_unit, check_positive
 from featuredp.engine import Trainer, init_seed
 from featuredp.experiments.grid_config import settings_hash
-from featuredp.experiments.presets import TEXT_PRESET, trainer_arguments
+from featuredp.experiments.presets import TEXT_PRESET, trainer_arguments, unit_settings
 from featuredp.experiments.text_audits import (
     TEXT_ATTACKS,
     SpanTargets,
@@ -144,12 +144,8 @@ def train_text_model(*, data: TextData, method: str, epsilon: float | None, delt
     net = build_model(spec, seed=None if seed is None else init_seed(seed))
     users = data.users if record.private else None  # the unit of a private run: a user (--user-field) or a record
     units = len(data.train) if users is None else len(set(users))
-    if users is None:
-        settings = {k: v for k, v in settings.items() if k not in ("records_per_user", "num_users")}
-    kwargs = trainer_arguments(record, {**fit_batches(params, units), **settings}, epsilon=epsilon,
-                               delta=delta, device=device)  # fmt: skip
-    if users is not None and settings.get("strategy") is None:
-        kwargs["strategy"] = "vmap"  # a preset's strategy is a speed choice; a user's records are summed per record
+    kwargs = trainer_arguments(record, {**fit_batches(params, units), **unit_settings(settings, users)},
+                               epsilon=epsilon, delta=delta, device=device)  # fmt: skip
     t0 = time.perf_counter()
     trainer = Trainer(net, record.name, loss_split=split, public_seed=seed, progress=progress, user_key=users,
                       **kwargs)  # fmt: skip

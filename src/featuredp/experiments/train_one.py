@@ -36,6 +36,7 @@ from featuredp.experiments.presets import (
     fitted_schedule,
     method_params,
     override,
+    unit_settings,
     unused_params,
 )
 from featuredp.experiments.runs import (
@@ -198,13 +199,10 @@ def train_one(
 
     # The unit of a private run on a table with a user column: a user (docs/users.md), else a record.
     users = getattr(train, "users", None) if record.private else None
-    if users is None:
-        params = {k: v for k, v in params.items() if k not in ("records_per_user", "num_users")}
+    params = unit_settings(params, users)
     units = int(train.n) if users is None else len(set(users.tolist()))
     kwargs = resolved_params(record.name, dataset, units, params, preset=preset,
                              label_dp=isinstance(split, LabelDPSplit))
-    if users is not None and params.get("strategy") is None:
-        kwargs["strategy"] = "vmap"  # a preset's strategy is a speed choice; a user's records are summed per record
     _run_settings(kwargs, record, epsilon=epsilon, delta=delta, noise=noise, bands=bands,
                   record_epsilon=record_epsilon, params=params, device=device, precision=precision)  # fmt: skip
     trainer = Trainer(net, record.name, loss_split=split, seed=seed, public_seed=public_seed, secure_rng=secure_rng,
