@@ -323,8 +323,8 @@ def test_the_record_level_public_step_clips_each_record_at_c(monkeypatch):
     sums = []
     real = StepCore.clipped_sum
 
-    def spy(self, loss_fn, batch, draws, max_grad_norm):
-        out = real(self, loss_fn, batch, draws, max_grad_norm)
+    def spy(self, loss_fn, batch, draws, max_grad_norm, groups=None):
+        out = real(self, loss_fn, batch, draws, max_grad_norm, groups=groups)
         sums.append(torch.cat([v.flatten() for v in out.values()]).norm().item())
         return out
 
