@@ -244,6 +244,32 @@ def test_a_collate_to_a_fixed_length_trains():
     assert engine.steps == 3 * len(loader)
 
 
+def test_the_record_alone_check_reads_every_collate_but_the_one_that_cannot_mix(monkeypatch):
+    """A TensorDataset's default collate stacks each record's rows unchanged (nothing to check); a collate of the
+    user's own is re-read alone on the first draw and a secret share of the others."""
+    from featuredp.own_loop_rows import DrawnRows
+
+    calls = []
+    real = DrawnRows._compare_alone
+    monkeypatch.setattr(DrawnRows, "_compare_alone", lambda self, *a: calls.append(1) or real(self, *a))
+    torch.manual_seed(0)
+    for collate in (None, _pad_to_fixed):
+        calls.clear()
+        model = _MeanOverPositions()
+        texts = _Texts()
+        data = (TensorDataset(torch.stack([_pad_to_fixed([texts[i]])[0][0] for i in range(len(texts))]),
+                              torch.tensor([texts[i][1] for i in range(len(texts))]))
+                if collate is None else texts)  # fmt: skip
+        loader = DataLoader(data, batch_size=16, **({"collate_fn": collate} if collate else {}))
+        engine = PrivacyEngine()
+        m, o, c, private = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                               data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0,
+                                               grad_sample_mode="ghost")  # fmt: skip
+        for x, y in private:
+            _step(m, o, c, x, y)
+        assert (len(calls) == 0) == (collate is None), (collate, len(calls))
+
+
 @pytest.mark.parametrize("bad", ["weighted", "drop_last", "batch_sampler"])
 def test_a_sampler_featuredp_would_replace_is_refused_in_one_line(bad):
     # Old code: replaced silently; in one case a batch of 10 became about 100.
@@ -323,8 +349,8 @@ def test_the_record_level_public_step_clips_each_record_at_c(monkeypatch):
     sums = []
     real = StepCore.clipped_sum
 
-    def spy(self, loss_fn, batch, draws, max_grad_norm, groups=None):
-        out = real(self, loss_fn, batch, draws, max_grad_norm, groups=groups)
+    def spy(self, loss_fn, batch, draws, max_grad_norm, **kw):
+        out = real(self, loss_fn, batch, draws, max_grad_norm, **kw)
         sums.append(torch.cat([v.flatten() for v in out.values()]).norm().item())
         return out
 

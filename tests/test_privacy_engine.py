@@ -285,8 +285,8 @@ def test_the_replay_through_the_engine_catches_a_clip_that_does_not_hold(monkeyp
 
     real = StepCore.clipped_sum
 
-    def unclipped(self, loss_fn, batch, draws, max_grad_norm, groups=None):
-        return real(self, loss_fn, batch, draws, 1e6 * max_grad_norm, groups=groups)
+    def unclipped(self, loss_fn, batch, draws, max_grad_norm, **kw):
+        return real(self, loss_fn, batch, draws, 1e6 * max_grad_norm, **kw)
 
     x, y = _data(200)
     x = 50 * x  # gradients far above C

@@ -34,6 +34,8 @@ class DrawnRows:
     _every_row: Batch | None
     _dataset: Any
     _collate: Callable[[list[Any]], Any]
+    #: the loader's rows are its records whatever the batch (a TensorDataset, default collate): nothing to check
+    _per_record_collate: bool = False
 
     def _require_run(self) -> Any:
         raise NotImplementedError
@@ -66,12 +68,15 @@ class DrawnRows:
     def _record_alone_check(self, draw: Draw, rows: np.ndarray, batch: Batch, paths: dict[str, tuple[Any, ...]],
                             loss_fn: Callable[..., torch.Tensor], draws: Batch) -> None:  # fmt: skip
         """On the first draw and a secret quarter of the others: one secret record of the batch, collated alone by
-        the loader's collate, must make the same loss and gradient as its row in the batch. A collate that pads to
-        the batch's longest record, or any collate that lets records mix, changes what the model makes of a row
-        with the batch, and so one record's clipped contribution: refused."""
+        the loader's collate, must make the same loss and gradient as its row in the batch (not where the collate
+        is ``default_collate`` of a ``TensorDataset``, which stacks each record's rows unchanged). A collate that
+        pads to the batch's longest record, or any collate that lets records mix, changes what the model makes of
+        a row with the batch, and so one record's clipped contribution: refused."""
         if self._every_row is not None:  # check_model on the loader's own records: every row
             for row in range(len(rows)):
                 self._compare_alone(draw, rows, row, batch, paths, loss_fn, draws)
+            return
+        if self._per_record_collate:
             return
         if draw.number > 1 and self._check_coins.random() >= RECORD_ALONE_RATE:
             return

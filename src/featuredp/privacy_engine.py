@@ -85,6 +85,7 @@ from featuredp.own_loop_checks import (
     named_columns,
     strategy_of,
 )
+from featuredp.own_loop_forward import OneForward, ghost_of
 from featuredp.own_loop_rows import DrawnRows
 from featuredp.plan import PrivacyPlan, TrainResult
 from featuredp.private_loader import Draws, check_loader, private_loader
@@ -172,6 +173,7 @@ class PrivacyEngine(DrawnRows, Uncopyable):
         self._pending: dict[str, torch.Tensor] | None = None
         self._inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self._output: Any = None
+        self._one_forward = OneForward()  # the user's model call, captured for the clipped sum (ghost)
         self._transformers = False  # a transformers model: its per-example passes run eager attention
         self._spent: tuple[Path, str | Path | None] | None = None  # the spent-steps record kept current (checkpoints)
 
@@ -495,6 +497,7 @@ class PrivacyEngine(DrawnRows, Uncopyable):
         self._model, self._optimizer = DPModule(module, self), DPOptimizer(optimizer, self)
         self._criterion = DPCriterion(criterion, self)
         loader = private_loader(data_loader, lambda: self._draw_indices(run, state), batches, self._drawn)
+        self._per_record_collate = loader.per_record_collate
         if "ghost" in grad_sample_mode:
             return self._model, self._optimizer, self._criterion, loader
         return self._model, self._optimizer, loader
@@ -541,9 +544,9 @@ class PrivacyEngine(DrawnRows, Uncopyable):
     # -- the step (called by the wrapped model, loss and optimizer) ------------------------------------------
     def _forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The user-visible forward: no graph (no gradient can bypass the engine) and no write to the model."""
-        self._inputs = (args, kwargs)
-        with torch.no_grad(), ForwardStateGuard(module, first_call=False):
-            out = wrap_output(module(*args, **kwargs), self)
+        self._inputs = inputs = (args, kwargs)
+        with ForwardStateGuard(module, first_call=False):
+            out = wrap_output(self._one_forward.forward(module, args, kwargs, inputs, self._capturing()), self)
         self._output = out
         labels = kwargs.get("labels")
         if isinstance(labels, torch.Tensor) and getattr(out, "loss", None) is not None:
@@ -554,6 +557,16 @@ class PrivacyEngine(DrawnRows, Uncopyable):
                           "anything computed from them) out of what you publish", PrivacyLeakWarning,
                           stacklevel=3)  # fmt: skip
         return out
+
+    def _capturing(self) -> Any:
+        """The ghost strategy that may capture this forward (:mod:`featuredp.own_loop_forward`), or None."""
+        run = self._run
+        draw = self._draws.current
+        if run is None or run.split is not None or run.core.precision != "fp32" or self._transformers:
+            return None
+        if draw is None or draw.stepped or draw.groups is not None:
+            return None
+        return ghost_of(run.strategy)
 
     def _model_loss(self, module: nn.Module, out: Any, labels: torch.Tensor) -> DPLoss:
         """``outputs.loss`` of a Hugging Face model called with ``labels=``: the engine's loss, the model's own loss
@@ -607,7 +620,8 @@ class PrivacyEngine(DrawnRows, Uncopyable):
             batch, draws, rows, groups = whole_users(draw.groups, rows, batch, draws)
         with self._per_example():
             self._record_alone_check(draw, rows, batch, paths, loss_fn, draws)
-            sums = run.core.clipped_sum(loss_fn, batch, draws, plan.max_grad_norm, groups=groups)
+            captured = self._one_forward.take(loss.inputs) if run.split is None and groups is None else None
+            sums = run.core.clipped_sum(loss_fn, batch, draws, plan.max_grad_norm, groups=groups, captured=captured)
         for k, v in sums.items():
             self._pending[k] = self._pending[k] + v
 
@@ -641,6 +655,7 @@ class PrivacyEngine(DrawnRows, Uncopyable):
                                "batch is missing (each drawn batch is one step, all its records in it)")  # fmt: skip
         check_optimizer_holds(run.model, inner)
         self._pending = None
+        self._one_forward.clear()
         draw.stepped = True
         shown: dict[str, float] = {}
         with self._per_example():  # the backstop's record-level steps clip per example too
@@ -684,6 +699,11 @@ class PrivacyEngine(DrawnRows, Uncopyable):
             assert (self._public_batch, self._one_record) == own
 
     def _public_batch(self, idx: np.ndarray) -> Batch:
+        """The loader's records at ``idx`` collated as its loader collates them: one index per tensor where the
+        collate stacks records unchanged (a ``TensorDataset``), item by item otherwise."""
+        if self._per_record_collate:
+            index = torch.as_tensor(idx, dtype=torch.long)
+            return self._as_xy([t.index_select(0, index.to(t.device)) for t in self._dataset.tensors])
         return self._as_xy(self._collate([self._dataset[int(i)] for i in idx]))
 
     @staticmethod

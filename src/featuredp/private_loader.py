@@ -244,12 +244,18 @@ class PrivateDataLoader(DataLoader):
             self.last_groups = groups
             yield batch
 
+    @property
+    def per_record_collate(self) -> bool:
+        """Whether each row of a batch is its record whatever the batch: a ``TensorDataset`` with the default collate
+        (``default_collate`` of its items stacks the records' rows unchanged). The record-alone check of the collate
+        has nothing to find there."""
+        return isinstance(self.dataset, TensorDataset) and self.user_collate is default_collate
+
     def _batched_fetch(self) -> bool:
         """Whether a draw can be read with one index per tensor: a ``TensorDataset`` with the default collate, in
         this process. ``default_collate`` of its items is exactly ``[t[idx] for t in tensors]``; any other
         dataset or collate is read item by item, as the user's loader reads it."""
-        return (isinstance(self.dataset, TensorDataset) and self.user_collate is default_collate
-                and self.num_workers == 0 and not self.pin_memory)  # fmt: skip
+        return self.per_record_collate and self.num_workers == 0 and not self.pin_memory
 
     def _indexed(self) -> Iterator[Any]:
         """The sampler's draws read with one index tensor per tensor of the dataset (no per-item fetch)."""

@@ -52,10 +52,11 @@ class StepCore:
         return loss_fn
 
     def clipped_sum(self, loss_fn: LossFn, batch: Batch, draws: Batch, max_grad_norm: float,
-                    groups: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+                    groups: torch.Tensor | None = None, captured: Any = None) -> dict[str, torch.Tensor]:  # fmt: skip
         """Σ_{i∈B} clip_C ∇ℓ_i for the per-example loss ``loss_fn`` on ``batch`` (the strategy's checks included).
         ``groups``: each example's user (contiguous, 0 .. U − 1): Σ_u clip_C Σ_{i∈u} ∇ℓ_i, a user's records clipped
-        as one contribution (the per-record strategy, :meth:`VmapGradients.clipped_sum_by_group`)."""
+        as one contribution (the per-record strategy, :meth:`VmapGradients.clipped_sum_by_group`). ``captured``: the
+        batch's forward already run under ghost's hooks (:meth:`GhostGradients.capture`, the own loop's)."""
         if groups is not None:
             if not isinstance(self.strategy, VmapGradients):
                 raise ValueError(f"user-level clipping needs strategy='vmap', got {self.strategy.name!r}")
@@ -63,7 +64,11 @@ class StepCore:
                                                              max_grad_norm, groups)  # fmt: skip
             self.tell_nonfinite(int((~torch.isfinite(norms)).sum()))
             return sums
-        sums, norms = self.strategy.clipped_sum(self.model, self.amp(loss_fn), batch, draws, max_grad_norm)
+        if captured is not None:
+            sums, norms = self.strategy.clipped_sum(self.model, self.amp(loss_fn), batch, draws, max_grad_norm,
+                                                    captured=captured)  # type: ignore[call-arg]  # fmt: skip
+        else:
+            sums, norms = self.strategy.clipped_sum(self.model, self.amp(loss_fn), batch, draws, max_grad_norm)
         self.tell_nonfinite(int((~torch.isfinite(norms)).sum()))
         return sums
 

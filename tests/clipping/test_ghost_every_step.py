@@ -238,12 +238,12 @@ def test_the_rounding_allowance_is_measured_alone_and_is_tiny_for_an_ordinary_mo
 def test_the_every_step_check_compares_directions_not_only_norms(monkeypatch):
     """A reference with the right norms but the opposite direction is refused: the check's distance is
     ‖ghost − alone‖ (from Gram forms and inner products), not the difference of the two norms."""
-    original = ghost_checks._example_gradient
+    original = ghost_checks._example_gradients
 
     def flipped(*args):  # every batch-of-one gradient, float32 and float64 alike (the rounding retry's too)
-        return [-g for g in original(*args)]
+        return [[-g for g in grads] for grads in original(*args)]
 
-    monkeypatch.setattr(ghost_checks, "_example_gradient", flipped)
+    monkeypatch.setattr(ghost_checks, "_example_gradients", flipped)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
 
     def loss(m, b, d):

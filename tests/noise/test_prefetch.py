@@ -15,9 +15,26 @@ import torch
 from torch import nn
 
 from featuredp.engine import Trainer
+from featuredp.noise import sources
 from featuredp.noise.sources import ChaCha20Generator, SecureNoise, TorchNoise
 
 KEY = bytes(range(32))
+
+
+@pytest.fixture(autouse=True)
+def _draw_every_size_ahead(monkeypatch):
+    """The tests' sizes are small; the bit-for-bit claims hold at every size, so every size is drawn ahead here."""
+    monkeypatch.setattr(sources, "PREFETCH_MIN", 1)
+
+
+def test_a_small_draw_is_made_in_line_and_a_large_one_ahead(monkeypatch):
+    monkeypatch.setattr(sources, "PREFETCH_MIN", 4096)
+    source = TorchNoise(torch.Generator().manual_seed(0), prefetch=True)
+    source.add(_sums(4095), 1.0)
+    assert source._thread is None and source._ahead is None
+    source.add(_sums(4096), 1.0)
+    source._join()
+    assert source._ahead is not None
 
 
 def _sources(kind: str) -> tuple:

@@ -64,14 +64,19 @@ class AutoStrategy:
         return f"AutoStrategy(physical_batch_size={self.physical_batch_size}, chosen={self.chosen!r})"
 
     def clipped_sum(
-        self, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, max_grad_norm: float
+        self, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, max_grad_norm: float,
+        captured: Any = None,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """The chosen strategy's clipped sum (the choice is made at the first non-empty batch)."""
+        """The chosen strategy's clipped sum (the choice is made at the first non-empty batch); ``captured``: ghost's
+        forward already run (:meth:`GhostGradients.capture`), when ghost was chosen."""
         if self.chosen is None:
             if batch_size_of(batch, draws) == 0:  # an empty Poisson draw: nothing to clip, nothing to learn from
                 return empty_result(trainable_parameters(model), batch, draws)
             self.chosen = self._choose(model, loss_fn, batch, draws, max_grad_norm)
             self.name = f"auto:{self.chosen}"
+        if captured is not None and self.chosen == "ghost":
+            return self.strategies["ghost"].clipped_sum(model, loss_fn, batch, draws, max_grad_norm,
+                                                        captured=captured)  # fmt: skip
         return self.strategies[self.chosen].clipped_sum(model, loss_fn, batch, draws, max_grad_norm)
 
     def _choose(self, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, max_grad_norm: float) -> str:

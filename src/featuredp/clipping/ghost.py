@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -80,7 +81,7 @@ from featuredp.clipping.rules import NotPerExampleError, rule_for
 from featuredp.clipping.safety import AutogradHookGuard, ForwardStateGuard, check_no_batch_mixing
 from featuredp.features.base import Batch
 
-__all__ = ["GhostGradients", "GhostPlan"]
+__all__ = ["Captured", "GhostGradients", "GhostPlan"]
 
 
 @dataclass
@@ -92,6 +93,31 @@ class _Call:
     kwargs: dict[str, Any]
     output: torch.Tensor
     versions: list[tuple[torch.Tensor, int]]  # tensors whose in-place modification would invalidate the call
+
+
+@dataclass
+class Captured:
+    """A forward of a whole batch already run under ghost's hooks: the user's own forward in the own loop
+    (:meth:`GhostGradients.capture`), whose output the user saw without a graph. :meth:`GhostGradients.clipped_sum`
+    with ``captured=`` computes the losses from this output instead of calling the model again: one forward a step.
+    Used once, and only while nothing it depends on changed (:meth:`usable`)."""
+
+    model: nn.Module
+    calls: list[_Call]
+    output: Any
+    #: the model's parameters and the call's input tensors at the forward: a write to one makes the capture stale
+    versions: list[tuple[torch.Tensor, int]]
+    signature: tuple[tuple[str, int, bool], ...]
+    used: bool = False
+
+    def usable(self, model: nn.Module) -> bool:
+        """Whether the capture is still this model's forward on unchanged inputs and parameters (and unused)."""
+        return (not self.used and model is self.model and _signature(model) == self.signature
+                and all(t._version == v for t, v in self.versions))  # fmt: skip
+
+    def replay(self, *args: Any, **kwargs: Any) -> Any:
+        """The captured output, in place of the model's call in the loss (which then runs on it once)."""
+        return self.output
 
 
 def _signature(model: nn.Module) -> tuple[tuple[str, int, bool], ...]:
@@ -228,12 +254,26 @@ class GhostGradients(GhostChecks):
 
     # -- the protocol ----------------------------------------------------------------------------------------
 
+    def capture(self, model: nn.Module, call: Callable[[], Any], inputs: list[torch.Tensor]) -> tuple[Any, Captured]:
+        """Run ``call()`` (the model's forward on a whole batch) under the hooks a :meth:`clipped_sum` forward
+        would run it under, with a graph; returns its output and the :class:`Captured` forward to pass to
+        :meth:`clipped_sum`. The caller guards the forward (:class:`~featuredp.clipping.ForwardStateGuard`)."""
+        plan = self.plan(model)
+        calls, output = self._hooked(plan, model, call)
+        versions = [(p, p._version) for p in trainable_parameters(model).values()]
+        versions += [(t, t._version) for t in inputs]
+        return output, Captured(model, calls, output, versions, _signature(model))
+
     def clipped_sum(
-        self, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, max_grad_norm: float
+        self, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, max_grad_norm: float,
+        captured: Captured | None = None,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Σ_i clip_C(∇_θ loss_fn(model, batch_i, draws_i)) per trainable parameter, and the norms (B,).
 
-        An example whose gradient is not finite contributes zero (its norm, returned as it is, says so)."""
+        An example whose gradient is not finite contributes zero (its norm, returned as it is, says so).
+        ``captured``: the batch's forward already run (:meth:`capture`); ``loss_fn`` then computes the losses from
+        its output, where it is still usable and the batch is one physical chunk (otherwise the model runs
+        again, as without it)."""
         C = check_positive("max_grad_norm", max_grad_norm, allow_inf=True)
         n = batch_size_of(batch, draws)
         params = trainable_parameters(model)
@@ -247,9 +287,12 @@ class GhostGradients(GhostChecks):
                 "remove dropout or use supported layers only"
             )
         # The forward runs on the real model with private data: it must leave parameters and buffers alone.
+        if captured is not None and not (captured.usable(model) and (self.physical_batch_size or n) >= n):
+            captured = None
+        # Guarded even with a capture (whose forward the caller guarded): the checks below run the model again.
         guard = ForwardStateGuard(model) if self._guard_forward else None
         with guard if guard is not None else contextlib.nullcontext():
-            out = self._clipped_sum(plan, model, loss_fn, batch, draws, C, params, n)
+            out = self._clipped_sum(plan, model, loss_fn, batch, draws, C, params, n, captured)
         return out
 
     def _clipped_sum(
@@ -262,11 +305,12 @@ class GhostGradients(GhostChecks):
         C: float,
         params: dict[str, torch.Tensor],
         n: int,
+        captured: Captured | None = None,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         chunk = self.physical_batch_size or n
         checked, inspect = self._separability_check(plan, model, loss_fn, batch, draws, params, n, chunk, C)
         if chunk >= n:
-            return self._chunk(plan, model, loss_fn, batch, draws, C, params, inspect)
+            return self._chunk(plan, model, loss_fn, batch, draws, C, params, inspect, captured)
         sums = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in params.items()}
         norms = []
         for index, start in enumerate(range(0, n, chunk)):
@@ -291,12 +335,20 @@ class GhostGradients(GhostChecks):
         C: float,
         params: dict[str, torch.Tensor],
         inspect: Inspect | None = None,
+        captured: Captured | None = None,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         B = batch_size_of(batch, draws)
         for _ in range(2):  # re-run only if an output was modified in place (it is cloned the next time)
             if plan.whole_model_fallback:
                 return self._fallback_only(model, loss_fn, batch, draws, C, list(params))
-            calls, losses = self._forward(plan, model, loss_fn, batch, draws)
+            if captured is not None:  # the forward already run: the loss on its output, the model not called again
+                captured.used = True
+                calls, losses = captured.calls, loss_fn(captured.replay, batch, draws)
+                captured = None
+                if not isinstance(losses, torch.Tensor):
+                    raise TypeError(f"loss_fn must return a Tensor, got {type(losses).__name__}")
+            else:
+                calls, losses = self._forward(plan, model, loss_fn, batch, draws)
             if losses.shape != (B,):
                 raise ValueError(f"loss_fn must return per-example losses of shape ({B},), got {tuple(losses.shape)}")
             if not self._versions_ok(plan, calls):
@@ -315,6 +367,13 @@ class GhostGradients(GhostChecks):
     def _forward(
         self, plan: GhostPlan, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch
     ) -> tuple[list[_Call], torch.Tensor]:
+        calls, losses = self._hooked(plan, model, lambda: loss_fn(model, batch, draws))
+        if not isinstance(losses, torch.Tensor):
+            raise TypeError(f"loss_fn must return a Tensor, got {type(losses).__name__}")
+        return calls, losses
+
+    def _hooked(self, plan: GhostPlan, model: nn.Module, run: Callable[[], Any]) -> tuple[list[_Call], Any]:
+        """``run()`` with every ruled layer's calls recorded, under the autograd-hook guard."""
         calls: list[_Call] = []
         handles: list[torch.utils.hooks.RemovableHandle] = []
 
@@ -339,13 +398,11 @@ class GhostGradients(GhostChecks):
         try:
             # Every call, not only the first: a hook can be added on any step.
             with AutogradHookGuard(_owner(model)):
-                losses = loss_fn(model, batch, draws)
+                result = run()
         finally:
             for h in handles:
                 h.remove()
-        if not isinstance(losses, torch.Tensor):
-            raise TypeError(f"loss_fn must return a Tensor, got {type(losses).__name__}")
-        return calls, losses
+        return calls, result
 
     @staticmethod
     def _versions_ok(plan: GhostPlan, calls: list[_Call]) -> bool:

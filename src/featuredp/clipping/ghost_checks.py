@@ -191,12 +191,22 @@ def _example_gradient(
 ) -> list[torch.Tensor]:
     """The gradient of example ``i`` alone (a batch of one with its own batch and draws rows), per parameter of
     ``params`` in order; zeros where no gradient reaches a parameter."""
-    one, one_d = slice_batch(batch, slice(i, i + 1)), slice_batch(draws, slice(i, i + 1))
+    return _example_gradients(model, loss_fn, batch, draws, params, [i])[0]
+
+
+def _example_gradients(
+    model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, params: dict[str, torch.Tensor], rows: list[int]
+) -> list[list[torch.Tensor]]:
+    """:func:`_example_gradient` of each of ``rows``: each row's forward alone, under one autograd-hook guard."""
     tensors = list(params.values())
     with AutogradHookGuard(_owner(model)):
-        losses = loss_fn(model, one, one_d)
-    gs = torch.autograd.grad(losses.sum(), tensors, allow_unused=True)
-    return [torch.zeros_like(t) if g is None else g.detach() for g, t in zip(gs, tensors)]
+        losses = [loss_fn(model, slice_batch(batch, slice(i, i + 1)), slice_batch(draws, slice(i, i + 1)))
+                  for i in rows]  # fmt: skip
+    out = []
+    for loss in losses:
+        gs = torch.autograd.grad(loss.sum(), tensors, allow_unused=True)
+        out.append([torch.zeros_like(t) if g is None else g.detach() for g, t in zip(gs, tensors)])
+    return out
 
 
 class GhostChecks:
@@ -501,7 +511,7 @@ class GhostChecks:
         n, k = len(norms), min(_SEPARABILITY_EXAMPLES, len(norms))
         for _ in range(8):  # the common case, every row finite: a few draws, no pass over the batch
             picked = np.unique(self._secret.integers(0, n, size=k))
-            if len(picked) == k and all(math.isfinite(float(norms[i])) for i in picked.tolist()):
+            if len(picked) == k and bool(torch.isfinite(norms[torch.as_tensor(picked, device=norms.device)]).all()):
                 return picked
         finite = torch.isfinite(norms).nonzero().flatten().cpu().numpy()
         if len(finite) == 0:
@@ -529,15 +539,12 @@ class GhostChecks:
         """
         names = list(params)
         rows: dict[str, list[torch.Tensor]] = {n: [] for n in names}
-
-        def grads(i: int) -> list[torch.Tensor]:
-            return _example_gradient(model, loss_fn, batch, draws, params, i)
-
-        for i in picked.tolist():
-            for n, g in zip(names, grads(i)):
+        for grads in _example_gradients(model, loss_fn, batch, draws, params, picked.tolist()):
+            for n, g in zip(names, grads):
                 rows[n].append(g)
-        for j, i in enumerate(picked.tolist() if twice else []):
-            for n, g in zip(names, grads(i)):
+        again = _example_gradients(model, loss_fn, batch, draws, params, picked.tolist()) if twice else []
+        for j, grads in enumerate(again):
+            for n, g in zip(names, grads):
                 first = rows[n][j]
                 if g.numel() and float((g - first).abs().max()) > 1e-5 * float(first.abs().max()) + 1e-12:
                     raise ValueError(

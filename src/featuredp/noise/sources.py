@@ -138,6 +138,10 @@ class NoiseSource(ABC):
 #: steps, so a larger model draws in line (512 MiB of float64 at this bound)
 PREFETCH_MAX = 2**26
 
+#: the smallest draw made ahead: below about a millisecond of drawing, a worker costs the step more than it saves (the
+#: thread's start and the interpreter lock handed back and forth: measured at 1.4 ms a step for 7k coordinates)
+PREFETCH_MIN = 2**16
+
 _PREFETCHING: weakref.WeakSet[_Prefetching] = weakref.WeakSet()
 
 
@@ -194,7 +198,7 @@ class _Prefetching(NoiseSource):
 
     def _draw_ahead(self, count: int, device: torch.device) -> None:
         """Start drawing the normals of the next call of the same size, on a worker thread."""
-        if not self.prefetch or count > PREFETCH_MAX:
+        if not self.prefetch or not PREFETCH_MIN <= count <= PREFETCH_MAX:
             return
         self._before = self._generator_state()
 
