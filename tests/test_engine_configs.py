@@ -48,9 +48,11 @@ def test_unknown_or_doubled_settings_are_named():
     assert set(split_settings({"alpha": 1.0})) == {"privacy"}
 
 
-def test_ghost_is_the_default_strategy():
-    t = Trainer(_model(), "dpsgd", steps=1, noise_multiplier=1.0, progress=False)
-    assert t.strategy.name == "ghost"
+def test_auto_is_the_default_strategy_and_chooses_ghost_on_a_one_position_model():
+    t = Trainer(_model(), "dpsgd", steps=1, batch_size=20, noise_multiplier=1.0, progress=False)
+    assert t.strategy.name == "auto"
+    t.fit(make_tabular(100, seed=1))
+    assert t.strategy.name == "auto:ghost" and t.config()["strategy"] == "auto:ghost"
 
 
 def test_cpu_device_runs_and_is_recorded():

@@ -24,6 +24,7 @@ from featuredp.icl import DPICLClassifier
 from featuredp.icl.predictors import KNNPredictor
 from featuredp.mechanisms.pate import PATE
 from featuredp.noise import ChaCha20Generator, SecureNoise
+from featuredp.noise.sharded import ShardedNoise
 
 fork_only = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
@@ -44,6 +45,7 @@ def _fitted_icl(**kwargs) -> DPICLClassifier:
 HOLDERS = {
     "ChaCha20Generator": lambda: ChaCha20Generator(),
     "SecureNoise": lambda: SecureNoise(),  # holds a ChaCha20Generator: the refusal carries through
+    "ShardedNoise": lambda: ShardedNoise(),  # FSDP2's keyed per-shard noise
     "VoteAggregator": lambda: VoteAggregator(3, sigma=20.0, max_epsilon=1.0),
     "VoteAggregator-secure": lambda: VoteAggregator(3, sigma=20.0, max_epsilon=1.0, secure_rng=True),
     "DPICLClassifier": _fitted_icl,

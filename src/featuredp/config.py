@@ -180,7 +180,8 @@ class PerformanceConfig:
     """How the run is computed: none of these changes the result beyond float rounding.
 
     ``strategy``: a registered clipping strategy name (``featuredp.clipping.STRATEGIES``)
-    or a strategy object; None (default): ``"ghost"``, or ``"vmap"`` for a user-level run. ``device``:
+    or a strategy object; None (default): ``"auto"`` (ghost or vmap, timed once on a stand-in batch of zeros),
+    ``"ghost"`` in a data-parallel run, ``"vmap"`` for a user-level run. ``device``:
     ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``, ``"auto"`` or None (the model's device). ``distributed``: ``"auto"``
     joins a data-parallel run when ``torch.distributed`` is initialised or ``torchrun`` launched
     several processes (:mod:`featuredp.distributed`); ``"off"`` never does. ``precision``:

@@ -130,7 +130,8 @@ class Trainer:
       w (``fdp``: g = w·g_pub + α·g_priv with ℓ − w·ℓ_pub clipped; 0 = no public batch);
       ``relation``, ``accountant``; ``seed`` (secret: reproducible research only, warned, never
       written out), ``public_seed`` (public streams only), ``secure_rng`` (ChaCha20 noise).
-    * performance: ``strategy`` (a registered name, default ``"ghost"``; ``"vmap"`` at user level),
+    * performance: ``strategy`` (a registered name; default ``"auto"``: ghost or vmap, timed once; ``"ghost"``
+      data-parallel, ``"vmap"`` at user level),
       ``physical_batch_size``,
       ``device`` (``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``auto``; default: the model's device),
       ``progress``, ``log_points``.

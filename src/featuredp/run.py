@@ -147,7 +147,8 @@ class PrivateRun:
         self.loss_split = loss_split
         chosen = self.performance.strategy
         if chosen is None:  # a user's gradient is a sum of its records': the per-record (vmap) path forms it
-            chosen = "vmap" if user_key is not None else DEFAULT_STRATEGY
+            # auto times both strategies on its own process: a data-parallel run keeps the fixed default
+            chosen = "vmap" if user_key is not None else DEFAULT_STRATEGY if self.dist is not None else "auto"
         self.strategy: GradientStrategy = get_strategy(chosen, physical_batch_size=self.performance.physical_batch_size)
         if self.dist is not None and user_key is not None:
             raise ValueError("user_key= (user-level privacy) is not supported in data-parallel runs yet; run on one "
@@ -349,7 +350,8 @@ class PrivateRun:
     def save_checkpoint(self, path: str | Path, state: RunState) -> None:
         """Write the checkpoint, owner-readable only (0600): one process's state, or each rank its own file; and
         the spent-steps record beside it (:meth:`note_spent`)."""
-        save_rank_checkpoint(self.dist, path, state.state_dict(self.model))
+        # The strategy auto chose (public: a name) rides along, so a resume runs it without timing again.
+        save_rank_checkpoint(self.dist, path, {**state.state_dict(self.model), "strategy": self.strategy.name})
         self.note_spent(path, state)
 
     def load_checkpoint_state(self, path: str | Path) -> dict[str, Any] | None:
@@ -377,6 +379,8 @@ class PrivateRun:
         copy of the checkpoint is resumed. A correlated-noise run, accounted for its planned participations once
         each, refuses a rewind."""
         state.load_state_dict(saved, self.model)
+        if isinstance(self.strategy, AutoStrategy):
+            self.strategy.resume_choice(saved.get("strategy"))
         spent = _read_spent(self._spent_path(path) if record is None else Path(record)).get(state.run_token, 0)
         if spent > state.private_steps:
             if state.plan.noise.correlated:

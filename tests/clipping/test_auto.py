@@ -54,7 +54,15 @@ def test_auto_picks_ghost_on_the_wide_mlp_and_vmap_on_the_text_model(capsys):
     assert picks.count("vmap") >= 2, picks
 
 
-def test_the_choice_reads_neither_the_private_values_nor_the_realised_batch_size(monkeypatch):
+def _sequence_mlp() -> nn.Module:  # a Linear over 5 positions per example: the choice is timed
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Flatten(), nn.Linear(80, 3))
+
+
+@pytest.mark.parametrize(("make", "shape", "timed"), [(_wide_mlp, (600,), False), (_sequence_mlp, (5, 8), True)],
+                         ids=["one-position", "five-positions"])  # fmt: skip
+def test_the_choice_reads_neither_the_private_values_nor_the_realised_batch_size(monkeypatch, make, shape, timed):
+    from featuredp.clipping import auto as auto_module
+
     seen = []
     for cls in (GhostGradients, VmapGradients):
         real = cls.clipped_sum
@@ -64,13 +72,22 @@ def test_the_choice_reads_neither_the_private_values_nor_the_realised_batch_size
             return real(self, model, loss_fn, batch, draws, c)
 
         monkeypatch.setattr(cls, "clipped_sum", spy)
+    real_positions = auto_module._positions
+
+    def probed(model, loss_fn, batch, draws):
+        seen.append({k: v.clone() for k, v in batch.items()})
+        return real_positions(model, loss_fn, batch, draws)
+
+    monkeypatch.setattr(auto_module, "_positions", probed)
     auto = AutoStrategy(rows=12)
-    private = {"x": 3 + torch.randn(37, 600), "y": torch.ones(37, dtype=torch.long)}  # a Poisson draw of 37
-    auto.clipped_sum(_wide_mlp(), _ce, private, {}, 1.0)
-    timing, used = seen[:-1], seen[-1]
-    assert timing and all(int(b["x"].shape[0]) == 12 for b in timing)  # the plan's rows, not the draw's 37
-    assert all(not b["x"].any() and not b["y"].any() for b in timing)  # zeros: no private value
+    private = {"x": 3 + torch.randn(37, *shape), "y": torch.ones(37, dtype=torch.long)}  # a Poisson draw of 37
+    auto.clipped_sum(make(), _ce, private, {}, 1.0)
+    looked, used = seen[:-1], seen[-1]
+    assert len(looked) == (7 if timed else 1)  # the shape probe, then each strategy three times where timed
+    assert all(int(b["x"].shape[0]) == 12 for b in looked)  # the plan's rows, not the draw's 37
+    assert all(not b["x"].any() and not b["y"].any() for b in looked)  # zeros: no private value
     assert torch.equal(used["x"], private["x"])  # the step itself clips the real batch
+    assert auto.positions == (1 if not timed else 5)
 
 
 def test_an_empty_first_draw_defers_the_choice():
@@ -104,3 +121,26 @@ def test_the_replay_self_test_passes_under_the_strategy_auto_picks(model_kind):
         reports = trainer.check_model(data, records=2, batch_size=8)
     assert verdict(reports).startswith("passed") or all(r.outcome == "passed" for r in reports), verdict(reports)
     assert isinstance(get_strategy("auto"), AutoStrategy)
+
+
+def test_auto_is_the_default_and_a_resume_keeps_its_choice_without_timing_again(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    x = torch.randn(120, 5)
+    data = {"x": x, "y": (x[:, 0] > 0).long()}
+    settings = dict(noise_multiplier=1.0, max_grad_norm=1.0, batch_size=12, steps=6, delta=1e-5, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = Trainer(nn.Linear(5, 2), "dpsgd", **settings)
+        assert isinstance(first.strategy, AutoStrategy)  # the default
+        first.fit(data, checkpoint=tmp_path / "run.pt", checkpoint_every=3, max_steps=3)
+        chosen = first.strategy.name
+        assert chosen in ("auto:ghost", "auto:vmap")
+
+        def timed(*args, **kwargs):
+            raise AssertionError("a resumed run timed the strategies again")
+
+        monkeypatch.setattr(AutoStrategy, "_choose", timed)
+        resumed = Trainer(nn.Linear(5, 2), "dpsgd", **settings)
+        resumed.fit(data, checkpoint=tmp_path / "run.pt", checkpoint_every=3, resume=True)
+    assert resumed.strategy.name == chosen
+    assert resumed.run.state.private_steps == 6

@@ -65,7 +65,7 @@ _SOURCES = (
     "refinement_words",
 )
 #: the modules that import torch at import time (not plan modules)
-_TORCH_MODULES = frozenset({"sources", "bandmf", "blt"})
+_TORCH_MODULES = frozenset({"sources", "bandmf", "blt", "sharded"})
 
 __all__ = [
     "BLT",
