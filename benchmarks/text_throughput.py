@@ -15,6 +15,8 @@ What one step is (for every configuration: SGD lr 0.1 on the result):
 
 * ``nonprivate`` — ``ℓ.mean().backward()`` (the reference of every ratio);
 * ``nonprivate-2pass`` — ``(ℓ − ℓ_pub).mean().backward()``: FDP's two passes without privacy;
+* ``dpsgd-auto``, ``fdp-auto`` — the Trainer's default strategy (``"auto"``: ghost or vmap, chosen at the warm-up
+  step, which is not timed);
 * ``dpsgd-ghost``, ``dpsgd-vmap``, ``fdp-ghost``, ``fdp-vmap`` — featuredp's strategy's clipped sum
   (``clipped_sum``, the per-step separability check and forward guard included) plus the engine's noise source
   (:class:`featuredp.noise.TorchNoise`), C = 1, σ = 1; FDP's public batch (a plain backward) is not included;
@@ -44,7 +46,7 @@ from torch import nn
 from torch.nn import functional as nnf
 
 from featuredp._io import atomic_write_json
-from featuredp.clipping import GhostGradients, VmapGradients
+from featuredp.clipping import AutoStrategy, GhostGradients, VmapGradients
 from featuredp.experiments import throughput
 from featuredp.models import CausalTransformer
 from featuredp.noise import TorchNoise
@@ -52,7 +54,8 @@ from featuredp.noise import TorchNoise
 VOCAB, MAX_LEN, D_MODEL, LAYERS, HEADS = 270, 128, 128, 2, 4
 PLACEHOLDER = 260  # one special id (the design's placeholder tokens sit after the 256 bytes and BOS/EOS/PAD)
 C, SIGMA, LR = 1.0, 1.0, 0.1
-FEATUREDP = ("nonprivate", "nonprivate-2pass", "dpsgd-ghost", "dpsgd-vmap", "fdp-ghost", "fdp-vmap")
+FEATUREDP = ("nonprivate", "nonprivate-2pass", "dpsgd-ghost", "dpsgd-vmap", "dpsgd-auto", "fdp-ghost", "fdp-vmap",
+             "fdp-auto")
 OPACUS = ("opacus-hooks-dpsgd", "opacus-hooks-fdp")
 
 Batch = dict[str, torch.Tensor]
@@ -114,7 +117,7 @@ def featuredp_runner(name: str, data: Batch, seed: int) -> throughput.StepRunner
 
         return throughput.StepRunner(name, step, float(B))
     method, kind = name.split("-")
-    strategy = GhostGradients() if kind == "ghost" else VmapGradients(None)
+    strategy = _strategy(kind)
     loss = fdp_loss if method == "fdp" else lm_loss
     noise = TorchNoise(torch.Generator().manual_seed(seed))
 
@@ -126,6 +129,13 @@ def featuredp_runner(name: str, data: Batch, seed: int) -> throughput.StepRunner
         sgd.step()
 
     return throughput.StepRunner(name, private_step, float(B))
+
+
+def _strategy(kind: str) -> Any:
+    """featuredp's strategy ``kind`` (``ghost``, ``vmap`` or ``auto``), unchunked."""
+    if kind == "auto":
+        return AutoStrategy(verbose=True)
+    return GhostGradients() if kind == "ghost" else VmapGradients(None)
 
 
 def opacus_runner(name: str, data: Batch, seed: int) -> throughput.StepRunner:
@@ -192,8 +202,7 @@ def norm_error(name: str, batch: Batch, seed: int) -> float:
     loss = fdp_loss if method == "fdp" else lm_loss
     ref = reference_norms(model, loss, batch)
     if name in FEATUREDP:
-        strategy = GhostGradients() if name.endswith("ghost") else VmapGradients(None)
-        _, norms = strategy.clipped_sum(model, loss, batch, {}, C)
+        _, norms = _strategy(name.split("-")[1]).clipped_sum(model, loss, batch, {}, C)
     else:
         from opacus import GradSampleModule
 

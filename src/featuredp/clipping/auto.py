@@ -25,7 +25,7 @@ from torch import nn
 
 from featuredp.clipping.base import LossFn, batch_size_of, empty_result, trainable_parameters
 from featuredp.clipping.ghost import GhostGradients
-from featuredp.clipping.safety import ForwardStateGuard
+from featuredp.clipping.safety import ForwardStateGuard, check_no_batch_mixing
 from featuredp.clipping.vmap import VmapGradients
 from featuredp.features.base import Batch
 
@@ -56,6 +56,7 @@ def _positions(model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch) ->
             shape = shape[1:]
         most = max(most, math.prod(shape))
 
+    check_no_batch_mixing(model)  # what both strategies refuse (batch statistics), refused before any forward
     handles = [m.register_forward_pre_hook(seen) for m in model.modules() if isinstance(m, _MULTI_POSITION)]
     try:
         with torch.no_grad(), ForwardStateGuard(model):
