@@ -59,7 +59,7 @@ from torch.utils.data import DataLoader
 from featuredp._io import atomic_save_torch, load_torch_safely
 from featuredp._keys import Uncopyable
 from featuredp._validate import check_choice
-from featuredp.batches import Batch, as_batch, gather, to_device
+from featuredp.batches import Batch, to_device
 from featuredp.clipping import trainable_parameters
 from featuredp.clipping.safety import ForwardStateGuard
 from featuredp.distributed import agree_across_ranks
@@ -86,14 +86,13 @@ from featuredp.own_loop_checks import (
     strategy_of,
 )
 from featuredp.own_loop_forward import OneForward, ghost_of
-from featuredp.own_loop_rows import DrawnRows
+from featuredp.own_loop_records import LoaderRecords
 from featuredp.plan import PrivacyPlan, TrainResult
 from featuredp.private_loader import Draws, check_loader, private_loader
 from featuredp.private_output import FunctionalLoss, plain, wrap_output
 from featuredp.run import PrivateRun
 from featuredp.run_state import RunState, reserve, settle
 from featuredp.step import clipped_loss
-from featuredp.testing.replay import replay_engine_step
 from featuredp.users import UserIndex, draws_per_epoch, user_keys_for, whole_users
 
 # The wrappers live in featuredp.dp_wrappers; they are re-exported here, where users meet them.
@@ -132,7 +131,7 @@ class PlanAccountant:
         return self._engine.steps
 
 
-class PrivacyEngine(DrawnRows, Uncopyable):
+class PrivacyEngine(LoaderRecords, Uncopyable):
     """Makes a user's model, optimizer, criterion and data loader private (Opacus 1.6's surface).
 
     ``accountant``: ``"pld"`` (default; dp-accounting's PLD), ``"rdp"``, or ``"prv"`` (Opacus's default name:
@@ -406,37 +405,6 @@ class PrivacyEngine(DrawnRows, Uncopyable):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def check_model(self, data: Any = None, *, records: int = 3, batch_size: int = 32) -> list[Any]:
-        """The replay self-test through this engine's own loop (wrapped model, criterion, ``loss.backward()``,
-        ``optimizer.step()``): see :func:`featuredp.testing.replay_engine_step`. Call it before training.
-
-        ``data``: the records to replay (a dict of batch-first tensors ``"x"`` and ``"y"``, or a TabularDataset). By
-        default the loader's own records, collated by its collate, and then every row of each replayed batch is
-        also collated alone and compared with its row in the batch (the record-alone check, on every row rather
-        than a secret one): a collate that pads to the batch's longest record is refused here, before training."""
-        state = self._require_state()
-        if state.private_steps:
-            raise ValueError("check_model replays a step of a run that has not started; call it before training")
-        if self._require_run().users is not None:
-            raise ValueError("check_model replays the step with and without one record; a user-level run's "
-                             "replay (with and without one user's records) is not built yet: its sensitivity is "
-                             "pinned by tests/test_users.py (docs/users.md)")  # fmt: skip
-        collated = data is None
-        if collated:
-            data = self._as_xy(self._collate([self._dataset[i] for i in range(len(self._dataset))]))
-        n = int(next(iter(as_batch(data).values())).shape[0])
-        rng = np.random.default_rng()
-        reports = []
-        self._every_row = as_batch(data) if collated else None
-        try:
-            for _ in range(int(records)):
-                rows = rng.choice(n, size=min(int(batch_size), n - 1) + 1, replace=False)
-                reports.append(replay_engine_step(self, data, record=int(rows[0]),
-                                                  batch=[int(i) for i in rows[1:]]))  # fmt: skip
-        finally:
-            self._every_row = None
-        return reports
-
     # -- building the run ------------------------------------------------------------------------------------
     def _make(self, *, module: nn.Module, optimizer: torch.optim.Optimizer, data_loader: DataLoader,
               criterion: nn.Module | None, poisson_sampling: bool, grad_sample_mode: str, opacus: OpacusOptions,
@@ -543,7 +511,8 @@ class PrivacyEngine(DrawnRows, Uncopyable):
 
     # -- the step (called by the wrapped model, loss and optimizer) ------------------------------------------
     def _forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The user-visible forward: no graph (no gradient can bypass the engine) and no write to the model."""
+        """The user-visible forward: an output without a graph (no gradient can bypass the engine) and no write to
+        the model; with ghost clipping the call is captured as the step's forward (``own_loop_forward``)."""
         self._inputs = inputs = (args, kwargs)
         with ForwardStateGuard(module, first_call=False):
             out = wrap_output(self._one_forward.forward(module, args, kwargs, inputs, self._capturing()), self)
@@ -671,54 +640,6 @@ class PrivacyEngine(DrawnRows, Uncopyable):
     def _fetch_public(self, idx: np.ndarray) -> Batch:
         """Algorithm 1's public batch (and the backstop's), read by the engine from the loader's dataset."""
         return to_device(self._public_batch(idx), self._require_run().device)
-
-    def _replay_step(self, data: Batch) -> None:
-        """One step of the user's loop on the batch the private sampler draws from ``data`` (the replay test's);
-        Algorithm 1's public batch reads ``data`` too."""
-        idx, groups = self._draw_indices(self._require_run(), self._require_state())
-        batch = gather(data, idx)
-        own = self._public_batch, self._one_record
-        self._public_batch = lambda idx: gather(data, idx)  # type: ignore[method-assign]
-        if self._every_row is not None and _same_records(data, self._every_row):
-            # check_model on the loader's own records: each record alone through the loader's collate (not in the
-            # replay's swap run, whose record x holds another record's values)
-            self._one_record = lambda index: self._as_xy(own[1](index))  # type: ignore[method-assign]
-        else:
-            self._one_record = lambda index: gather(data, np.asarray([index]))  # type: ignore[method-assign]
-        try:
-            self._drawn(idx, batch, groups)
-            self._optimizer.zero_grad()
-            out = self._model(batch["x"])
-            if batch["y"].dim() == 2 and out.dim() == 3:  # a token batch: the loop flattens, as an LM loop does
-                torch.nn.functional.cross_entropy(out.flatten(0, 1), batch["y"].flatten()).backward()
-            else:
-                self._criterion(out, batch["y"]).backward()
-            self._optimizer.step()
-        finally:
-            del self._public_batch, self._one_record  # the methods again
-            assert (self._public_batch, self._one_record) == own
-
-    def _public_batch(self, idx: np.ndarray) -> Batch:
-        """The loader's records at ``idx`` collated as its loader collates them: one index per tensor where the
-        collate stacks records unchanged (a ``TensorDataset``), item by item otherwise."""
-        if self._per_record_collate:
-            index = torch.as_tensor(idx, dtype=torch.long)
-            return self._as_xy([t.index_select(0, index.to(t.device)) for t in self._dataset.tensors])
-        return self._as_xy(self._collate([self._dataset[int(i)] for i in idx]))
-
-    @staticmethod
-    def _as_xy(batch: Any) -> Batch:
-        """A collated batch as a dict: its own keys, or ``x``, ``y`` for a pair."""
-        if isinstance(batch, dict):
-            return dict(batch)
-        x, y = batch
-        return {"x": x, "y": y}
-
-
-def _same_records(a: Batch, b: Batch) -> bool:
-    """Whether two dicts of tensors hold the same records (the replay's data, before any swap)."""
-    return a.keys() == b.keys() and all(torch.equal(a[k].cpu(), b[k].cpu()) for k in a)
-
 
 def _settle(reservation: Any, state: RunState) -> None:
     settle(reservation, state.plan, state.private_steps)
