@@ -509,10 +509,11 @@ class GhostChecks:
     def _pick(self, norms: torch.Tensor) -> np.ndarray | None:
         """Up to ``_SEPARABILITY_EXAMPLES`` distinct rows with finite norms, uniformly at random (secret)."""
         n, k = len(norms), min(_SEPARABILITY_EXAMPLES, len(norms))
-        for _ in range(8):  # the common case, every row finite: a few draws, no pass over the batch
-            picked = np.unique(self._secret.integers(0, n, size=k))
-            if len(picked) == k and bool(torch.isfinite(norms[torch.as_tensor(picked, device=norms.device)]).all()):
-                return picked
+        if bool(torch.isfinite(norms).all()):  # the common case: k distinct rows, uniformly (a few draws)
+            while True:
+                picked = np.unique(self._secret.integers(0, n, size=k))
+                if len(picked) == k:
+                    return picked
         finite = torch.isfinite(norms).nonzero().flatten().cpu().numpy()
         if len(finite) == 0:
             return None
