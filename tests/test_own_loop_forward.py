@@ -147,3 +147,42 @@ def test_the_public_batch_is_read_with_one_index_and_equals_the_loaders_collate(
     fast = engine._public_batch(idx)
     slow = default_collate([TensorDataset(x, y)[int(i)] for i in idx])
     assert torch.equal(fast["x"], slow[0]) and torch.equal(fast["y"], slow[1])
+
+
+class _Pair(nn.Module):
+    """A model whose output is not a tensor (logits and a second head): the engine runs it without a capture."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _mlp()
+
+    def forward(self, x):
+        out = self.body(x)
+        return out, out.detach()
+
+
+def test_dropout_saves_a_forward_too_and_an_output_that_is_not_a_tensor_is_not_captured():
+    def dropout() -> nn.Module:
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Linear(D, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2))
+
+    # With dropout the separability check runs its chunk once more with dropout off (a deterministic forward to
+    # compare against); the capture still saves the strategy's own forward.
+    assert _train(dropout())[1] == [2] * STEPS
+    assert _train(dropout(), capture=False)[1] == [3] * STEPS
+
+    x, y = _data()
+    model = _Pair()
+    engine = PrivacyEngine(seed=SEED)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m, o, c, loader = engine.make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.2),
+            data_loader=DataLoader(TensorDataset(x, y), batch_size=BATCH), criterion=nn.CrossEntropyLoss(),
+            noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="ghost", steps=2)  # fmt: skip
+        for xb, yb in loader:
+            o.zero_grad()
+            with pytest.raises(TypeError, match="criterion must get the private model's output"):
+                c(m(xb)[0], yb)  # a part of a tuple is not the model's output: refused as before
+            assert engine._one_forward._captured is None and not engine._one_forward._tensor_output
+            break
