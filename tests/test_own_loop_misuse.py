@@ -117,6 +117,21 @@ def test_a_moved_or_cast_batch_is_the_same_draw_but_a_batch_transformed_in_the_l
     assert engine.steps == 2  # the refused batch was drawn: it stays charged
 
 
+@pytest.mark.parametrize("how", ["in place", "through .data"])
+def test_a_batch_standardised_in_place_is_refused_however_it_is_written(how):
+    """The drawn batch is the engine's copy: a write into the loop's tensor (even one that bumps no version) makes
+    it another batch, which is refused; the same tensor passed on unchanged is the draw."""
+    engine, (_raw, model, optimizer, criterion, loader), _, _ = _private()
+    xb, yb = next(iter(loader))
+    _step(model, optimizer, criterion, xb, yb)  # unchanged: the draw itself
+    xb, yb = next(iter(loader))
+    target = xb if how == "in place" else xb.data
+    target.sub_(xb.mean(0).clone()).div_(xb.std(0).clone())
+    with pytest.raises(RuntimeError, match="put transforms in the dataset or the collate"):
+        _step(model, optimizer, criterion, xb, yb)
+    assert engine.steps == 2
+
+
 def test_a_checkpoint_reload_never_rewinds_epsilon(tmp_path, capsys):
     # Old code: three attempts of 10 steps each, reloading an early checkpoint in between: ε and the ledger said
     # 2.855, while the 30 steps cost 4.180.

@@ -3,9 +3,11 @@
 :func:`private_loader` returns a :class:`PrivateDataLoader`: the user's dataset and collate, its batches drawn by
 the run's sampler (Poisson at rate q, or BandMF/BLT's cyclic sampler). Every batch it yields is a :class:`Draw`,
 accounted as one private step the moment it is drawn, whether or not the loop trains on it: a loop that skips a
-batch (``break``, a filter) can only over-count. :class:`Draws` remembers the current draw with a keyed fingerprint
-of each of its tensors' rows, so that the engine can refuse, in one line, a backward on anything else: a batch of
-the original loader, a validation batch, a batch reused after its step, a batch changed in the loop.
+batch (``break``, a filter) can only over-count. :class:`Draws` remembers the current draw with a copy of each of
+its tensors (a loss's tensor passed on unchanged is recognised by exact equality with it) and, made from the copies
+when a tensor is not, a keyed fingerprint of each row, so that the engine can refuse, in one line, a backward on
+anything else: a batch of the original loader, a validation batch, a batch reused after its step, a batch changed
+in the loop (through ``.data`` too: the copy is the engine's own).
 
 What may happen to a drawn batch in the loop: ``.to(device)``, a dtype cast (matched within the cast's rounding),
 ``view``/``reshape`` of a tensor with the batch first (``labels.view(-1)``), and splitting it into physical chunks of
@@ -66,8 +68,12 @@ class Draw:
     indices: np.ndarray
     size: int
     used: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # rows already in a backward()
-    #: per tensor of the batch: each row's keyed print, its scale, the dtype and the row's width
+    #: per tensor of the batch: each row's keyed print, its scale, the dtype and the row's width (made when first
+    #: needed, from ``copies``)
     prints: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor, torch.dtype, int]] = field(default_factory=dict)
+    #: per tensor of the batch with a row per record: a copy of it as drawn (what the loss's tensors are compared with)
+    copies: dict[tuple[Any, ...], torch.Tensor] = field(default_factory=dict)
+    printed: bool = False
     stepped: bool = False
     #: the collated batch as the loader yielded it (a feature map's loss reads its other columns: a text's Ψ(x))
     batch: Any = None
@@ -107,12 +113,30 @@ class Draws:
         draw = Draw(self.count, np.asarray(indices, dtype=np.int64), size, used=np.zeros(size, dtype=bool),
                     batch=batch, groups=groups)  # fmt: skip
         for path, t in leaves(batch):
-            if t.dim() >= 1 and int(t.shape[0]) == size:
-                printed = self._print(t, size)
-                if printed is not None:
-                    draw.prints[path] = (*printed, t.dtype, t.numel() // size)
+            if t.dim() >= 1 and int(t.shape[0]) == size and (size == 0 or t.numel() % size == 0):
+                # A copy, not the loop's tensor: a write into the batch (through .data too) cannot change it.
+                draw.copies[path] = t.detach().clone()
         self.current = draw
         return draw
+
+    def _printed(self, draw: Draw) -> dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor, torch.dtype, int]]:
+        """The draw's row prints, made from its copies the first time they are needed."""
+        if not draw.printed:
+            for path, t in draw.copies.items():
+                printed = self._print(t, draw.size)
+                if printed is not None:
+                    draw.prints[path] = (*printed, t.dtype, t.numel() // draw.size)
+            draw.printed = True
+        return draw.prints
+
+    def _as_drawn(self, tensor: torch.Tensor, draw: Draw) -> tuple[Any, ...] | None:
+        """The path of the draw's tensor that ``tensor`` equals exactly, as drawn (same shape, dtype and device, the
+        same values: the loop passed it on unchanged, the common case); None if there is none."""
+        for path, copy in draw.copies.items():
+            if (copy.shape == tensor.shape and copy.dtype == tensor.dtype and copy.device == tensor.device
+                    and torch.equal(copy, tensor)):  # fmt: skip
+                return path
+        return None
 
     def rows_of(self, batch: dict[str, torch.Tensor], draw: Draw) -> tuple[np.ndarray, dict[str, tuple[Any, ...]]]:
         """Which rows of ``draw`` the loss's ``batch`` holds (all of them, or a physical chunk), and from which of the
@@ -127,7 +151,8 @@ class Draws:
         if draw.size == 0:
             raise LookupError(next(iter(batch)))
         if size == draw.size:  # the whole draw, in order (the common case): no pairing of rows needed
-            whole = {k: self._in_order(t, draw) for k, t in batch.items()}
+            whole = {k: self._as_drawn(t, draw) for k, t in batch.items()}
+            whole = {k: self._in_order(t, draw) if v is None else v for (k, t), v in zip(batch.items(), whole.values())}
             if all(v is not None for v in whole.values()):
                 if draw.used.any():
                     raise RowsUsedError(next(iter(batch)))
@@ -155,7 +180,7 @@ class Draws:
             return None
         seen, _ = printed
         width = tensor.numel() // size
-        for path, (value, scale, dtype, drawn_width) in draw.prints.items():
+        for path, (value, scale, dtype, drawn_width) in self._printed(draw).items():
             if drawn_width != width:
                 continue
             # Exact values still print with float64 rounding that depends on the matrix shape (a chunk of 2 rows
