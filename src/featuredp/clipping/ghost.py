@@ -343,8 +343,9 @@ class GhostGradients(GhostChecks):
                 return self._fallback_only(model, loss_fn, batch, draws, C, list(params))
             if captured is not None:  # the forward already run: the loss on its output, the model not called again
                 captured.used = True
-                calls, losses = captured.calls, loss_fn(captured.replay, batch, draws)
-                captured = None
+                with AutogradHookGuard(_owner(model)):  # the loss's part of the forward, guarded as a whole one is
+                    losses = loss_fn(captured.replay, batch, draws)
+                calls, captured = captured.calls, None
                 if not isinstance(losses, torch.Tensor):
                     raise TypeError(f"loss_fn must return a Tensor, got {type(losses).__name__}")
             else:
