@@ -152,7 +152,9 @@ class Draws:
             raise LookupError(next(iter(batch)))
         if size == draw.size:  # the whole draw, in order (the common case): no pairing of rows needed
             whole = {k: self._as_drawn(t, draw) for k, t in batch.items()}
-            whole = {k: self._in_order(t, draw) if v is None else v for (k, t), v in zip(batch.items(), whole.values())}
+            for k, t in batch.items():
+                if whole[k] is None:  # moved, cast or reshaped: matched row by row by the keyed prints
+                    whole[k] = self._in_order(t, draw)
             if all(v is not None for v in whole.values()):
                 if draw.used.any():
                     raise RowsUsedError(next(iter(batch)))
