@@ -56,7 +56,6 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from featuredp._io import atomic_save_torch, load_torch_safely
 from featuredp._keys import Uncopyable
 from featuredp._validate import check_choice
 from featuredp.batches import Batch, to_device
@@ -69,7 +68,6 @@ from featuredp.dp_wrappers import (
     DPModule,
     DPOptimizer,
     output_transform,
-    unwrap,
 )
 from featuredp.errors import BudgetExceededError, PrivacyLeakWarning
 from featuredp.features import PublicFeatureMap
@@ -78,6 +76,7 @@ from featuredp.loss_batch import loss_batch, with_draw_columns
 from featuredp.losses import LossSplit
 from featuredp.methods import get_method
 from featuredp.models.hf import register_hf_rules, traceable_attention
+from featuredp.own_loop_checkpoints import EngineCheckpoints
 from featuredp.own_loop_checks import (
     OpacusOptions,
     check_make,
@@ -131,7 +130,7 @@ class PlanAccountant:
         return self._engine.steps
 
 
-class PrivacyEngine(LoaderRecords, Uncopyable):
+class PrivacyEngine(EngineCheckpoints, LoaderRecords, Uncopyable):
     """Makes a user's model, optimizer, criterion and data loader private (Opacus 1.6's surface).
 
     ``accountant``: ``"pld"`` (default; dp-accounting's PLD), ``"rdp"``, or ``"prv"`` (Opacus's default name:
@@ -338,61 +337,6 @@ class PrivacyEngine(LoaderRecords, Uncopyable):
         returns them."""
         state, run = self._require_state(), self._require_run()
         return run.report(state, run.split, self._steps_allowed is None or state.private_steps >= self._steps_allowed)
-
-    def save_checkpoint(self, *, path: str | Path, module: nn.Module, optimizer: Any = None,
-                        checkpoint_dict: dict[str, Any] | None = None, weights: bool = True,
-                        spent_record: str | Path | None = None, **_: Any) -> None:  # fmt: skip
-        """Write the model, the optimizer and the run's state (streams, step counter) atomically, owner-readable
-        only (0600): the file holds the run's secret sampler and noise state. ``weights=False`` leaves the model's
-        weights out (a caller that saves them itself).
-
-        The spent-steps record beside ``path`` (or ``spent_record``: one file for all of a run's checkpoints) holds
-        the private steps the run has charged, and from now on is brought up to date at every draw: a later
-        :meth:`load_checkpoint` of this or an older checkpoint, in any process, charges every step that ran."""
-        state = self._require_state()
-        inner = optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
-        atomic_save_torch(path, {
-            "featuredp_privacy_engine": 1,
-            "state": state.state_dict(unwrap(module) if weights else None),
-            "optimizer": None if inner is None else inner.state_dict(),
-            "extra": checkpoint_dict or {},
-        }, private=True)  # fmt: skip
-        self._spent = (Path(path), spent_record)
-        self._require_run().note_spent(path, state, record=spent_record)
-
-    def note_spent(self, record: str | Path) -> None:
-        """Keep the spent-steps record ``record`` current: written now, and brought up to date at every draw from
-        now on (a crash included), so that a later :meth:`load_checkpoint` with ``spent_record=record`` charges every
-        step the run has run."""
-        self._spent = (Path(record), record)
-        self._require_run().note_spent(record, self._require_state(), record=record)
-
-    def load_checkpoint(self, *, path: str | Path, module: nn.Module, optimizer: Any = None,
-                        spent_record: str | Path | None = None, **_: Any) -> dict[str, Any]:  # fmt: skip
-        """Continue the run saved by :meth:`save_checkpoint` (same plan; the noise and the coins are re-keyed from
-        OS entropy). The steps already charged are never taken back: loading a checkpoint older than what ran keeps
-        charging every step that ran, in this process or recorded in the spent-steps record (beside ``path``, or
-        ``spent_record``): ε, the ledger and the budget stop count them. A correlated-noise run, whose accounting is
-        for its planned participations, refuses it. Returns the ``checkpoint_dict`` saved with it."""
-        state, run = self._require_state(), self._require_run()
-        ck = load_torch_safely(path, what="checkpoint")
-        if not isinstance(ck, dict) or "featuredp_privacy_engine" not in ck:
-            raise ValueError(f"{path} is not a checkpoint written by PrivacyEngine.save_checkpoint")
-        charged = state.private_steps
-        saved = int(ck["state"].get("private_steps", 0))
-        if saved < charged and state.plan.noise.correlated:
-            raise ValueError(f"{path} holds step {saved} of a correlated-noise run that has charged {charged}: "
-                             "its accounting covers each planned participation once, so it cannot rewind")
-        if unwrap(module) is not run.model:
-            raise ValueError("load_checkpoint(module=...) must be the model make_private made private")
-        run.resume(path, ck["state"], state, record=spent_record)
-        state.private_steps = max(charged, state.private_steps)  # ε never goes down: a rewind is charged
-        inner = optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
-        if inner is not None and ck.get("optimizer") is not None:
-            inner.load_state_dict(ck["optimizer"])
-        self._draws.current = None  # a batch drawn before the load is not this state's
-        self._spent = (Path(path), spent_record)
-        return dict(ck.get("extra") or {})
 
     def close(self) -> None:
         """Settle the ledger's reservation at the private steps charged (also done when the engine is collected)."""
