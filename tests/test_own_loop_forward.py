@@ -54,17 +54,25 @@ class _Counter:
         self.sizes.append(rows)
 
 
-def _train(model: nn.Module, *, capture: bool = True, meddle: str | None = None) -> tuple[nn.Module, list[int]]:
-    """STEPS steps of the tutorial loop; returns the model and the whole-batch forwards of each step."""
+def _private(model: nn.Module, steps: int = STEPS) -> tuple[PrivacyEngine, tuple]:
+    """Opacus's tutorial ``make_private`` of ``model`` on the test data (ghost); the engine and (m, o, c, loader)."""
     x, y = _data()
-    counter = _Counter(model)
     engine = PrivacyEngine(seed=SEED)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        m, o, c, loader = engine.make_private(
+        out = engine.make_private(
             module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.2),
             data_loader=DataLoader(TensorDataset(x, y), batch_size=BATCH), criterion=nn.CrossEntropyLoss(),
-            noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="ghost", steps=STEPS)  # fmt: skip
+            noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="ghost", steps=steps)  # fmt: skip
+    return engine, out
+
+
+def _train(model: nn.Module, *, capture: bool = True, meddle: str | None = None) -> tuple[nn.Module, list[int]]:
+    """STEPS steps of the tutorial loop; returns the model and the whole-batch forwards of each step."""
+    counter = _Counter(model)
+    engine, (m, o, c, loader) = _private(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         if not capture:
             engine._one_forward._tensor_output = False  # the engine's fallback: a forward without a graph
         per_step = []
@@ -117,14 +125,14 @@ def test_a_capture_is_handed_only_to_the_loss_of_its_own_call():
     model = _mlp()
     x = torch.randn(8, D)
     first, second = ((x,), {}), ((x,), {})
-    one.forward(model, (x,), {}, first, GhostGradients())
+    one.forward(model, first, GhostGradients())
     assert one.take(second) is None  # another call's loss
-    one.forward(model, (x,), {}, first, GhostGradients())
+    one.forward(model, first, GhostGradients())
     captured = one.take(first)
     assert captured is not None and captured.usable(model)
     assert one.take(first) is None  # once
     with torch.no_grad():
-        out = one.forward(model, (x,), {}, first, GhostGradients())
+        out = one.forward(model, first, GhostGradients())
     assert one.take(first) is None and not out.requires_grad  # an evaluation under no_grad: nothing captured
 
 
@@ -134,14 +142,7 @@ def test_the_public_batch_is_read_with_one_index_and_equals_the_loaders_collate(
     from torch.utils.data import default_collate
 
     x, y = _data()
-    engine = PrivacyEngine(seed=SEED)
-    model = _mlp()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.2),
-                            data_loader=DataLoader(TensorDataset(x, y), batch_size=BATCH),
-                            criterion=nn.CrossEntropyLoss(), noise_multiplier=1.0, max_grad_norm=1.0,
-                            grad_sample_mode="ghost", steps=STEPS)  # fmt: skip
+    engine, _ = _private(_mlp())
     assert engine._per_record_collate
     idx = torch.randperm(N)[:77].numpy()
     fast = engine._public_batch(idx)
@@ -171,15 +172,9 @@ def test_dropout_saves_a_forward_too_and_an_output_that_is_not_a_tensor_is_not_c
     assert _train(dropout())[1] == [2] * STEPS
     assert _train(dropout(), capture=False)[1] == [3] * STEPS
 
-    x, y = _data()
-    model = _Pair()
-    engine = PrivacyEngine(seed=SEED)
+    engine, (m, o, c, loader) = _private(_Pair(), steps=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        m, o, c, loader = engine.make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.2),
-            data_loader=DataLoader(TensorDataset(x, y), batch_size=BATCH), criterion=nn.CrossEntropyLoss(),
-            noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="ghost", steps=2)  # fmt: skip
         for xb, yb in loader:
             o.zero_grad()
             with pytest.raises(TypeError, match="criterion must get the private model's output"):

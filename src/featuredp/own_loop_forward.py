@@ -46,11 +46,12 @@ class OneForward:
         self._inputs: Any = None  # the (args, kwargs) object the capture ran on: the loss names its call by it
         self._tensor_output = True  # False once the model answered with something else: never captured again
 
-    def forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: Any,
+    def forward(self, module: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]],
                 ghost: GhostGradients | None) -> Any:  # fmt: skip
-        """The model's output on ``args``/``kwargs`` without a graph; captured under ``ghost``'s hooks when given
-        (``inputs``: the object the loss will name this call by). The caller guards the forward."""
+        """The model's output on ``inputs`` (``(args, kwargs)``, the object the loss will name this call by) without
+        a graph; captured under ``ghost``'s hooks when given. The caller guards the forward."""
         self._captured, self._inputs = None, None
+        args, kwargs = inputs
         if ghost is None or not self._tensor_output or not torch.is_grad_enabled():
             with torch.no_grad():
                 return module(*args, **kwargs)

@@ -17,6 +17,7 @@ import torch
 
 from featuredp.batches import Batch, as_batch, gather
 from featuredp.own_loop_rows import DrawnRows
+from featuredp.private_loader import index_records
 from featuredp.testing.replay import replay_engine_step
 
 __all__ = ["LoaderRecords"]
@@ -102,8 +103,7 @@ class LoaderRecords(DrawnRows):
         """The loader's records at ``idx`` collated as its loader collates them: one index per tensor where the
         collate stacks records unchanged (a ``TensorDataset``), item by item otherwise."""
         if self._per_record_collate:
-            index = torch.as_tensor(idx, dtype=torch.long)
-            return self._as_xy([t.index_select(0, index.to(t.device)) for t in self._dataset.tensors])
+            return self._as_xy(index_records(self._dataset, idx))
         return self._as_xy(self._collate([self._dataset[int(i)] for i in idx]))
 
     @staticmethod

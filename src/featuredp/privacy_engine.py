@@ -459,7 +459,7 @@ class PrivacyEngine(EngineCheckpoints, LoaderRecords, Uncopyable):
         the model; with ghost clipping the call is captured as the step's forward (``own_loop_forward``)."""
         self._inputs = inputs = (args, kwargs)
         with ForwardStateGuard(module, first_call=False):
-            out = wrap_output(self._one_forward.forward(module, args, kwargs, inputs, self._capturing()), self)
+            out = wrap_output(self._one_forward.forward(module, inputs, self._capturing()), self)
         self._output = out
         labels = kwargs.get("labels")
         if isinstance(labels, torch.Tensor) and getattr(out, "loss", None) is not None:

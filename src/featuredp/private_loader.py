@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset, default_collate
 
-__all__ = ["Draw", "Draws", "PrivateDataLoader", "RowsUsedError", "leaves", "private_loader"]
+__all__ = ["Draw", "Draws", "PrivateDataLoader", "RowsUsedError", "index_records", "leaves", "private_loader"]
 
 # Keyed fingerprints: exact for integers and floats of the same precision; a cast to half precision rounds each
 # value to 2^-8 relative, so the tolerance is relative to Σ|x_j·r_j|.
@@ -286,10 +286,15 @@ class PrivateDataLoader(DataLoader):
 
     def _indexed(self) -> Iterator[Any]:
         """The sampler's draws read with one index tensor per tensor of the dataset (no per-item fetch)."""
-        tensors = self.dataset.tensors  # type: ignore[attr-defined]
         for rows in self._plan_sampler:
-            index = torch.as_tensor(rows, dtype=torch.long)
-            yield [t.index_select(0, index.to(t.device)) for t in tensors]
+            yield index_records(self.dataset, rows)  # type: ignore[arg-type]  # a TensorDataset: _batched_fetch
+
+
+def index_records(dataset: TensorDataset, rows: Any) -> list[torch.Tensor]:
+    """The records ``rows`` of a ``TensorDataset`` with one index per tensor: what ``default_collate`` makes of its
+    items, without reading them one by one."""
+    index = torch.as_tensor(rows, dtype=torch.long)
+    return [t.index_select(0, index.to(t.device)) for t in dataset.tensors]
 
 
 def private_loader(loader: DataLoader, draw: Callable[[], tuple[np.ndarray, np.ndarray | None]], batches: int,
