@@ -435,3 +435,28 @@ def test_fdp_with_a_criterion_the_split_would_ignore_is_refused():
             data_loader=DataLoader(TensorDataset(torch.tensor(train.X), torch.tensor(train.y)), batch_size=512),
             criterion=nn.MultiMarginLoss(), noise_multiplier=1.0, max_grad_norm=1.0,
             feature_map=Columns(private=["sex"]), dataset=train, grad_sample_mode="ghost")  # fmt: skip
+
+
+@pytest.mark.parametrize("clipped", [True, False], ids=["clipped", "unclipped"])
+def test_the_replay_of_a_dropout_model_passes_and_still_catches_a_clip_that_does_not_hold(monkeypatch, clipped):
+    """nn.Dropout draws from torch's global generator: the replay gives every run the same draws (as it gives them
+    the same streams), so a dropout model passes on its clipping alone; a clip that does not hold still fails."""
+    from featuredp.step import StepCore
+
+    real = StepCore.clipped_sum
+
+    def unclipped(self, loss_fn, batch, draws, max_grad_norm, **kw):
+        return real(self, loss_fn, batch, draws, 1e6 * max_grad_norm, **kw)
+
+    x, y = _data(300)
+    x = 50 * x
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(x.shape[1], 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2))
+    engine = PrivacyEngine()
+    engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                        data_loader=DataLoader(TensorDataset(x, y), batch_size=20), noise_multiplier=1.0,
+                        max_grad_norm=0.1, grad_sample_mode="ghost", criterion=nn.CrossEntropyLoss())  # fmt: skip
+    if not clipped:
+        monkeypatch.setattr(StepCore, "clipped_sum", unclipped)
+    reports = engine.check_model(records=2, batch_size=16)
+    assert [r.outcome for r in reports] == (["passed"] * 2 if clipped else ["failed"] * 2), str(reports[0])

@@ -258,8 +258,13 @@ def _replay(trainer: Any, state: Any, split: Any, batch_all: Any, base: list[int
     saved_optimizer = None if optimizer is None else copy.deepcopy(optimizer.state_dict())
     swapped: _Run | None = None
 
+    # The model's own randomness (nn.Dropout draws from torch's global generator): the same in every run, as the
+    # run's streams are; the caller's generator is put back afterwards.
+    global_rng = _global_rng()
+
     def fresh() -> None:  # every run starts from the same streams (and the same optimizer state)
         state.load_state_dict(copy.deepcopy(snapshot), model, rekey=False)
+        _set_global_rng(global_rng)
         if optimizer is not None:
             optimizer.load_state_dict(copy.deepcopy(saved_optimizer))
 
@@ -282,6 +287,7 @@ def _replay(trainer: Any, state: Any, split: Any, batch_all: Any, base: list[int
         report.refusal = f"{type(cause).__name__}: {str(cause).splitlines()[0][:300]}"
         return report
     finally:
+        _set_global_rng(global_rng)
         restore()
     # The backstop's record batch is in the step when Algorithm 1's public term is (w ≠ 0): its expected size.
     record_sampler = getattr(state, "record_sampler", None)
@@ -292,6 +298,18 @@ def _replay(trainer: Any, state: Any, split: Any, batch_all: Any, base: list[int
         report.checks.append(_swap_check(state.plan, runs[1], swapped, swap[1]))
     report.outcome = "passed" if all(c.ok for c in report.checks) else "failed"
     return report
+
+
+def _global_rng() -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """torch's global generators (the CPU's, and each CUDA device's where CUDA is up): what nn.Dropout draws from."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    return torch.get_rng_state(), cuda
+
+
+def _set_global_rng(states: tuple[torch.Tensor, list[torch.Tensor]]) -> None:
+    torch.set_rng_state(states[0])
+    if states[1]:
+        torch.cuda.set_rng_state_all(states[1])
 
 
 def _observed_step(trainer: Any, state: Any, split: Any, batch_all: Any, params: dict[str, torch.Tensor],
