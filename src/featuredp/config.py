@@ -188,7 +188,10 @@ class PerformanceConfig:
     ``"fp32"`` (default) or ``"bf16"`` — forward and backward under bfloat16 autocast, with the
     per-example norms, clip factors, clipped sums and noise in float32 or better. ``prefetch_noise`` (default
     True): draw the next step's noise on a worker thread while the step computes; the noise is bit for bit the same
-    (:class:`featuredp.noise.sources.TorchNoise`), False draws it in line.
+    (:class:`featuredp.noise.sources.TorchNoise`), False draws it in line. ``sharding``: ``"none"`` (default; a model
+    already wrapped with ``fully_shard`` is sharded all the same) or ``"fsdp"``: under torchrun the model is sharded
+    with FSDP2 (:func:`featuredp.sharding.shard_model`), each rank holding a shard of every parameter, its gradient
+    and its optimiser state; the released steps are those of one process (docs/distributed.md).
     """
 
     strategy: Any = None
@@ -199,6 +202,7 @@ class PerformanceConfig:
     progress: bool = True
     log_points: int = 5
     prefetch_noise: bool = True
+    sharding: str = "none"
 
     def __post_init__(self) -> None:
         pbs = self.physical_batch_size
@@ -206,6 +210,7 @@ class PerformanceConfig:
             _set(self, "physical_batch_size", check_int("physical_batch_size", pbs, minimum=1))
         _set(self, "distributed", check_choice("distributed", self.distributed, ("auto", "off")))
         _set(self, "precision", check_choice("precision", self.precision, ("fp32", "bf16")))
+        _set(self, "sharding", check_choice("sharding", self.sharding, ("none", "fsdp")))
         _set(self, "progress", bool(self.progress))
         _set(self, "prefetch_noise", bool(self.prefetch_noise))
         _set(self, "log_points", check_int("log_points", self.log_points, minimum=1))

@@ -211,15 +211,21 @@ class PerExampleLoss:
         kwargs = {k[3:]: v for k, v in batch.items() if k.startswith("kw:")} | self.constants[1]
         y = batch["y"]
         size = int(y.shape[0])
-        per = self.criterion(self.transform(model(*args, **kwargs)), y.reshape(-1, *self.tail)).reshape(size, -1)
+        per = _rows(self.criterion(self.transform(model(*args, **kwargs)), y.reshape(-1, *self.tail)), size)
         if not self.mean:
             return per.sum(1)
         if self.counted is not None:  # a mean over each example's own counted elements, as the criterion counts
-            return per.sum(1) / self.counted(y.reshape(size, -1)).clamp(min=1)
+            return per.sum(1) / self.counted(_rows(y, size)).clamp(min=1)
         if self.ignore is not None:
-            counted = (y.reshape(size, -1) != self.ignore).sum(1).clamp(min=1)
+            counted = (_rows(y, size) != self.ignore).sum(1).clamp(min=1)
             return per.sum(1) / counted
         return per.mean(1)
+
+
+def _rows(t: torch.Tensor, size: int) -> torch.Tensor:
+    """``t`` as ``size`` rows; a batch of no rows (a sharded model's rank with nothing to do, clipping/fsdp.py) as
+    (0, 1)."""
+    return t.reshape(size, -1) if size else t.reshape(0, 1)
 
 
 def _identity(out: Any) -> Any:

@@ -26,10 +26,11 @@ __all__ = ["GRAD_SAMPLE_MODES", "OpacusOptions", "check_make", "check_optimizer_
 
 #: Opacus's grad_sample_mode → featuredp's strategy (both compute the same clipped sum; the replay checks each).
 #: Opacus returns the criterion (four values) exactly when the mode's name contains "ghost"; so does featuredp.
-GRAD_SAMPLE_MODES = {"hooks": "ghost", "ew": "ghost", "functorch": "vmap", "ghost": "ghost", "vmap": "vmap"}
+#: ``ghost_fsdp``: ghost on a module the user wrapped with ``fully_shard`` (clipping/fsdp.py); any ghost mode runs
+#: such a module sharded.
+GRAD_SAMPLE_MODES = {"hooks": "ghost", "ew": "ghost", "functorch": "vmap", "ghost": "ghost", "vmap": "vmap",
+                     "ghost_fsdp": "ghost"}  # fmt: skip
 REFUSED_MODES = {
-    "ghost_fsdp": "sharded (FSDP) training is not supported yet; use grad_sample_mode='ghost' on one process or "
-                  "data-parallel torchrun",
     "ghost_tp": "tensor-parallel training is not supported; use grad_sample_mode='ghost' on one process or "
                 "data-parallel torchrun",
     "no_op": "it computes no per-example gradient, so nothing could be clipped; use grad_sample_mode='ghost' "
@@ -74,10 +75,14 @@ def check_optimizer_holds(model: nn.Module, optimizer: torch.optim.Optimizer) ->
                            "train (requires_grad=False)")  # fmt: skip
 
 
-def strategy_of(grad_sample_mode: str, *, users: bool = False) -> str:
+def strategy_of(grad_sample_mode: str, *, users: bool = False, sharded: bool = False) -> str:
     """featuredp's strategy for an Opacus ``grad_sample_mode`` (one-line refusal of the modes it cannot honour).
     ``users``: a user-level run, which sums each user's per-record gradients before clipping: the per-record modes
-    (Opacus's hooks materialise them too) run vmap, and ghost is refused."""
+    (Opacus's hooks materialise them too) run vmap, and ghost is refused. ``sharded``: the module is wrapped with
+    ``fully_shard``, which ``"ghost_fsdp"`` needs."""
+    if grad_sample_mode == "ghost_fsdp" and not sharded:
+        raise ValueError("grad_sample_mode='ghost_fsdp' needs a module wrapped with torch.distributed.fsdp."
+                         "fully_shard (under torchrun); for an unsharded module use grad_sample_mode='ghost'")
     if grad_sample_mode in REFUSED_MODES:
         raise ValueError(f"grad_sample_mode={grad_sample_mode!r}: {REFUSED_MODES[grad_sample_mode]}")
     if grad_sample_mode not in GRAD_SAMPLE_MODES:

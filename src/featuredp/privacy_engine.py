@@ -60,6 +60,7 @@ from featuredp._keys import Uncopyable
 from featuredp._validate import check_choice
 from featuredp.batches import Batch, to_device
 from featuredp.clipping import trainable_parameters
+from featuredp.clipping.fsdp import is_sharded
 from featuredp.clipping.safety import ForwardStateGuard
 from featuredp.distributed import agree_across_ranks
 from featuredp.dp_wrappers import (
@@ -220,7 +221,9 @@ class PrivacyEngine(EngineCheckpoints, LoaderRecords, Uncopyable):
         1/len(data_loader) (``poisson_sampling=False`` is refused: the ε would answer a question the run does not
         pose); ``grad_sample_mode``: Opacus's ``"hooks"`` (default) and ``"ew"`` run featuredp's ghost strategy,
         ``"functorch"`` and featuredp's ``"vmap"`` its vmap strategy, ``"ghost"`` ghost (and returns the wrapped
-        criterion); ``"ghost_fsdp"``, ``"ghost_tp"`` and ``"no_op"`` are refused, naming the mode to use. The loss
+        criterion), ``"ghost_fsdp"`` ghost on a module wrapped with ``fully_shard`` (under torchrun; any ghost mode
+        runs such a module sharded, docs/distributed.md); ``"ghost_tp"`` and ``"no_op"`` are refused, naming the
+        mode to use. The loss
         may come from the returned criterion or from the loop's own (``nn.CrossEntropyLoss()(model(x), y)``,
         ``F.cross_entropy``, ...): the engine recomputes it per example. ``criterion`` defaults to
         ``nn.CrossEntropyLoss()``. ``clipping`` (``"flat"`` only),
@@ -364,7 +367,7 @@ class PrivacyEngine(EngineCheckpoints, LoaderRecords, Uncopyable):
         self._transformers = any(type(m).__module__.startswith("transformers.") for m in module.modules())
         if self._transformers:
             register_hf_rules()  # ghost's rule for transformers' Conv1D (GPT-2's projections)
-        strategy = strategy_of(grad_sample_mode, users=user_key is not None)
+        strategy = strategy_of(grad_sample_mode, users=user_key is not None, sharded=is_sharded(module))
         opacus.check()
         check_loader(data_loader)
         n, batches = len(data_loader.dataset), len(data_loader)  # type: ignore[arg-type]

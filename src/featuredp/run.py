@@ -36,6 +36,7 @@ from featuredp.accounting import BudgetLedger
 from featuredp.batches import as_batch, gather, resolve_device, to_device
 from featuredp.clipping import (
     DEFAULT_STRATEGY,
+    GhostGradients,
     GradientStrategy,
     VmapGradients,
     check_no_batch_mixing,
@@ -44,6 +45,7 @@ from featuredp.clipping import (
 )
 from featuredp.clipping.auto import STAND_IN_ROWS, AutoStrategy
 from featuredp.clipping.base import check_precision
+from featuredp.clipping.fsdp import is_sharded
 from featuredp.config import PerformanceConfig, PrivacyConfig, ScheduleConfig, resolve_config, split_settings
 from featuredp.distributed import (
     DistContext,
@@ -70,6 +72,7 @@ from featuredp.run_plan import PUBLIC_BATCH_FACTOR, run_plan
 from featuredp.run_report import run_result
 from featuredp.run_state import ModelRuns, RunState, data_fingerprint, open_ledger, reserve
 from featuredp.sampling import warn_private_seed
+from featuredp.sharding import shard_model
 from featuredp.step import StepCore, noised_coordinates
 from featuredp.users import UserIndex
 
@@ -141,11 +144,18 @@ class PrivateRun:
         if self.dist is not None and self.privacy.record_epsilon is not None:
             raise ValueError("record_epsilon (the record-level backstop) is not supported in data-parallel runs "
                              "(torchrun) yet; run on one process")  # fmt: skip
-        if self.dist is not None:
-            broadcast_parameters(self.model)
+        #: FSDP2: the model is (or is now) sharded with fully_shard (featuredp.sharding, docs/distributed.md)
+        self.sharded = is_sharded(self.model) or self.performance.sharding == "fsdp"
+        if self.dist is not None and not is_sharded(self.model):
+            broadcast_parameters(self.model)  # before sharding: every shard comes from one initialisation
+        if self.sharded:
+            self._check_sharding(user_key)
+            shard_model(self.model)
         self.feature_map = loss_split.feature_map if loss_split is not None else feature_map
         self.loss_split = loss_split
         chosen = self.performance.strategy
+        if chosen is None and self.sharded:
+            chosen = "ghost"  # the only strategy that runs through FSDP's hooks (clipping/fsdp.py)
         if chosen is None:  # a user's gradient is a sum of its records': the per-record (vmap) path forms it
             # auto times both strategies on its own process: a data-parallel run keeps the fixed default
             chosen = "vmap" if user_key is not None else DEFAULT_STRATEGY if self.dist is not None else "auto"
@@ -160,6 +170,9 @@ class PrivateRun:
             raise ValueError(f"strategy={self.strategy.name!r} clips each record's gradient; user-level clipping "
                              "(user_key=) sums a user's records first and needs strategy='vmap' "
                              "(grad_sample_mode='functorch'), the default with a user key")  # fmt: skip
+        if self.sharded and not isinstance(self.strategy, GhostGradients):
+            raise ValueError(f"strategy={self.strategy.name!r} on a sharded (FSDP) model: only strategy='ghost' runs "
+                             "through FSDP's hooks")  # fmt: skip
         self.ledger = open_ledger(ledger)
         self.plan: PrivacyPlan | None = None
         self.last_result: TrainResult | None = None
@@ -197,6 +210,25 @@ class PrivateRun:
         if self.privacy.seed is not None and record.private:
             warn_private_seed("seed", self.privacy.seed)  # public_seed= fixes only the public randomness
 
+    def _check_sharding(self, user_key: Any) -> None:
+        """One-line refusals of what a sharded (FSDP) run does not do, before any work."""
+        if user_key is not None:
+            raise ValueError("user_key= (user-level privacy) is not supported with sharding='fsdp' (user-level "
+                             "clipping needs strategy='vmap'); run unsharded")  # fmt: skip
+        if self.privacy.record_epsilon is not None:
+            raise ValueError("record_epsilon (the record-level backstop) is not supported with sharding='fsdp'")
+        if self.privacy.noise_plan != Independent():
+            raise ValueError(f"noise={self.privacy.noise_plan.kind!r} with sharding='fsdp': correlated noise keeps "
+                             "buffers of the full model's size; use noise='independent'")  # fmt: skip
+        if self.schedule.projection_radius is not None:
+            raise ValueError("projection_radius with sharding='fsdp' is not supported yet (the projection's norm is "
+                             "over every shard); leave it out")  # fmt: skip
+        if self.schedule.averaging is not None:
+            raise ValueError(f"averaging={self.schedule.averaging!r} with sharding='fsdp' is not supported yet (its "
+                             "averages are not sharded in checkpoints); leave averaging out")  # fmt: skip
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            raise ValueError("sharding='fsdp' needs torch.distributed: launch with torchrun (or initialise a process "
+                             "group)")  # fmt: skip
 
     def _check_user_settings(self) -> None:
         """One-line refusals of user-level settings, before any work."""
@@ -270,6 +302,7 @@ class PrivateRun:
             "bands": (self.plan.noise if self.plan is not None else p.noise_plan).settings().get("bands"),
             "device": str(self.device),
             "world_size": 1 if self.dist is None else self.dist.world_size,
+            "sharding": "fsdp" if self.sharded else "none",
             "precision": self.performance.precision,
         }
 
@@ -316,7 +349,7 @@ class PrivateRun:
             plan, {"data": data_print, "psi": self._psi_fingerprint(split)},
             params=list(trainable_parameters(self.model).values()), privacy=self.privacy, schedule=self.schedule,
             device=self.device, rank=rank, world_size=world, shard_size=shard,
-            prefetch_noise=self.performance.prefetch_noise,
+            prefetch_noise=self.performance.prefetch_noise, sharded=self.sharded,
         )  # fmt: skip
         self.state, self.split = state, split
         MODEL_RUNS.warn_if_trained_before(self.model, state)

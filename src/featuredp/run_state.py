@@ -29,10 +29,12 @@ import torch
 from torch import nn
 
 from featuredp.accounting import BudgetLedger, Reservation, compose_events, compute_epsilon
+from featuredp.clipping.fsdp import is_sharded, local_tensor
 from featuredp.config import PrivacyConfig, ScheduleConfig
 from featuredp.distributed import shard_bounds
 from featuredp.errors import BudgetExceededError, PrivacyRiskWarning
 from featuredp.noise import Independent, NoisePlan
+from featuredp.noise.sharded import ShardedNoise
 from featuredp.noise.sources import ChaCha20Generator, NoiseSource, SecureNoise, TorchNoise
 from featuredp.plan import PrivacyPlan
 from featuredp.sampling import (
@@ -44,6 +46,7 @@ from featuredp.sampling import (
     make_streams,
     random_seed_from,
 )
+from featuredp.sharding import load_local_state, local_state, rewrap_optimizer_state
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -171,6 +174,7 @@ class RunState:
         world_size: int = 1,
         shard_size: int | None = None,
         prefetch_noise: bool = False,
+        sharded: bool = False,
     ) -> RunState:
         """A fresh state: streams from OS entropy (or the user's seeds), samplers, generators, optimisers.
 
@@ -184,6 +188,8 @@ class RunState:
         the noise source: a Poisson sampler and fresh noise, or a correlated plan's cyclic :class:`BMinSepSampler`
         and its correlated noise; the public batch keeps its own independent sampler either way. ``prefetch_noise``:
         the source draws the next step's noise on a worker thread while a step computes (the same noise).
+        ``sharded`` (FSDP2): the noise is :class:`~featuredp.noise.sharded.ShardedNoise` under one key for all ranks
+        (rank 0's), each rank noising its own shards.
         """
         backstop = plan.record_noise_multiplier is not None
         # Without a backstop, exactly today's call (no extra stream; the same streams as before it existed).
@@ -202,8 +208,12 @@ class RunState:
         if privacy.secure_rng:
             # Keys from os.urandom, or from the user's seed for a reproducible (and secret) run.
             keys = [streams.noise.bytes(32), streams.private_sampling.bytes(32)] if streams.seeded else [None, None]
-            noise = SecureNoise(ChaCha20Generator(keys[0]), prefetch=prefetch_noise)
+            noise = _sharded_noise(keys[0]) if sharded else SecureNoise(ChaCha20Generator(keys[0]),
+                                                                        prefetch=prefetch_noise)  # fmt: skip
             sampling_generator = ChaCha20Generator(keys[1])
+        elif sharded:  # ChaCha20 keyed per coordinate whatever the mode: each rank draws its own shards
+            noise = _sharded_noise(streams.noise.bytes(32) if streams.seeded else None)
+            sampling_generator = streams.private_sampling
         else:
             noise = TorchNoise(torch_generator(random_seed_from(streams.noise), device), prefetch=prefetch_noise)
             sampling_generator = streams.private_sampling
@@ -260,10 +270,11 @@ class RunState:
                 {"noise_multiplier": self.plan.noise_multiplier, "sampling_rate": self.plan.sampling_rate,
                  "steps": self.private_steps}
             ] if self.plan.is_private else [],
-            **({} if model is None else {"model": {k: v.detach().cpu().clone()
+            # A sharded model's (FSDP2) as this rank's shards: its checkpoint file is its own.
+            **({} if model is None else {"model": {k: local_tensor(v).detach().cpu().clone()
                                                    for k, v in model.state_dict().items()}}),
-            "optimizer": self.optimizer.state_dict(),
-            "pretrain_optimizer": self.pretrain_optimizer.state_dict(),
+            "optimizer": local_state(self.optimizer.state_dict()),
+            "pretrain_optimizer": local_state(self.pretrain_optimizer.state_dict()),
             "streams": self.streams.state_dict(),
             "private_sampler": self.private_sampler.state_dict(),
             "shufflers": {"private": self.shuffler.state_dict(), "public": self.public_shuffler.state_dict()},
@@ -316,10 +327,17 @@ class RunState:
         self.run_token = str(ck.get("run_token", self.run_token))
         self.stop_reason = ck.get("stop_reason")
         self.history = list(ck.get("history", []))
+        sharded = is_sharded(model)
         if "model" in ck:  # saved without the weights (state_dict(None)): the caller restores them
-            model.load_state_dict(ck["model"])
+            if sharded:
+                load_local_state(model, ck["model"])
+            else:
+                model.load_state_dict(ck["model"])
         self.optimizer.load_state_dict(ck["optimizer"])
         self.pretrain_optimizer.load_state_dict(ck["pretrain_optimizer"])
+        if sharded:
+            rewrap_optimizer_state(self.optimizer)
+            rewrap_optimizer_state(self.pretrain_optimizer)
         self.streams.load_state_dict(ck["streams"])
         self.shuffler.load_state_dict(ck["shufflers"]["private"])
         self.public_shuffler.load_state_dict(ck["shufflers"]["public"])
@@ -348,6 +366,16 @@ class RunState:
         if self.record_sampler is not None:  # the backstop's coins (one generator serves both of its samplers)
             self.record_sampler.rekey()
         self.private_draws.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+
+
+def _sharded_noise(key: bytes | None) -> ShardedNoise:
+    """The noise of a sharded run: rank 0's key on every rank (a seeded run's from rank 0's noise stream; otherwise
+    drawn from OS entropy by rank 0), sent over the ranks' group like the unnoised sums are."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return ShardedNoise(key)
+    box = [key]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return ShardedNoise(box[0], group=torch.distributed.group.WORLD)
 
 
 def _noise_of(plan: Any) -> tuple[str, Any]:

@@ -20,10 +20,12 @@ from torch import nn
 from featuredp.batches import forward
 from featuredp.clipping import GradientStrategy, VmapGradients, trainable_parameters
 from featuredp.clipping.base import AutocastLoss, LossFn
+from featuredp.clipping.fsdp import forward_parameters, is_sharded, reduce_to_shard
 from featuredp.distributed import DistContext, all_reduce_sum
 from featuredp.features import Batch
 from featuredp.losses import LossSplit
 from featuredp.methods import Method
+from featuredp.noise.sharded import flat_layout
 from featuredp.plan import PrivacyPlan
 
 __all__ = ["StepCore", "clipped_loss", "noised_coordinates", "plain_cross_entropy", "project"]
@@ -33,7 +35,10 @@ class StepCore:
     """Computes a step's gradients for one model with one gradient strategy (ghost, vmap, ...).
 
     ``precision="bf16"`` runs the losses under bfloat16 autocast (the strategies keep norms in float32). ``dist``:
-    a data-parallel run, in which rank 0 alone adds the noise before the all-reduce.
+    a data-parallel run, in which rank 0 alone adds the noise before the all-reduce. A model sharded with FSDP2
+    (:mod:`featuredp.clipping.fsdp`): the strategy returns each parameter's sum over the ranks as this rank's
+    shard, and each rank noises its own shards (:class:`~featuredp.noise.sharded.ShardedNoise`, one key), placed in
+    one flat vector by the parameters' full shapes: the noise of one process, never drawn at the full shape.
     """
 
     def __init__(self, model: nn.Module, strategy: GradientStrategy, *, precision: str, device: torch.device,
@@ -43,6 +48,9 @@ class StepCore:
         self.precision = precision
         self.device = device
         self.dist = dist
+        self.sharded = is_sharded(model)
+        # Where each parameter sits in the step's flat noise vector: the same on every rank and in one process.
+        self._layout = flat_layout(trainable_parameters(model)) if self.sharded else None
         self._nonfinite = [0, 0]  # records zeroed for a non-finite gradient, private steps with any (stderr only)
 
     def amp(self, loss_fn: LossFn) -> LossFn:
@@ -77,7 +85,9 @@ class StepCore:
         if plan.noise_multiplier is None or plan.max_grad_norm is None:
             raise ValueError(f"method {plan.method!r} has no noise multiplier in its plan")
         std = 0.0 if plan.noise_multiplier == 0 else plan.noise_multiplier * plan.max_grad_norm
-        if self.dist is None:
+        if self.sharded:  # each rank its shards, from the one key: no all-reduce of noise
+            noisy = noise.add(sums, std, layout=self._layout)
+        elif self.dist is None:
             noisy = noise.add(sums, std)  # new tensors: safe to scale in place
         else:
             # Noise of total std σC exactly once: rank 0 adds it to its own clipped sum before the
@@ -124,6 +134,8 @@ class StepCore:
         """∇ of the mean loss over the batch, and that mean. In a data-parallel run each rank holds a share
         of the batch (``total`` records in all): the shares' sums are added up over the ranks."""
         params = trainable_parameters(self.model)
+        if self.sharded:
+            return self._sharded_mean_gradient(losses, total, params)
         if self.dist is None:
             loss = losses.mean()
             return dict(zip(params, torch.autograd.grad(loss, list(params.values())))), float(loss.detach())
@@ -132,6 +144,22 @@ class StepCore:
         reduced = all_reduce_sum({**grads, "\0loss": loss.detach().reshape(1)})  # one collective for both
         shown = float(reduced.pop("\0loss"))
         return reduced, shown
+
+    def _sharded_mean_gradient(self, losses: torch.Tensor, total: int, params: dict[str, torch.Tensor]
+                               ) -> tuple[dict[str, torch.Tensor], float]:  # fmt: skip
+        """:meth:`mean_gradient` of a sharded model: the gradient against the unsharded parameters the forward used,
+        summed over the ranks into each parameter's shard (one full-shape gradient alive at a time)."""
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        loss = losses.sum() / total if world > 1 else losses.mean()
+        used = forward_parameters(self.model, params)
+        grads = torch.autograd.grad(loss, list(used.values()), allow_unused=True)
+        out = {}
+        for (name, p), g in zip(params.items(), grads):
+            out[name] = reduce_to_shard(torch.zeros_like(used[name]) if g is None else g, p)
+        shown = loss.detach().reshape(1).clone()
+        if world > 1:
+            torch.distributed.all_reduce(shown)
+        return out, float(shown)
 
     @staticmethod
     def combine(plan: PrivacyPlan, private: dict[str, torch.Tensor],

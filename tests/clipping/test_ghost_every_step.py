@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from _fdp_synth import make_tabular
-from featuredp.clipping import GhostGradients, VmapGradients, ghost_checks
+from featuredp.clipping import GhostGradients, VmapGradients, alone, ghost_checks
 from featuredp.engine import Trainer
 from featuredp.errors import BatchMixingError
 from featuredp.features import Columns
@@ -97,9 +97,9 @@ def test_the_checked_rows_are_chosen_secretly_and_everywhere_in_the_batch(monkey
     picked: list[list[int]] = []
     original = GhostGradients._alone
 
-    def spy(model, loss_fn, batch, draws, params, rows, *, twice):
+    def spy(model, loss_fn, batch, draws, params, rows, **kwargs):
         picked.append(list(rows))
-        return original(model, loss_fn, batch, draws, params, rows, twice=twice)
+        return original(model, loss_fn, batch, draws, params, rows, **kwargs)
 
     monkeypatch.setattr(GhostGradients, "_alone", staticmethod(spy))
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
@@ -238,12 +238,12 @@ def test_the_rounding_allowance_is_measured_alone_and_is_tiny_for_an_ordinary_mo
 def test_the_every_step_check_compares_directions_not_only_norms(monkeypatch):
     """A reference with the right norms but the opposite direction is refused: the check's distance is
     ‖ghost − alone‖ (from Gram forms and inner products), not the difference of the two norms."""
-    original = ghost_checks._example_gradients
+    original = alone.example_gradients
 
     def flipped(*args):  # every batch-of-one gradient, float32 and float64 alike (the rounding retry's too)
         return [[-g for g in grads] for grads in original(*args)]
 
-    monkeypatch.setattr(ghost_checks, "_example_gradients", flipped)
+    monkeypatch.setattr(alone, "example_gradients", flipped)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
 
     def loss(m, b, d):

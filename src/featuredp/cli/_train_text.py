@@ -33,6 +33,9 @@ def train_text(args: argparse.Namespace) -> int:
     if args.method not in _TEXT_METHODS:
         raise ValueError(f"--method for --task text must be one of {', '.join(_TEXT_METHODS)}, got {args.method!r}")
     check_device(args.device, args.precision)
+    if getattr(args, "sharding", "none") != "none":
+        raise ValueError(f"--sharding {args.sharding} is not supported with --task text yet: shard a language model "
+                         "through the Python API (Trainer(sharding='fsdp') or PrivacyEngine with fully_shard)")
     options = text_data_options(args, train=True)
     options.setdefault("canary_repeats", [])
     torch.set_num_threads(1)

@@ -131,6 +131,9 @@ def register(subparsers: Any) -> None:
                    "--overwrite an --out holding a run is refused")
     add_device_argument(p)
     add_precision_argument(p)
+    p.add_argument("--sharding", choices=("none", "fsdp"), default="none",
+                   help="fsdp: under torchrun, shard the model with FSDP2 (each rank holds a shard of every parameter "
+                        "and its optimiser state; the release is that of one process; docs/distributed.md)")
     add_data_arguments(p)  # --data FILE --label COL --schema ... (your own table)
     p.add_argument("--no-baselines", action="store_true",
                    help="skip the references (majority class; public only, a second, free training run on Ψ alone)")
@@ -196,6 +199,8 @@ def _train(args: argparse.Namespace) -> int:
         common.update(noise=args.noise, bands=args.bands)
     if args.record_epsilon is not None:
         common["record_epsilon"] = args.record_epsilon
+    if args.sharding != "none":
+        common["sharding"] = args.sharding
     users = user_settings(args)
     if users and "user_column" not in dataset_options:
         flag = "--records-per-user" if "records_per_user" in users else "--num-users"
@@ -356,6 +361,8 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise ValueError(f"--record-epsilon is not supported with --noise {args.noise} yet (use independent noise)")
         if args.tune or args.method == "fdp_auto":
             raise ValueError("--record-epsilon is not supported with --tune or --method fdp_auto yet")
+    if args.sharding != "none" and (args.tune or args.method == "fdp_auto"):
+        raise ValueError(f"--sharding {args.sharding} is not supported with --tune or --method fdp_auto yet")
     if args.method == "fdp_auto" and args.public_weight is not None:
         raise ValueError("--method fdp_auto chooses --public-weight itself: leave it out (or use --method fdp)")
     if args.tune or args.method == "fdp_auto":

@@ -64,7 +64,6 @@ from torch import nn
 from featuredp._validate import check_choice, check_int, check_positive
 from featuredp.clipping.base import (
     LossFn,
-    add_up,
     batch_size_of,
     clip_factors,
     empty_result,
@@ -74,8 +73,9 @@ from featuredp.clipping.base import (
     trainable_parameters,
 )
 from featuredp.clipping.contributions import Contribution, Dense, NormCache
+from featuredp.clipping.fsdp import Lockstep, forward_parameters, is_sharded, sharded_sums
 from featuredp.clipping.ghost_checks import _CHUNK_CHECK_RATE, GhostChecks, Inspect, _has_randomness, _owner
-from featuredp.clipping.ghost_plan import GhostPlan, _Layer
+from featuredp.clipping.ghost_plan import GhostPlan, _Layer, validate_rules
 from featuredp.clipping.mixed import combine
 from featuredp.clipping.rules import NotPerExampleError, rule_for
 from featuredp.clipping.safety import AutogradHookGuard, ForwardStateGuard, check_no_batch_mixing
@@ -161,6 +161,8 @@ class GhostGradients(GhostChecks):
     _guard_forward: bool = True
     #: Share of the steps whose chunk check runs (tests set 0 to show what it catches; never lower it otherwise).
     _chunk_check_rate: float = _CHUNK_CHECK_RATE
+    #: During a call on a sharded model: each trainable parameter's DTensor (the sums are returned as these).
+    _shards: dict[str, torch.Tensor] | None = None
 
     def __init__(
         self,
@@ -277,9 +279,18 @@ class GhostGradients(GhostChecks):
         C = check_positive("max_grad_norm", max_grad_norm, allow_inf=True)
         n = batch_size_of(batch, draws)
         params = trainable_parameters(model)
-        if n == 0:  # an empty Poisson batch: the sum is zero (the caller still adds noise)
+        lock, shards = None, None
+        if is_sharded(model):  # the full-shape tensors the forward differentiates, not the DTensor shards
+            shards, params = params, forward_parameters(model, params)
+            lock = Lockstep()
+        elif n == 0:  # an empty Poisson batch: the sum is zero (the caller still adds noise)
             return empty_result(params, batch, draws)
         plan = self.plan(model)
+        if lock is not None and plan.fallback:
+            raise ValueError(
+                f"GhostGradients on a sharded (FSDP) model needs a ghost rule for every trainable parameter; these "
+                f"have none: {', '.join(plan.fallback)} ({'; '.join(plan.fallback_layers)})"
+            )
         if plan.fallback and _has_randomness(model):
             raise ValueError(
                 f"GhostGradients needs a deterministic model when some parameters fall back to torch.func "
@@ -289,10 +300,16 @@ class GhostGradients(GhostChecks):
         # The forward runs on the real model with private data: it must leave parameters and buffers alone.
         if captured is not None and not (captured.usable(model) and (self.physical_batch_size or n) >= n):
             captured = None
+        if lock is not None and lock.any(captured is None):  # the forward runs again on every rank, or on none
+            captured = None
         # Guarded even with a capture (whose forward the caller guarded): the checks below run the model again.
         guard = ForwardStateGuard(model) if self._guard_forward else None
-        with guard if guard is not None else contextlib.nullcontext():
-            out = self._clipped_sum(plan, model, loss_fn, batch, draws, C, params, n, captured)
+        self._lock, self._shards = lock, shards
+        try:
+            with guard if guard is not None else contextlib.nullcontext():
+                out = self._clipped_sum(plan, model, loss_fn, batch, draws, C, params, n, captured)
+        finally:
+            self._lock = self._shards = None
         return out
 
     def _clipped_sum(
@@ -307,14 +324,19 @@ class GhostGradients(GhostChecks):
         n: int,
         captured: Captured | None = None,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        chunk = self.physical_batch_size or n
+        chunk = self.physical_batch_size or max(n, 1)
+        # A sharded model: as many chunks as the rank with the most (each forward is a collective).
+        count = -(-n // chunk) if self._lock is None else self._lock.max(max(1, -(-n // chunk)))
         checked, inspect = self._separability_check(plan, model, loss_fn, batch, draws, params, n, chunk, C)
-        if chunk >= n:
+        if count <= 1:
             return self._chunk(plan, model, loss_fn, batch, draws, C, params, inspect, captured)
-        sums = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in params.items()}
+        if self._shards is not None:
+            sums = {k: torch.zeros_like(p) for k, p in self._shards.items()}
+        else:
+            sums = {k: torch.zeros_like(p, memory_format=torch.contiguous_format) for k, p in params.items()}
         norms = []
-        for index, start in enumerate(range(0, n, chunk)):
-            sl = slice(start, min(start + chunk, n))
+        for index, start in enumerate(range(0, count * chunk, chunk)):
+            sl = slice(min(start, n), min(start + chunk, n))
             part_b, part_d = slice_batch(batch, sl), slice_batch(draws, sl)
             part_sums, part_norms = self._chunk(plan, model, loss_fn, part_b, part_d, C, params,
                                                 inspect if index == checked else None)  # fmt: skip
@@ -352,11 +374,14 @@ class GhostGradients(GhostChecks):
                 calls, losses = self._forward(plan, model, loss_fn, batch, draws)
             if losses.shape != (B,):
                 raise ValueError(f"loss_fn must return per-example losses of shape ({B},), got {tuple(losses.shape)}")
-            if not self._versions_ok(plan, calls):
+            ok = self._versions_ok(plan, calls)
+            if not (ok if self._lock is None else not self._lock.any(not ok)):
                 continue
             try:
                 return self._finish(plan, model, loss_fn, batch, draws, C, params, calls, losses, inspect)
             except NotPerExampleError as exc:
+                if self._lock is not None:  # no torch.func fallback through FSDP's hooks
+                    raise ValueError(f"GhostGradients on a sharded (FSDP) model: {exc}") from exc
                 plan.whole_model_fallback = True
                 warnings.warn(
                     f"GhostGradients: {exc}; using torch.func per-example gradients for the whole model",
@@ -439,31 +464,11 @@ class GhostGradients(GhostChecks):
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         B = losses.shape[0]
         validate = not plan.validated
-        keep_graph = validate
-        if calls:
-            out_grads = torch.autograd.grad(
-                losses.sum(), [c.output for c in calls], allow_unused=True, retain_graph=keep_graph
-            )
-        else:
-            out_grads = ()
-        parts: dict[str, list[Contribution]] = {}
-        with torch.no_grad():  # book-keeping only: nothing here may join the model's graph
-            for call, g in zip(calls, out_grads):
-                if g is None:  # this call's output did not reach the loss
-                    continue
-                # Under bfloat16 autocast the norms and the weighted sums are computed from float32 copies,
-                # so the clip factors bound exactly the gradient that is summed (float32 rounding only).
-                contrib = call.layer.rule(call.layer.module, full_precision(call.args), full_precision(call.kwargs),
-                                          full_precision(g), B, call.layer.name)  # fmt: skip
-                for attr, pname in call.layer.params.items():
-                    if attr in contrib:
-                        parts.setdefault(pname, []).append(contrib[attr])
-            del calls
-            combined = {pname: combine(ps) for pname, ps in parts.items()}
+        combined, parts = self._contributions(calls, losses, keep_graph=validate)
+        del calls
 
         if validate:
-            bad = self._validate(plan, params, combined, parts, losses)
-            plan.validated = True
+            bad = self._validate_here(plan, params, combined, parts, losses)
             if bad:  # parameters used outside their layer's call: redo this chunk with them in the fallback
                 self._demote(plan, bad, "parameter also used outside the layer's call (e.g. reused functionally)")
                 return self._chunk(plan, model, loss_fn, batch, draws, C, params, inspect)
@@ -488,58 +493,78 @@ class GhostGradients(GhostChecks):
             if any_dropped:
                 combined = {pname: c.without(dropped) for pname, c in combined.items()}
 
-        sums: dict[str, torch.Tensor] = {}
         # The sums are formed from the very activations and output gradients the norms (and the every-step
         # check) were computed from: no second pass whose result nothing compares.
-        with torch.no_grad():
-            for pname, c in combined.items():
-                sums[pname] = c.weighted_sum(factors).to(params[pname].dtype)
-        for pname, p in params.items():  # parameters that got no gradient in this chunk
+        return self._sums(params, combined, factors), norms.to(
+            next(iter(params.values())).dtype if params else torch.float32)
+
+    @torch.no_grad()
+    def _sums(
+        self, params: dict[str, torch.Tensor], combined: dict[str, Contribution], factors: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Σ_i factors_i·g_i per parameter (zeros for one no gradient reached in this chunk)."""
+        if self._shards is not None:
+            return sharded_sums(params, combined, factors, self._shards)
+        sums = {pname: c.weighted_sum(factors).to(params[pname].dtype) for pname, c in combined.items()}
+        for pname, p in params.items():
             if pname not in sums:
                 sums[pname] = torch.zeros_like(p)
-        return sums, norms.to(next(iter(params.values())).dtype if params else torch.float32)
+        return sums
 
-    @staticmethod
-    def _validate(
+    def _contributions(self, calls: list[_Call], losses: torch.Tensor, *, keep_graph: bool = False
+                       ) -> tuple[dict[str, Contribution], dict[str, list[Contribution]]]:  # fmt: skip
+        """Each ruled parameter's per-example contribution (combined over its calls) and its per-call parts, from
+        one backward of ``losses.sum()`` to the recorded layers' outputs."""
+        B = losses.shape[0]
+        if calls:
+            out_grads = torch.autograd.grad(
+                losses.sum(), [c.output for c in calls], allow_unused=True, retain_graph=keep_graph
+            )
+        else:
+            out_grads = ()
+        parts: dict[str, list[Contribution]] = {}
+        with torch.no_grad():  # book-keeping only: nothing here may join the model's graph
+            for call, g in zip(calls, out_grads):
+                if g is None or B == 0:  # this call's output did not reach the loss; a chunk of no rows (sharded)
+                    continue
+                # Under bfloat16 autocast the norms and the weighted sums are computed from float32 copies,
+                # so the clip factors bound exactly the gradient that is summed (float32 rounding only).
+                contrib = call.layer.rule(call.layer.module, full_precision(call.args), full_precision(call.kwargs),
+                                          full_precision(g), B, call.layer.name)  # fmt: skip
+                for attr, pname in call.layer.params.items():
+                    if attr in contrib:
+                        parts.setdefault(pname, []).append(contrib[attr])
+            combined = {pname: combine(ps) for pname, ps in parts.items()}
+        return combined, parts
+
+    def _alone_contributions(self, plan: GhostPlan, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch,
+                             slices: list[slice]) -> list[dict[str, Contribution]]:  # fmt: skip
+        """Each of ``slices`` (one row, or none) run alone through the hooked forward: its contributions, the factors
+        ghost forms the gradient from (no parameter's gradient is formed here: a sharded model's checks)."""
+        out = []
+        for sl in slices:
+            part_b, part_d = slice_batch(batch, sl), slice_batch(draws, sl)
+            calls, losses = self._forward(plan, model, loss_fn, part_b, part_d)
+            out.append(self._contributions(calls, losses)[0])
+        return out
+
+    def _validate_here(
+        self,
         plan: GhostPlan,
         params: dict[str, torch.Tensor],
         combined: dict[str, Contribution],
         parts: dict[str, list[Contribution]],
         losses: torch.Tensor,
     ) -> list[str]:
-        """Parameter names whose ghost sum of gradients differs from autograd's (checked once per model).
-
-        A parameter of a supported layer that is also used outside the layer's call (a tied or functionally
-        reused weight) would otherwise silently miss that part of its gradient.
-        """
-        names = list(dict.fromkeys(n for layer in plan.layers for n in layer.params.values()))  # tied: once
-        if not names:
-            return []
-        truth = torch.autograd.grad(losses.sum(), [params[n] for n in names], allow_unused=True, retain_graph=True)
-        ones = torch.ones(losses.shape[0], dtype=torch.float64, device=losses.device)
-        bad = []
-        with torch.no_grad():
-            # Rounding scales with the size of the terms, not of their (possibly cancelling) sum. A bias whose
-            # terms cancel exactly (a conv bias before GroupNorm(C, C), a key bias under softmax: its gradient is
-            # 0) reaches its rule already summed, so its layer's largest term size stands in for its own. A
-            # parameter this lets through only loses gradient outside its layer: the released sum is of the rules'
-            # per-example contributions, each clipped, whatever this check decides.
-            own = {n: float(add_up([p.abs_sum() for p in parts[n]]).max()) for n in names if n in combined}
-            layer_scale: dict[str, float] = {}
-            for layer in plan.layers:
-                biggest = max((own.get(n, 0.0) for n in layer.params.values()), default=0.0)
-                for n in layer.params.values():
-                    layer_scale[n] = max(layer_scale.get(n, 0.0), biggest)
-            for n, t in zip(names, truth):
-                t = torch.zeros_like(params[n]) if t is None else t
-                if n not in combined:
-                    if float(t.abs().max()) > 0:
-                        bad.append(n)
-                    continue
-                mine = combined[n].weighted_sum(ones)
-                scale = max(own[n], layer_scale.get(n, 0.0)) + float(t.abs().max())
-                if float((mine - t).abs().max()) > 1e-4 * scale:
-                    bad.append(n)
+        """:func:`~featuredp.clipping.ghost_plan.validate_rules`, once per model; on a sharded model a failure on any
+        rank is refused on every rank."""
+        bad = validate_rules(plan, params, combined, parts, losses, piecewise=self._lock is not None)
+        plan.validated = True
+        if self._lock is not None and self._lock.any(bool(bad)):
+            raise ValueError(
+                "GhostGradients on a sharded (FSDP) model: a parameter is also used outside its layer's call "
+                f"({', '.join(bad) or 'on another rank'}), and there is no torch.func fallback under FSDP"
+            )
         return bad
 
     # -- torch.func fallback ---------------------------------------------------------------------------------

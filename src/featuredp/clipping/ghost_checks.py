@@ -23,30 +23,40 @@ unchanged), kept apart so that the strategy's own module is the forward, the rul
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import torch
 from torch import nn
 
+from featuredp.clipping.alone import (
+    NOT_DETERMINISTIC,
+    AloneGradients,
+    alone_gradients,
+    batch_rounding_noise,
+    owner,
+    rounding_noise,
+)
 from featuredp.clipping.base import (
     AutocastLoss,
     LossFn,
     add_up,
+    batch_size_of,
     clip_factors,
     per_example_grads,
     slice_batch,
-    trainable_parameters,
 )
 from featuredp.clipping.contributions import Contribution
+from featuredp.clipping.fsdp import Lockstep
 from featuredp.clipping.ghost_plan import GhostPlan
 from featuredp.clipping.safety import AutogradHookGuard
 from featuredp.errors import BatchMixingError, ForwardSideEffectError
 from featuredp.features.base import Batch
 
 __all__ = ["GhostChecks", "Inspect"]
+
+_owner = owner  # ghost.py's name for it
 
 
 def _has_randomness(model: nn.Module) -> list[str]:
@@ -128,7 +138,8 @@ _SEPARABILITY_TERM_TOL = 1e-4
 _SEPARABILITY_SCALE_TOL = 1e-6
 _SEPARABILITY_CLIP_TOL = 1e-6
 # A failed comparison is retried allowing this many times each example's own float32 rounding (float32 against
-# float64, alone): two float32 evaluations differ by at most about twice it.
+# float64, alone): two float32 evaluations differ by at most about twice it. A comparison that still fails is
+# retried once more adding, once, its row's rounding in the batch's own forward (a kink's branch; see there).
 _SEPARABILITY_NOISE_FACTOR = 8.0
 _SEPARABILITY_EXAMPLES = 2
 # The chunk check: on a secret share of the steps (OS entropy, never a seed), a secret random chunk of the
@@ -156,7 +167,7 @@ def _distance(terms: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tens
 
 
 def _distances(
-    combined: dict[str, Contribution], rows: torch.Tensor, alone: dict[str, torch.Tensor]
+    combined: dict[str, Contribution], rows: torch.Tensor, alone: Mapping[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, tuple[torch.Tensor, ...]]]:
     """Per example of ``rows``, over all parameters at once (the sensitivity is about a whole example's gradient):
     ‖ghost − alone‖² and ‖alone‖² (float64, (k,)), and each parameter's terms for :func:`_distance`.
@@ -182,33 +193,6 @@ def _distances(
     return mine_sq - 2 * inner + ref_sq, ref_sq, terms
 
 
-def _owner(model: nn.Module) -> str:
-    return f"GhostGradients ({type(model).__name__})"
-
-
-def _example_gradient(
-    model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, params: dict[str, torch.Tensor], i: int
-) -> list[torch.Tensor]:
-    """The gradient of example ``i`` alone (a batch of one with its own batch and draws rows), per parameter of
-    ``params`` in order; zeros where no gradient reaches a parameter."""
-    return _example_gradients(model, loss_fn, batch, draws, params, [i])[0]
-
-
-def _example_gradients(
-    model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch, params: dict[str, torch.Tensor], rows: list[int]
-) -> list[list[torch.Tensor]]:
-    """:func:`_example_gradient` of each of ``rows``: each row's forward alone, under one autograd-hook guard."""
-    tensors = list(params.values())
-    with AutogradHookGuard(_owner(model)):
-        losses = [loss_fn(model, slice_batch(batch, slice(i, i + 1)), slice_batch(draws, slice(i, i + 1)))
-                  for i in rows]  # fmt: skip
-    out = []
-    for loss in losses:
-        gs = torch.autograd.grad(loss.sum(), tensors, allow_unused=True)
-        out.append([torch.zeros_like(t) if g is None else g.detach() for g, t in zip(gs, tensors)])
-    return out
-
-
 class GhostChecks:
     """The every-call checks of :class:`~featuredp.clipping.ghost.GhostGradients` (a mixin; see the module docstring).
 
@@ -219,6 +203,12 @@ class GhostChecks:
     _secret: np.random.Generator
     _check_separability: bool
     _chunk_check_rate: float
+    #: Set for the duration of a call on a sharded model (clipping/fsdp.py): every rank makes the same passes.
+    _lock: Lockstep | None = None
+    # The references the checks compare with (clipping/alone.py), as methods so that tests can watch them.
+    _alone = staticmethod(alone_gradients)
+    _rounding_noise = staticmethod(rounding_noise)
+    _batch_rounding_noise = staticmethod(batch_rounding_noise)
 
     def _chunk(
         self,
@@ -233,6 +223,49 @@ class GhostChecks:
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """One physical chunk's clipped sums and norms (the host's)."""
         raise NotImplementedError
+
+    def _alone_contributions(self, plan: GhostPlan, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch,
+                             slices: list[slice]) -> list[dict[str, Contribution]]:  # fmt: skip
+        """Each of ``slices`` run alone through the hooked forward: its contributions (the host's)."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def _agreed(self, what: str) -> Iterator[None]:
+        """On a sharded model, a refusal (BatchMixingError, ValueError) of the body on any rank raised on every rank
+        after it, so that no rank waits in a collective for one that left; elsewhere the body as it is."""
+        if self._lock is None:
+            yield
+            return
+        error: BaseException | None = None
+        try:
+            yield
+        except (BatchMixingError, ValueError) as exc:
+            error = exc
+        self._lock.raise_if_any(error, lambda: BatchMixingError(
+            f"GhostGradients: another rank's {what} refused this step (its error is on its stderr)"))
+
+    def _sharded_alone(self, plan: GhostPlan, model: nn.Module, loss_fn: LossFn, batch: Batch, draws: Batch,
+                       params: dict[str, torch.Tensor], picked: list[int], *, twice: bool,
+                       weights: torch.Tensor | None = None) -> AloneGradients:  # fmt: skip
+        """A sharded model's :meth:`_alone` (or, with ``weights``, :meth:`_weighted_alone`): each row of ``picked``
+        through the hooked forward alone, as many passes as the rank with the most rows (the others over no rows),
+        its gradients read one parameter at a time (:class:`AloneGradients`). ``twice``: run again and compare, as
+        :meth:`_alone` does on a model's first check."""
+        assert self._lock is not None
+        slices = [slice(i, i + 1) for i in picked]
+        slices += [slice(0, 0)] * (self._lock.max(len(picked)) - len(picked))
+        def run() -> AloneGradients:
+            contribs = self._alone_contributions(plan, model, loss_fn, batch, draws, slices)
+            return AloneGradients(contribs[: len(picked)], params, weights)
+
+        first = run()
+        if twice:
+            again = run()
+            for n in params:
+                a, b = first[n], again[n]
+                if a.numel() and float((a - b).abs().max()) > 1e-5 * float(a.abs().max()) + 1e-12:
+                    raise ValueError(NOT_DETERMINISTIC.format(name=n))
+        return first
 
     def _separability_check(
         self,
@@ -261,11 +294,19 @@ class GhostChecks:
         """
         if plan.whole_model_fallback or not self._check_separability or self.physical_batch_size == 1:
             return -1, None
-        sizes = [min(chunk, n - start) for start in range(0, n, chunk)]
+        lock = self._lock
+        count = max(1, -(-n // chunk)) if lock is None else lock.max(max(1, -(-n // chunk)))
+        sizes = [max(0, min(chunk, n - start)) for start in range(0, count * chunk, chunk)]
         weights = np.array([size if size >= 2 else 0 for size in sizes], dtype=np.float64)
-        if weights.sum() == 0:
+        if weights.sum() == 0 and lock is None:
             return -1, None
-        index = 0 if len(sizes) == 1 else int(self._secret.choice(len(sizes), p=weights / weights.sum()))
+        if len(sizes) == 1:
+            index = 0
+        else:
+            p = weights / weights.sum() if weights.sum() else None
+            index = int(self._secret.choice(len(sizes), p=p))
+            if lock is not None:  # one chunk for every rank, rank 0's secret choice: the passes line up
+                index = lock.first(index)
         start = index * chunk
         part_b = slice_batch(batch, slice(start, start + sizes[index]))
         part_d = slice_batch(draws, slice(start, start + sizes[index]))
@@ -273,6 +314,8 @@ class GhostChecks:
 
         # Decided before the forward, from OS entropy: the model cannot tell which steps are checked.
         chunk_check = bool(self._secret.random() < self._chunk_check_rate)
+        if lock is not None:
+            chunk_check = bool(lock.first(int(chunk_check)))
 
         def inspect(
             combined: dict[str, Contribution], parts: dict[str, list[Contribution]], norms: torch.Tensor
@@ -306,59 +349,85 @@ class GhostChecks:
         picked: np.ndarray | None = None,
     ) -> None:
         """Raise BatchMixingError if the ghost gradients or norms of a few secretly chosen examples (or those
-        ``picked``) differ from theirs computed alone."""
-        # Rows with a non-finite gradient contribute zero and would make every comparison false: choose among
-        # the others (if none is left there is nothing this step could leak through mixing that is summed).
-        if picked is None:
-            picked = self._pick(norms)
-        if picked is None:
-            return
-        rows = torch.as_tensor(picked, dtype=torch.int64, device=norms.device)
-        alone = self._alone(model, loss_fn, batch, draws, params, picked, twice=not plan.deterministic)
-        plan.deterministic = True
-        with torch.no_grad():
-            err_sq, ref_sq, terms = _distances(combined, rows, alone)
-            err = err_sq.clamp(min=0).sqrt()
-            ref_norms = ref_sq.sqrt()
-            norm_off = (norms[rows].to(torch.float64) - ref_norms).abs()
-
-            def fails(limit: torch.Tensor) -> bool:
-                # The gradients, and the norms that set the clip factors (float64 Gram forms, fallback included),
-                # against the same computed alone; a NaN computed alone makes every comparison false: a failure.
-                return bool(((err > limit) | (norm_off > limit) | ~torch.isfinite(ref_norms)).any())
-
-            clip_floor = _SEPARABILITY_CLIP_TOL * C if math.isfinite(C) else 0.0
-            # The tolerance below is at least this: an ordinary step (distance ~1e-7 of the norm) passes here,
-            # without the bounds that only matter when a distance comes near it.
-            if not fails(_SEPARABILITY_RTOL * ref_norms + clip_floor):
+        ``picked``) differ from theirs computed alone. On a sharded model every rank raises if any rank's did."""
+        with self._agreed("every-step check"):
+            # Rows with a non-finite gradient contribute zero and would make every comparison false: choose among
+            # the others (if none is left there is nothing this step could leak through mixing that is summed).
+            if picked is None:
+                picked = self._pick(norms)
+            if picked is None or len(picked) == 0:
+                if self._lock is not None:  # nothing to check here: this rank joins the others' passes
+                    self._sharded_alone(plan, model, loss_fn, batch, draws, params, [], twice=not plan.deterministic)
+                    plan.deterministic = True
                 return
-            # Bound the terms over the separate calls (passes), whose sum is where cancellation happens.
-            bounds = [add_up([c.term_bounds(rows) for c in parts.get(pname) or [combined[pname]]])
-                      for pname in params if pname in combined]  # fmt: skip
-            bound = ref_norms if not bounds else torch.maximum(torch.stack(bounds).pow(2).sum(0).sqrt(), ref_norms)
-            # The absolute floor follows the chunk's largest gradient, not only the checked rows': a saturated
-            # model has rows whose gradients are ~1e-21, where float32 Gram norms lose whole digits (their squares
-            # are denormal) and a comparison relative to those rows alone would refuse an ordinary model.
-            finite = norms[torch.isfinite(norms)]
-            scale = torch.maximum(bound.max(), finite.max().to(torch.float64)) if finite.numel() else bound.max()
-            # Differences below 1e-6·C (clip_floor) move a clipped contribution by at most that: far inside the
-            # sensitivity, and the level of float32 noise in a model whose whole batch is saturated (every
-            # gradient ~1e-22, where Gram norms lose whole digits).
-            tol = (_SEPARABILITY_RTOL * ref_norms + _SEPARABILITY_TERM_TOL * bound + _SEPARABILITY_SCALE_TOL * scale
-                   + clip_floor)  # fmt: skip
-            failed = fails(tol)
-        if failed:
-            # Before calling it mixing: an ill-conditioned forward (a diverged model's logits in the thousands)
-            # moves an example's float32 gradient by ~0.1% between any two summation orders. Measure how far
-            # rounding moves each checked example's own gradient (float32 alone against float64 alone, which no
-            # other example enters) and allow a few times that; mixing moves gradients far more.
-            noise = self._rounding_noise(model, loss_fn, batch, draws, params, picked, alone)
-            if noise is not None:
-                failed = fails(tol + _SEPARABILITY_NOISE_FACTOR * noise)
-        if failed:
-            bad = [pname for pname, (d, r) in ((n, _distance(t)) for n, t in terms.items())
-                   if bool((d > _SEPARABILITY_RTOL * r + _SEPARABILITY_TERM_TOL * bound).any())]  # fmt: skip
-            raise BatchMixingError(self._mixing_message(plan, model, bad))
+            rows = torch.as_tensor(picked, dtype=torch.int64, device=norms.device)
+            alone: Mapping[str, torch.Tensor]
+            if self._lock is not None:
+                alone = self._sharded_alone(plan, model, loss_fn, batch, draws, params, picked.tolist(),
+                                            twice=not plan.deterministic)  # fmt: skip
+            else:
+                alone = self._alone(model, loss_fn, batch, draws, params, picked, twice=not plan.deterministic)
+            plan.deterministic = True
+            with torch.no_grad():
+                err_sq, ref_sq, terms = _distances(combined, rows, alone)
+                err = err_sq.clamp(min=0).sqrt()
+                ref_norms = ref_sq.sqrt()
+                norm_off = (norms[rows].to(torch.float64) - ref_norms).abs()
+
+                def fails(limit: torch.Tensor) -> bool:
+                    # The gradients, and the norms that set the clip factors (float64 Gram forms, fallback included),
+                    # against the same computed alone; a NaN computed alone makes every comparison false: a failure.
+                    return bool(((err > limit) | (norm_off > limit) | ~torch.isfinite(ref_norms)).any())
+
+                clip_floor = _SEPARABILITY_CLIP_TOL * C if math.isfinite(C) else 0.0
+                # The tolerance below is at least this: an ordinary step (distance ~1e-7 of the norm) passes here,
+                # without the bounds that only matter when a distance comes near it.
+                if not fails(_SEPARABILITY_RTOL * ref_norms + clip_floor):
+                    return
+                # Bound the terms over the separate calls (passes), whose sum is where cancellation happens.
+                bounds = [add_up([c.term_bounds(rows) for c in parts.get(pname) or [combined[pname]]])
+                          for pname in params if pname in combined]  # fmt: skip
+                bound = ref_norms if not bounds else torch.maximum(torch.stack(bounds).pow(2).sum(0).sqrt(), ref_norms)
+                # The absolute floor follows the chunk's largest gradient, not only the checked rows': a saturated
+                # model has rows whose gradients are ~1e-21, where float32 Gram norms lose whole digits (their squares
+                # are denormal) and a comparison relative to those rows alone would refuse an ordinary model.
+                finite = norms[torch.isfinite(norms)]
+                scale = torch.maximum(bound.max(), finite.max().to(torch.float64)) if finite.numel() else bound.max()
+                # Differences below 1e-6·C (clip_floor) move a clipped contribution by at most that: far inside the
+                # sensitivity, and the level of float32 noise in a model whose whole batch is saturated (every
+                # gradient ~1e-22, where Gram norms lose whole digits).
+                tol = (_SEPARABILITY_RTOL * ref_norms + _SEPARABILITY_TERM_TOL * bound + _SEPARABILITY_SCALE_TOL * scale
+                       + clip_floor)  # fmt: skip
+                failed = fails(tol)
+            if failed:
+                # Before calling it mixing: an ill-conditioned forward (a diverged model's logits in the thousands)
+                # moves an example's float32 gradient by ~0.1% between any two summation orders. Measure how far
+                # rounding moves each checked example's own gradient (float32 alone against float64 alone, which no
+                # other example enters) and allow a few times that; mixing moves gradients far more.
+                # Not on a sharded model: the float64 copy's forward would be collectives this rank alone makes.
+                noise = None
+                if self._lock is None:
+                    assert isinstance(alone, dict)
+                    noise = self._rounding_noise(model, loss_fn, batch, draws, params, picked, alone)
+                if noise is not None:
+                    failed = fails(tol + _SEPARABILITY_NOISE_FACTOR * noise)
+                if noise is not None and failed:
+                    # A kink (ReLU gate, max-pool argmax) turns one rounding into a different derivative: where the
+                    # batch's kernel rounds a unit to the other side of it than a row alone does (NNPACK's Winograd on
+                    # 16 rows, a direct kernel on one: ~1e-5 apart), the row's gradient moves by that unit's share
+                    # (0.2-5% in a small CNN), while float64 alone takes float32 alone's branch, so the retry above sees
+                    # nothing. Float64 takes the exact branch on both sides, so the flip is in one of the two measured
+                    # roundings: for a separable model ‖ghost − alone‖ ≤ tol + noise + batch_noise (the triangle
+                    # inequality through the row's gradient in the batch's float32 forward, ghost's own branches, and
+                    # in its float64 one, equal to float64 alone). Mixing is in both precisions alike, so batch_noise
+                    # holds only rounding: 1e-7 to 1e-6 of the gradient on a row with no unit that close to a kink.
+                    batch_noise = self._batch_rounding_noise(model, loss_fn, batch, draws, params, picked)
+                    if batch_noise is not None:
+                        failed = fails(tol + _SEPARABILITY_NOISE_FACTOR * noise + batch_noise)
+            if failed:
+                bad = [pname for pname, (d, r) in ((n, _distance(t)) for n, t in terms.items())
+                       if bool((d > _SEPARABILITY_RTOL * r + _SEPARABILITY_TERM_TOL * bound).any())]  # fmt: skip
+                raise BatchMixingError(self._mixing_message(plan, model, bad))
 
     def _compare_chunk(
         self,
@@ -383,8 +452,9 @@ class GhostChecks:
         difference, and no set of differing rows can cancel except on a set of weights of probability zero
         (centring over the batch makes the rows' differences sum to zero, which equal weights would not see).
         """
+        lock = self._lock
         finite = torch.isfinite(norms).nonzero().flatten().cpu().numpy()
-        if len(finite) == 0:
+        if len(finite) == 0 and lock is None:
             return
         picked = np.sort(self._secret.choice(finite, size=min(_CHUNK_CHECK_EXAMPLES, len(finite)), replace=False))
         k = len(picked)
@@ -407,6 +477,11 @@ class GhostChecks:
                 np.abs(sizes).sum()
             )
             failed = not (float(diff_sq.sqrt()) <= tol)
+        if lock is not None:  # no confirmation one by one (torch.func or more passes than the other ranks make)
+            with self._agreed("chunk check"):
+                if failed:
+                    raise BatchMixingError(self._mixing_message(plan, model, list(theirs)))
+            return
         if failed:
             rows_alone = (picked, sub_b, sub_d)
             self._confirm_chunk(plan, model, loss_fn, batch, draws, params, combined, parts, norms, C, rows_alone)
@@ -420,9 +495,13 @@ class GhostChecks:
         draws: Batch,
         params: dict[str, torch.Tensor],
         weights: torch.Tensor,
-    ) -> dict[str, torch.Tensor]:
+    ) -> Mapping[str, torch.Tensor]:
         """∇_θ Σ_i weights[i]·loss(example i alone), per parameter: one forward of every example as a batch of one
         (vmap; a loop of batch-of-one calls for models vmap cannot run, remembered in the plan) and one backward."""
+        if self._lock is not None:  # a sharded model: the rows' contributions, one parameter's gradient at a time
+            picked = list(range(batch_size_of(batch, draws)))
+            return self._sharded_alone(plan, model, loss_fn, batch, draws, params, picked, twice=False,
+                                       weights=weights)  # fmt: skip
         tensors = list(params.values())
         losses = None
         if plan.alone_vmap:
@@ -432,7 +511,7 @@ class GhostChecks:
                                {k: v.unsqueeze(0) for k, v in d.items()}).reshape(())  # fmt: skip
 
             try:
-                with AutogradHookGuard(_owner(model)):
+                with AutogradHookGuard(owner(model)):
                     losses = torch.func.vmap(one, randomness="error")(batch, draws)
             except (BatchMixingError, ForwardSideEffectError):
                 raise
@@ -440,7 +519,7 @@ class GhostChecks:
                 plan.alone_vmap = False
         if losses is None:
             one_at_a_time = [slice(i, i + 1) for i in range(len(weights))]
-            with AutogradHookGuard(_owner(model)):
+            with AutogradHookGuard(owner(model)):
                 losses = torch.cat([loss_fn(model, slice_batch(batch, sl), slice_batch(draws, sl)).reshape(1)
                                     for sl in one_at_a_time])  # fmt: skip
         gs = torch.autograd.grad((losses * weights.to(losses.dtype)).sum(), tensors, allow_unused=True)
@@ -476,36 +555,6 @@ class GhostChecks:
         worst = picked[np.sort(torch.argsort(row_sq, descending=True)[:_CONFIRM_EXAMPLES].cpu().numpy())]
         self._compare_with_alone(plan, model, loss_fn, batch, draws, params, combined, parts, norms, C, worst)
 
-    @staticmethod
-    def _rounding_noise(
-        model: nn.Module,
-        loss_fn: LossFn,
-        batch: Batch,
-        draws: Batch,
-        params: dict[str, torch.Tensor],
-        picked: np.ndarray,
-        alone: dict[str, torch.Tensor],
-    ) -> torch.Tensor | None:
-        """Per checked example, ‖its float32 gradient alone − its float64 gradient alone‖ (float64, shape (k,)):
-        how far float32 rounding alone moves it. None when the model or the loss cannot run in float64 (the
-        comparison then stands as it is)."""
-        names = list(params)
-        try:
-            wide = copy.deepcopy(model).double()
-            wide_params = trainable_parameters(wide)
-            if list(wide_params) != names:
-                return None
-            b64 = {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
-            d64 = {k: v.double() if v.is_floating_point() else v for k, v in draws.items()}
-            out = []
-            for j, i in enumerate(picked.tolist()):
-                exact = _example_gradient(wide, loss_fn, b64, d64, wide_params, i)
-                out.append(torch.cat([(alone[n][j].to(torch.float64) - g).flatten() for n, g in zip(names, exact)])
-                           .norm())  # fmt: skip
-            return torch.stack(out)
-        except (RuntimeError, TypeError, ValueError):
-            return None
-
     def _pick(self, norms: torch.Tensor) -> np.ndarray | None:
         """Up to ``_SEPARABILITY_EXAMPLES`` distinct rows with finite norms, uniformly at random (secret)."""
         n, k = len(norms), min(_SEPARABILITY_EXAMPLES, len(norms))
@@ -518,45 +567,6 @@ class GhostChecks:
         if len(finite) == 0:
             return None
         return np.sort(self._secret.choice(finite, size=min(k, len(finite)), replace=False))
-
-    @staticmethod
-    def _alone(
-        model: nn.Module,
-        loss_fn: LossFn,
-        batch: Batch,
-        draws: Batch,
-        params: dict[str, torch.Tensor],
-        picked: np.ndarray,
-        *,
-        twice: bool,
-    ) -> dict[str, torch.Tensor]:
-        """Gradients of the examples ``picked``, each from a forward and backward of that example alone.
-
-        A plain loop of batch-of-one autograd calls rather than torch.func: it works for every model ghost
-        clipping accepts (ragged bags with boolean masks and other dynamic shapes cannot be vmapped), and k is
-        small. With ``twice`` (a model's first check) each example is computed twice: a forward that draws
-        random numbers outside nn.Dropout modules would make the comparison meaningless, and is refused with
-        its own message (one that starts doing so later fails the comparison instead: refused all the same).
-        """
-        names = list(params)
-        rows: dict[str, list[torch.Tensor]] = {n: [] for n in names}
-        for grads in _example_gradients(model, loss_fn, batch, draws, params, picked.tolist()):
-            for n, g in zip(names, grads):
-                rows[n].append(g)
-        again = _example_gradients(model, loss_fn, batch, draws, params, picked.tolist()) if twice else []
-        for j, grads in enumerate(again):
-            for n, g in zip(names, grads):
-                first = rows[n][j]
-                if g.numel() and float((g - first).abs().max()) > 1e-5 * float(first.abs().max()) + 1e-12:
-                    raise ValueError(
-                        "GhostGradients checks on every step that the model treats examples separately, by "
-                        "recomputing a few examples' gradients on their own; that needs a forward that is "
-                        "deterministic given (batch, draws) apart from nn.Dropout modules, but two identical calls "
-                        "gave different "
-                        f"gradients for {n!r}; take random numbers from the loss split's draws, or use "
-                        "strategy='vmap'"
-                    )
-        return {n: torch.stack(r) for n, r in rows.items()}
 
     @staticmethod
     def _mixing_message(plan: GhostPlan, model: nn.Module, bad: list[str]) -> str:

@@ -57,6 +57,7 @@ from torch import nn
 from torch.nn import functional as nnf
 
 from featuredp.clipping.contributions import Contribution, Dense, Outer, Rows
+from featuredp.clipping.fsdp import plain_type
 
 __all__ = [
     "RULES",
@@ -123,7 +124,7 @@ def register_rule(
 
 def rule_for(module: nn.Module) -> tuple[Rule | None, str]:
     """The rule for ``module`` and, when there is none, the reason (for the fallback report)."""
-    entry = RULES.get(type(module))
+    entry = RULES.get(plain_type(module))  # an FSDP-wrapped Linear is a Linear
     if entry is None:
         return None, "no ghost rule for this layer type"
     reason = entry.unsupported(module) if entry.unsupported is not None else ""

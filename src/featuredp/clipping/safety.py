@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from featuredp.clipping.fsdp import is_fsdp_hook, local_tensor
 from featuredp.errors import BatchMixingError, ForwardSideEffectError
 
 __all__ = ["AutogradHookGuard", "ForwardStateGuard", "check_no_batch_mixing"]
@@ -161,10 +162,12 @@ _MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"_flat_weights", "_flat_w
 
 
 def _ptr(t: torch.Tensor) -> int:
+    t = local_tensor(t)  # a sharded parameter: this rank's shard (clipping/fsdp.py)
     return t.data_ptr() if t.layout == torch.strided else 0
 
 
 def _version(t: torch.Tensor) -> int:
+    t = local_tensor(t)
     return -1 if t.is_inference() else t._version  # inference tensors have no version counter (nor autograd use)
 
 
@@ -285,9 +288,9 @@ class ForwardStateGuard:
         with torch.no_grad():
             for t, _ in tensors.values():
                 if rng is None or t.numel() <= _EXACT_LIMIT or not (t.is_floating_point() or t.is_complex()):
-                    self._copies[id(t)] = t.detach().clone()
+                    self._copies[id(t)] = local_tensor(t).detach().clone()
                 else:
-                    self._prints[id(t)] = _Fingerprint(t, rng)
+                    self._prints[id(t)] = _Fingerprint(local_tensor(t), rng)
         return self
 
     def __exit__(
@@ -379,9 +382,9 @@ class ForwardStateGuard:
                 if id(t) in changed:
                     continue
                 copy = self._copies.get(id(t))
-                if copy is not None and not _same_values(t, copy):
+                if copy is not None and not _same_values(local_tensor(t), copy):
                     changed.add(id(t))  # a write that bumps no version (through .data)
-                elif copy is None and not self._prints[id(t)].same(t):
+                elif copy is None and not self._prints[id(t)].same(local_tensor(t)):
                     changed.add(id(t))
         return changed
 
@@ -442,8 +445,8 @@ class ForwardStateGuard:
                         names = {id(v): n for n, v in self.model.named_parameters(remove_duplicate=False)}
                         names.update({id(v): n for n, v in self.model.named_buffers(remove_duplicate=False)})
                     unrestored.append(repr(names.get(id(t), "a tensor attribute")))
-                elif _ptr(t) == ptr and t.shape == copy.shape and t.dtype == copy.dtype:
-                    t.copy_(copy)
+                elif _ptr(t) == ptr and local_tensor(t).shape == copy.shape and t.dtype == copy.dtype:
+                    local_tensor(t).copy_(copy)
                 else:
                     t.data = copy
         return unrestored
@@ -532,6 +535,8 @@ class AutogradHookGuard(torch.overrides.TorchFunctionMode):
         name = self._calls.get(func)
         if name is None:
             return func(*args, **(kwargs or {}))
+        if func is torch.Tensor.register_hook and len(args) > 1 and is_fsdp_hook(args[1]):
+            return func(*args, **(kwargs or {}))  # FSDP2's unshard before the backward (clipping/fsdp.py)
         if func == self._grad_fn:
             node = func(*args, **(kwargs or {}))
             if node is None:  # a leaf (nn.Module.register_parameter asks): no node, no hook to attach

@@ -58,6 +58,7 @@ from featuredp.errors import PrivacyRiskWarning
 from featuredp.models import build_model
 from featuredp.plan import PrivacyPlan
 from featuredp.run import SPENT_SUFFIX
+from featuredp.sharding import whole_state_dict
 
 __all__ = ["PRIVATE_DIR_ENV", "RUN_FILES", "Run", "check_data_fingerprint", "check_legacy_checkpoint",
            "close_private_checkpoint", "data_files_fingerprint", "load_checkpoint", "load_run",
@@ -347,9 +348,11 @@ def save_run(
 
     ``dataset``: ``{"name": ..., "options": {...}, "private_columns": [...], "split_seed": ...}``.
     The checkpoint is written by ``Trainer.fit(checkpoint=open_private_checkpoint(out_dir))``, outside ``out_dir``.
-    In a data-parallel run only rank 0 writes (every rank holds the same model).
+    In a data-parallel run only rank 0 writes (every rank holds the same model); a sharded one is gathered whole
+    first, on every rank.
     """
     out = Path(out_dir)
+    weights = whole_state_dict(trainer.model)  # a collective when the model is sharded (FSDP2)
     if getattr(trainer, "dist", None) is not None and not trainer.dist.is_main:
         return out
     out.mkdir(parents=True, exist_ok=True)
@@ -365,7 +368,7 @@ def save_run(
         **(extra or {}),
     }
     with atomic_path(out / MODEL_FILE) as tmp:
-        torch.save({k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}, tmp)
+        torch.save(weights, tmp)
     atomic_write_json(out / RUN_JSON, info)
     return out
 

@@ -83,7 +83,7 @@ class TrainedModel:
 
 def _run_settings(kwargs: dict[str, Any], record: Method, *, epsilon: float | None, delta: float | None, noise: str,
                   bands: int | None, record_epsilon: float | None, params: Mapping[str, Any], device: str | None,
-                  precision: str) -> None:  # fmt: skip
+                  precision: str, sharding: str = "none") -> None:  # fmt: skip
     """Add to the Trainer's ``kwargs`` what :func:`train_one` sets outside the preset's parameters: the target, the
     noise, the backstop, the device and the precision."""
     if record.private:
@@ -106,6 +106,8 @@ def _run_settings(kwargs: dict[str, Any], record: Method, *, epsilon: float | No
         kwargs["device"] = device
     if precision != "fp32":
         kwargs["precision"] = precision
+    if sharding != "none":
+        kwargs["sharding"] = sharding
 
 
 def train_one(
@@ -129,6 +131,7 @@ def train_one(
     dataset_options: Mapping[str, Any] | None = None,
     device: str | None = None,
     precision: str = "fp32",
+    sharding: str = "none",
     out: str | Path | None = None,
     resume: bool = False,
     accept_legacy_checkpoint: bool = False,
@@ -165,6 +168,7 @@ def train_one(
             None: no defaults, ``params`` only.
         device: ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``auto``; checked before any work.
         precision: ``fp32`` or ``bf16`` (bfloat16 autocast; norms, clipping and noise in float32).
+        sharding: ``none`` or ``fsdp`` (under torchrun: the model sharded with FSDP2, docs/distributed.md).
         out, resume: a run directory to write (run.json, model.pt) and whether to continue the run in it
             from its checkpoint. The checkpoint (RNG states and keys) is written outside ``out``, in a
             private place (:func:`~featuredp.experiments.runs.private_checkpoint`: folders 0700, file
@@ -204,7 +208,8 @@ def train_one(
     kwargs = resolved_params(record.name, dataset, units, params, preset=preset,
                              label_dp=isinstance(split, LabelDPSplit))
     _run_settings(kwargs, record, epsilon=epsilon, delta=delta, noise=noise, bands=bands,
-                  record_epsilon=record_epsilon, params=params, device=device, precision=precision)  # fmt: skip
+                  record_epsilon=record_epsilon, params=params, device=device, precision=precision,
+                  sharding=sharding)  # fmt: skip
     trainer = Trainer(net, record.name, loss_split=split, seed=seed, public_seed=public_seed, secure_rng=secure_rng,
                       ledger=ledger, progress=progress, user_key=users, **kwargs)  # fmt: skip
     checkpoint = None if out is None else _open_checkpoint(trainer, out, resume, accept_legacy_checkpoint)

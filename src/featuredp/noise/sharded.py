@@ -402,13 +402,10 @@ class ShardedNoise(Uncopyable, NoiseSource):
         self._step += 1
         if std == 0:
             return {k: v.clone() for k, v in sums.items()}
-        z = self.draw_ranges(step, [r for _, _, rel in plan for r in rel])
         out: dict[str, torch.Tensor] = {}
-        at = 0
-        for name, local, _ in plan:
-            n = local.numel()
-            part = z[at : at + n].view(local.shape).to(local.device)
-            at += n
+        for name, local, rel in plan:
+            # One tensor's coordinates at a time: the float64 draw alive at once is one shard of one parameter.
+            part = self.draw_ranges(step, rel).view(local.shape).to(local.device)
             # Widen first, so that the only rounding to the tensor's dtype comes after the noise is in.
             noised = part.mul_(std).add_(local).to(local.dtype, copy=True)
             out[name] = _like(sums[name], noised)

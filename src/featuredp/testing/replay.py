@@ -354,9 +354,9 @@ def _observed_step(trainer: Any, state: Any, split: Any, batch_all: Any, params:
         run.saw_clipped({k: v.detach().clone() for k, v in sums.items()})
         return sums, norms
 
-    def noisy(sums: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
+    def noisy(sums: dict[str, torch.Tensor], std: float, **kwargs: Any) -> dict[str, torch.Tensor]:
         before = copy.deepcopy(noise.state_dict())
-        out = add(sums, std)
+        out = add(sums, std, **kwargs)
         run.saw_noise(before, {k: v.detach().clone() for k, v in out.items()}, float(std))
         return out
 
@@ -388,7 +388,11 @@ def _observed_step(trainer: Any, state: Any, split: Any, batch_all: Any, params:
     trained = {id(p) for p in params.values()}
     run.after = {k: v.detach().clone() for k, v in trainer.model.state_dict(keep_vars=True).items()
                  if k not in params and id(v) not in trained}  # fmt: skip
-    if trainer.dist is not None:  # the released quantities are the totals over the ranks
+    run_of = getattr(trainer, "run", trainer)  # a Trainer's run, or the engine's PrivateRun itself
+    if run_of.core.sharded:  # FSDP: the sums are the totals already, as shards; each coordinate noised once
+        run.clipped, run.noisy, run.grads = (_whole(run.clipped), _whole(run.noisy) if run.noisy else run.noisy,
+                                             _whole(run.grads))  # fmt: skip
+    elif trainer.dist is not None:  # the released quantities are the totals over the ranks
         # Each rank's share of the all-reduced noisy sum: its noisy sum if it drew noise, else its clipped sum.
         share = run.noisy if run.noisy else run.clipped
         run.noisy = all_reduce_sum(share)
@@ -436,6 +440,11 @@ def _record_rows(sample: Callable[[], Any], run: _Run, draws: _Draws, x: int, *,
 
 def _flat(tensors: dict[str, torch.Tensor], keys: Sequence[str]) -> torch.Tensor:
     return torch.cat([tensors[k].detach().reshape(-1).to(torch.float64).cpu() for k in keys])
+
+
+def _whole(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Sharded (DTensor) values gathered whole on every rank (a collective), others as they are."""
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in tensors.items()}
 
 
 def _compare(plan: Any, public_batch: bool, noise: Any, a: _Run, b: _Run,

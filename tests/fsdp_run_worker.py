@@ -1,0 +1,247 @@
+"""One rank of tests/test_fsdp_run.py: ``Trainer(..., sharding="fsdp")`` under ``torchrun`` (2 gloo ranks, CPU).
+
+``python -m torch.distributed.run --nproc-per-node 2 ... tests/fsdp_run_worker.py SCENARIOS OUT_DIR`` (``all``, or
+names of :data:`SCENARIOS` joined by commas: one launch for all, since each costs seconds); rank 0 writes what the
+test checks to OUT_DIR/SCENARIO.pt. Not a test module.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _fdp_synth
+
+from _fdp_synth import ZeroSplit, make_tabular
+from distributed_worker import _record_batches as record_batches
+from featuredp.clipping.fsdp import is_sharded
+from featuredp.engine import Trainer
+from featuredp.features import Columns, LabelPrivate
+
+torch.set_num_threads(1)
+
+
+def mlp() -> nn.Sequential:
+    """The model of every scenario (the test builds the same)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(7, 9), nn.Tanh(), nn.Linear(9, 2))
+
+
+def full(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter whole (a collective on a sharded model)."""
+    out = {}
+    for name, p in model.named_parameters():
+        out[name] = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+    return out
+
+
+def _sum(scenario: str, data: Any, out: Path) -> dict:
+    # σ = 0, lr = 1: the update is −(Σ over the union of the ranks' batches of clip_C ∇ℓ)/m.
+    seen = record_batches()  # distributed_worker's spy on the private draws
+    model = mlp()
+    before = full(model)
+    Trainer(model, "dpsgd", steps=1, batch_size=40, noise_multiplier=0.0, max_grad_norm=0.5, lr=1.0,
+            momentum=0.0, sharding="fsdp", progress=False).fit(data)  # fmt: skip
+    union: list = [None, None]
+    torch.distributed.all_gather_object(union, seen[0])
+    result = {
+        "before": before,
+        "after": full(model),
+        "indices": np.concatenate(union).tolist(),
+        "sharded": is_sharded(model),
+        "local": [tuple(p.to_local().shape) for p in model.parameters()],
+    }
+    return result
+
+
+def _noise(scenario: str, data: Any, out: Path) -> dict:
+    # Gradients all zero: the update is the noise, which must be one process's draw under the run's one key.
+    batch = {"x": torch.randn(60, 7, generator=torch.Generator().manual_seed(0)),
+             "y": torch.randint(0, 2, (60,), generator=torch.Generator().manual_seed(1))}  # fmt: skip
+    model = mlp()
+    before = full(model)
+    trainer = Trainer(model, "dpsgd", loss_split=ZeroSplit(LabelPrivate()), steps=1, batch_size=10,
+                      noise_multiplier=2.0, max_grad_norm=0.5, lr=1.0, momentum=0.0, delta=1e-5,
+                      sharding="fsdp", progress=False)  # fmt: skip
+    res = trainer.fit(batch)
+    keys: list = [None, None]  # each rank's key: one for all (ShardedNoise agrees on it over the group)
+    torch.distributed.all_gather_object(keys, bytes(trainer.run.state.noise.state_dict()["sharded_key"].tolist()))
+    result = {"before": before, "after": full(model), "keys": keys, "epsilon": res.epsilon}
+    return result
+
+
+def _fdp(scenario: str, data: Any, out: Path) -> dict:
+    # Algorithm 1 (its public term through FSDP too) and FDP (DP-SGD), σ = 0: the same run as data-parallel.
+    models = {}
+    for sharding in ("none", "fsdp"):
+        models[sharding] = mlp()
+        Trainer(models[sharding], scenario, feature_map=Columns(["sex", "race"]), steps=3, batch_size=20,
+                noise_multiplier=0.0, max_grad_norm=0.5, lr=0.5, delta=1e-4, seed=11, public_seed=2,
+                strategy="ghost", sharding=sharding, progress=False).fit(data)  # fmt: skip
+    result = {"ddp": full(models["none"]), "fsdp": full(models["fsdp"])}
+    return result
+
+
+def _resume(scenario: str, data: Any, out: Path) -> dict:
+    # Killed after step 2's checkpoint, resumed to step 4: ε of 4 steps, the noise key fresh after the resume.
+    ck = out / "ck.pt"
+    kw = dict(feature_map=Columns(["sex", "race"]), steps=4, batch_size=20, noise_multiplier=1.0, delta=1e-4,
+              strategy="ghost", sharding="fsdp", progress=False)  # fmt: skip
+    first = Trainer(mlp(), "fdp", **kw)
+    first.fit(data, checkpoint=ck, max_steps=2)
+    key_before = first.run.state.noise.state_dict()["sharded_key"].clone()
+    second = Trainer(mlp(), "fdp", **kw)
+    res = second.fit(data, checkpoint=ck, resume=True)
+    whole = Trainer(mlp(), "fdp", **kw).fit(data)
+    result = {"epsilon": res.epsilon, "steps": res.steps, "whole_epsilon": whole.epsilon,
+              "rekeyed": not torch.equal(key_before, second.run.state.noise.state_dict()["sharded_key"]),
+              "files": sorted(p.name for p in out.iterdir() if p.name.startswith("ck"))}  # fmt: skip
+    return result
+
+
+def _replay(scenario: str, data: Any, out: Path) -> dict:
+    # The replay self-test (featuredp.testing.replay_step) on sharded runs: one record moves the release by at
+    # most the stated sensitivity, every draw held fixed.
+    from featuredp.testing import replay_step
+
+    result = {}
+    for method in ("dpsgd", "fdp", "fdp_dpsgd"):
+        fmap = None if method == "dpsgd" else Columns(["sex", "race"])
+        trainer = Trainer(mlp(), method, feature_map=fmap, steps=3, batch_size=20, noise_multiplier=1.0,
+                          max_grad_norm=0.5, delta=1e-4, strategy="ghost", sharding="fsdp", progress=False)  # fmt: skip
+        report = replay_step(trainer, data, record=7, batch=[1, 2, 3, 50, 101, 150, 199])
+        result[method] = (report.outcome, report.refusal, [(c.name, c.ok) for c in report.checks])
+    # A broken variant the replay must catch: each rank's sum counted twice in the total over the ranks.
+    import featuredp.clipping.fsdp as fsdp
+
+    real = fsdp.reduce_to_shard
+    fsdp.reduce_to_shard = lambda full, like: real(2 * full, like)  # type: ignore[assignment]
+    trainer = Trainer(mlp(), "dpsgd", steps=3, batch_size=20, noise_multiplier=1.0, max_grad_norm=0.5,
+                      delta=1e-4, sharding="fsdp", progress=False)  # fmt: skip
+    report = replay_step(trainer, data, record=7, batch=[1, 2, 3, 50, 101, 150, 199])
+    fsdp.reduce_to_shard = real  # type: ignore[assignment]
+    result["doubled"] = (report.outcome, report.refusal, [(c.name, c.ok) for c in report.checks])
+    return result
+
+
+def _engine(scenario: str, data: Any, out: Path) -> dict:
+    # Opacus's FSDP2 loop as its users write it: the module wrapped with fully_shard first, the optimizer over
+    # its (sharded) parameters, grad_sample_mode="ghost_fsdp"; σ = 0 against the data-parallel engine.
+    from torch.distributed.fsdp import fully_shard
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from featuredp import PrivacyEngine
+
+    dataset = TensorDataset(torch.as_tensor(data.X), torch.as_tensor(data.y))
+    models = {}
+    for mode in ("ghost", "ghost_fsdp"):
+        model = mlp()
+        if mode == "ghost_fsdp":
+            fully_shard(model[0])
+            fully_shard(model[2])
+            fully_shard(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        engine = PrivacyEngine(seed=4)
+        model, optimizer, criterion, loader = engine.make_private(
+            module=model, optimizer=optimizer, data_loader=DataLoader(dataset, batch_size=20),
+            noise_multiplier=0.0, max_grad_norm=0.5, grad_sample_mode=mode)  # fmt: skip
+        for step, (x, y) in enumerate(loader):
+            if step == 3:
+                break
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+        models[mode] = model
+    result = {"ddp": full(models["ghost"]), "fsdp": full(models["ghost_fsdp"]), "steps": engine.steps}
+    return result
+
+
+def _refused(scenario: str, data: Any, out: Path) -> dict:
+    result = {}
+    for name, kw in {"vmap": {"strategy": "vmap"}, "bandmf": {"noise": "bandmf"},
+                     "user": {"user_key": "y"}}.items():  # fmt: skip
+        try:
+            Trainer(mlp(), "dpsgd", steps=2, batch_size=20, noise_multiplier=1.0, delta=1e-4, sharding="fsdp",
+                    progress=False, **kw)  # fmt: skip
+            result[name] = ""
+        except ValueError as exc:
+            result[name] = str(exc)
+    return result
+
+
+def _alloc(scenario: str, data: Any, out: Path) -> dict:
+    # The largest float64 tensor any op makes while the noise is added in a private step (the noise is drawn in
+    # float64): with sharding, a shard of the largest parameter (and whole blocks of the stream), never its full
+    # shape; without, the full shape (rank 0 draws all the noise), which shows the measurement sees the noise.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            made = func(*args, **(kwargs or {}))
+            for t in made if isinstance(made, tuple | list) else (made,):
+                if isinstance(t, torch.Tensor) and t.dtype == torch.float64:
+                    self.largest = max(self.largest, t.numel())
+            return made
+
+    result: dict = {"full": 7 * 2**15}
+    for sharding in ("none", "fsdp"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(7, 2**15), nn.Tanh(), nn.Linear(2**15, 2))
+        trainer = Trainer(model, "dpsgd", steps=2, batch_size=20, noise_multiplier=1.0, max_grad_norm=0.5,
+                          delta=1e-4, strategy="ghost", sharding=sharding, prefetch_noise=False,
+                          progress=False)  # fmt: skip
+        trainer.fit(data, max_steps=1)  # plans, validates
+        noise, mode = trainer.run.state.noise, Largest()
+        add = noise.add
+
+        def watched(*args: Any, add: Any = add, mode: Any = mode, **kwargs: Any) -> Any:
+            with mode:
+                return add(*args, **kwargs)
+
+        noise.add = watched
+        trainer.fit(data, max_steps=1)
+        del noise.add
+        largest: list = [None, None]
+        torch.distributed.all_gather_object(largest, mode.largest)
+        result[sharding] = largest
+    return result
+
+
+SCENARIOS = {
+    "alloc": _alloc,
+    "sum": _sum,
+    "noise": _noise,
+    "fdp": _fdp,
+    "fdp_dpsgd": _fdp,
+    "resume": _resume,
+    "replay": _replay,
+    "engine": _engine,
+    "refused": _refused,
+}
+
+
+def main(scenarios: str, out: Path) -> None:
+    """Run each of ``scenarios`` (comma-separated names of :data:`SCENARIOS`, or ``all``) in this one launch."""
+    rank = int(os.environ["RANK"])
+    torch.distributed.init_process_group("gloo")
+    for scenario in SCENARIOS if scenarios == "all" else scenarios.split(","):
+        result = SCENARIOS[scenario](scenario, make_tabular(200, seed=3), out)
+        if rank == 0:
+            torch.save(result, out / f"{scenario}.pt")
+        torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))
