@@ -20,12 +20,19 @@ def test_train_json_states_device_precision_and_processes(capsys):
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
-def test_train_json_under_torchrun_says_two_processes(tmp_path):
+@pytest.mark.parametrize("sharding", ["none", "fsdp"])
+def test_train_json_under_torchrun_says_two_processes(tmp_path, sharding):
     done = run_torchrun("-m", "featuredp", "train", "--dataset", "adult", "--private", "sex", "--method", "dpsgd",
-                        "--epsilon", "2", "--epochs", "0.05", "--model", "logreg", "--json", cwd=tmp_path)
+                        "--epsilon", "2", "--epochs", "0.05", "--sharding", sharding, "--out", str(tmp_path / "run"),
+                        "--no-baselines", "--json", cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     outs = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert len(outs) == 1 and outs[0]["world_size"] == 2  # rank 0 prints, and says two processes ran
+    assert outs[0]["sharding"] == sharding and outs[0]["epsilon"] <= 2.0
+    config = json.loads((tmp_path / "run" / "run.json").read_text())["config"]
+    assert config["sharding"] == sharding and config["world_size"] == 2
+    weights = torch.load(tmp_path / "run" / "model.pt", weights_only=True)  # whole tensors, whatever the sharding
+    assert all(type(v) is torch.Tensor for v in weights.values()) and weights["net.0.weight"].shape[1] > 100
 
 
 def test_an_interrupt_says_how_to_resume(capsys, monkeypatch, tmp_path):

@@ -330,6 +330,7 @@ def _summary(record: Method, result: TrainResult, trainer: Trainer, fmap: Column
         "device": str(trainer.device),
         "precision": trainer.performance.precision,
         "world_size": 1 if trainer.dist is None else trainer.dist.world_size,
+        "sharding": "fsdp" if trainer.run.sharded else "none",
         "guarantee": result.guarantee,
     }
 
