@@ -18,7 +18,8 @@ validates), the expected batch over the wall time.
     PYTHONPATH=src python benchmarks/fsdp_memory.py --device cuda --ranks 1,2,4,8 --layers 24 --d-model 1024 \
         --vocab 32768 --seq 128 --out benchmarks/results/fsdp_memory_cuda
 
-writes ``fsdp_memory.json``, ``fsdp_memory.md`` (the table) and ``fsdp_memory.png`` (peak memory against ranks).
+writes ``fsdp_memory.json`` (every run), ``fsdp_memory.md`` (the table: medians over ``--repeats`` sweeps, the peak's
+range) and ``fsdp_memory.png`` (peak memory against ranks).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -152,18 +154,31 @@ def launch(args: argparse.Namespace, mode: str, ranks: int) -> list[dict[str, An
     return [json.loads((Path(args.out) / f"{mode}{ranks}_rank{r}.json").read_text()) for r in range(ranks)]
 
 
+def summarize(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per configuration from several sweeps: the median peak and samples/s, and the peak's range (the
+    resident set of one run moves by a few hundred MiB with the allocator's timing)."""
+    rows = []
+    for first in runs[0]:
+        same = [r for run in runs for r in run if r["mode"] == first["mode"] and r["world"] == first["world"]]
+        peaks = sorted(r["peak_mib"] for r in same)
+        rows.append({**first, "peak_mib": statistics.median(peaks), "peak_min": peaks[0], "peak_max": peaks[-1],
+                     "samples_per_s": statistics.median(r["samples_per_s"] for r in same), "runs": len(same)})
+    return rows
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    """The markdown table of the configurations."""
-    out = ["| ranks | mode | parameters on a rank | peak memory per rank (MiB, max over ranks) | samples/s |",
-           "|---|---|---|---|---|"]  # fmt: skip
+    """The markdown table of the configurations (medians; the peak's range over the runs)."""
+    out = ["| ranks | mode | parameters on a rank | peak memory per rank, MiB (max over ranks; median, range) | "
+           "samples/s (median) |", "|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
+        spread = f" ({r['peak_min']:.0f}–{r['peak_max']:.0f})" if r.get("runs", 1) > 1 else ""
         out.append(f"| {r['world']} | {r['mode']} | {r['local_params'] / 1e6:.1f} M of {r['params'] / 1e6:.1f} M | "
-                   f"{r['peak_mib']:.0f} | {r['samples_per_s']:.1f} |")  # fmt: skip
+                   f"{r['peak_mib']:.0f}{spread} | {r['samples_per_s']:.1f} |")  # fmt: skip
     return "\n".join(out)
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """Peak memory per rank against ranks, one line per mode."""
+    """Peak memory per rank against ranks, one line per mode (the median, bars over the runs' range)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -171,9 +186,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.0, 3.8))
     for mode in ("ddp", "fsdp"):
-        pts = [(r["world"], r["peak_mib"]) for r in rows if r["mode"] == mode]
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label="FSDP2 (sharded)" if mode == "fsdp" else "DDP (whole model)")
+        mine = [r for r in rows if r["mode"] == mode]
+        if mine:
+            x = [r["world"] for r in mine]
+            y = [r["peak_mib"] for r in mine]
+            err = [[r["peak_mib"] - r.get("peak_min", r["peak_mib"]) for r in mine],
+                   [r.get("peak_max", r["peak_mib"]) - r["peak_mib"] for r in mine]]  # fmt: skip
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3,
+                        label="FSDP2 (sharded)" if mode == "fsdp" else "DDP (whole model)")  # fmt: skip
     ax.set_xlabel("ranks")
     ax.set_ylabel("peak memory per rank (MiB)")
     device = str(rows[0].get("device", "cpu")).split(":")[0].upper()
@@ -192,6 +212,7 @@ def main() -> None:
     p.add_argument("--mode", choices=("ddp", "fsdp"), default="fsdp")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: NCCL, one GPU per rank")
     p.add_argument("--ranks", default="1,2,4", help="comma-separated numbers of ranks")
+    p.add_argument("--repeats", type=int, default=2, help="sweeps (medians and ranges over them)")
     p.add_argument("--out", default="benchmarks/results/fsdp_memory")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--batch", type=int, default=32, help="expected batch, in all")
@@ -205,20 +226,24 @@ def main() -> None:
         worker(args)
         return
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    rows = []
-    for ranks in [int(k) for k in args.ranks.split(",")]:
-        for mode in ("ddp", "fsdp"):
-            reports = launch(args, mode, ranks)
-            worst = max(reports, key=lambda r: r["peak_bytes"])
-            rows.append({**worst, "peak_mib": worst["peak_bytes"] / 2**20, "batch": args.batch,
-                         "samples_per_s": reports[0]["samples_per_s"]})  # fmt: skip
-            print(f"{mode} × {ranks}: peak {rows[-1]['peak_mib']:.0f} MiB/rank, {rows[-1]['samples_per_s']:.1f} "
-                  "samples/s", flush=True)  # fmt: skip
+    runs = []
+    for sweep in range(args.repeats):
+        rows = []
+        for ranks in [int(k) for k in args.ranks.split(",")]:
+            for mode in ("ddp", "fsdp"):
+                reports = launch(args, mode, ranks)
+                worst = max(reports, key=lambda r: r["peak_bytes"])
+                rows.append({**worst, "peak_mib": worst["peak_bytes"] / 2**20, "batch": args.batch,
+                             "samples_per_s": reports[0]["samples_per_s"]})  # fmt: skip
+                print(f"sweep {sweep + 1}: {mode} × {ranks}: peak {rows[-1]['peak_mib']:.0f} MiB/rank, "
+                      f"{rows[-1]['samples_per_s']:.1f} samples/s", flush=True)  # fmt: skip
+        runs.append(rows)
+    summary = summarize(runs)
     out = Path(args.out)
-    (out / "fsdp_memory.json").write_text(json.dumps(rows, indent=1))
-    (out / "fsdp_memory.md").write_text(table(rows) + "\n")
-    plot(rows, out / "fsdp_memory.png")
-    print(table(rows))
+    (out / "fsdp_memory.json").write_text(json.dumps({"summary": summary, "runs": runs}, indent=1))
+    (out / "fsdp_memory.md").write_text(table(summary) + "\n")
+    plot(summary, out / "fsdp_memory.png")
+    print(table(summary))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from featuredp.clipping import (
 )
 from featuredp.clipping.auto import STAND_IN_ROWS, AutoStrategy
 from featuredp.clipping.base import check_precision
-from featuredp.clipping.fsdp import is_sharded
+from featuredp.clipping.fsdp import check_meshes, is_sharded
 from featuredp.config import PerformanceConfig, PrivacyConfig, ScheduleConfig, resolve_config, split_settings
 from featuredp.distributed import (
     DistContext,
@@ -151,6 +151,7 @@ class PrivateRun:
         if self.sharded:
             self._check_sharding(user_key)
             shard_model(self.model)
+            check_meshes(trainable_parameters(self.model))
         self.feature_map = loss_split.feature_map if loss_split is not None else feature_map
         self.loss_split = loss_split
         chosen = self.performance.strategy

@@ -19,7 +19,7 @@ import torch
 
 from _launch import run_torchrun
 from featuredp.clipping import GhostGradients
-from featuredp.clipping.fsdp import is_fsdp_hook, plain_type
+from featuredp.clipping.fsdp import check_meshes, is_fsdp_hook, plain_type
 from featuredp.sharding import units
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
@@ -105,3 +105,21 @@ def test_fsdp_hooks_and_types_are_recognised_and_nothing_else():
     assert plain_type(torch.nn.Linear(2, 2)) is torch.nn.Linear
     assert not is_fsdp_hook(lambda g: g)
     assert not is_fsdp_hook(print)
+
+
+def test_a_parameter_sharded_over_fewer_than_every_rank_is_refused(monkeypatch):
+    """Each rank's records are summed over all the ranks: a mesh of some of them would drop the others' sums."""
+
+    class Mesh:
+        def size(self) -> int:
+            return 2
+
+    class Sharded:
+        device_mesh = Mesh()
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 4)
+    with pytest.raises(ValueError, match=r"'w' is sharded over 2 of the 4 ranks"):
+        check_meshes({"b": torch.zeros(2), "w": Sharded()})
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    check_meshes({"w": Sharded()})  # every rank: accepted

@@ -37,6 +37,7 @@ from featuredp.clipping.contributions import Contribution
 
 __all__ = [
     "Lockstep",
+    "check_meshes",
     "forward_parameters",
     "fsdp_module_type",
     "is_fsdp_hook",
@@ -132,19 +133,44 @@ def forward_parameters(model: nn.Module, params: dict[str, torch.Tensor]) -> dic
 
 def reduce_to_shard(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """The sum over every rank of ``full`` (this rank's full-shape tensor), as a DTensor sharded as ``like`` (the
-    parameter's DTensor): this rank's box of the sum, the rest dropped. A collective over the default group, whose
-    ranks must be those of ``like``'s mesh (each rank's records are its own: FSDP and HSDP alike); ``full`` is
-    summed in place."""
-    from torch.distributed.tensor import DTensor
+    parameter's DTensor): this rank's box of the sum. Every rank's records are its own (FSDP and HSDP alike), so the
+    sum is over all the ranks of ``like``'s mesh, which must be every rank (:func:`check_meshes`). FSDP's usual
+    ``Shard(0)`` on one mesh dimension is a reduce-scatter (rows padded to a multiple of the ranks, as ``torch.chunk``
+    cuts them); any other placement an all-reduce of ``full`` in place, then this rank's box."""
+    from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     if not isinstance(like, DTensor):
         raise TypeError(f"like must be a DTensor (a sharded parameter), got {type(like).__name__}")
-    torch.distributed.all_reduce(full)
-    shape, offset = compute_local_shape_and_global_offset(like.shape, like.device_mesh, like.placements)
-    box = full[tuple(slice(o, o + n) for o, n in zip(offset, shape))].contiguous()
-    return DTensor.from_local(box, like.device_mesh, like.placements, run_check=False, shape=like.shape,
+    mesh, placements = like.device_mesh, like.placements
+    shape, offset = compute_local_shape_and_global_offset(like.shape, mesh, placements)
+    rows_sharded = len(placements) == 1 and type(placements[0]) is Shard and placements[0].dim == 0
+    if mesh.ndim == 1 and rows_sharded and full.dim():
+        ranks, rows = mesh.size(), full.shape[0]
+        per = -(-rows // ranks)
+        pad = full.new_zeros((per * ranks - rows, *full.shape[1:]))
+        padded = torch.cat([full, pad]) if len(pad) else full
+        out = full.new_empty((per, *full.shape[1:]))
+        torch.distributed.reduce_scatter_tensor(out, padded.contiguous(), group=mesh.get_group())
+        box = out[: shape[0]].contiguous()
+    else:
+        torch.distributed.all_reduce(full)
+        box = full[tuple(slice(o, o + n) for o, n in zip(offset, shape))].contiguous()
+    return DTensor.from_local(box, mesh, placements, run_check=False, shape=like.shape,
                               stride=like.stride())  # fmt: skip
+
+
+def check_meshes(params: Mapping[str, torch.Tensor]) -> None:
+    """Refuse, in one line, a parameter sharded over fewer than every rank: each rank's records are summed over all
+    of them, and the noise key is agreed over all of them."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    world = torch.distributed.get_world_size()
+    for name, p in params.items():
+        mesh = getattr(p, "device_mesh", None)
+        if mesh is not None and mesh.size() != world:
+            raise ValueError(f"parameter {name!r} is sharded over {mesh.size()} of the {world} ranks: a sharded "
+                             "private run spans every rank (shard over a mesh of all of them; HSDP: a 2-D mesh)")
 
 
 def sharded_sums(params: dict[str, torch.Tensor], combined: Mapping[str, Contribution], factors: torch.Tensor,
