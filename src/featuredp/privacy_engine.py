@@ -223,10 +223,9 @@ class PrivacyEngine(EngineCheckpoints, LoaderRecords, Uncopyable):
         ``"functorch"`` and featuredp's ``"vmap"`` its vmap strategy, ``"ghost"`` ghost (and returns the wrapped
         criterion), ``"ghost_fsdp"`` ghost on a module wrapped with ``fully_shard`` (under torchrun; any ghost mode
         runs such a module sharded, docs/distributed.md); ``"ghost_tp"`` and ``"no_op"`` are refused, naming the
-        mode to use. The loss
-        may come from the returned criterion or from the loop's own (``nn.CrossEntropyLoss()(model(x), y)``,
-        ``F.cross_entropy``, ...): the engine recomputes it per example. ``criterion`` defaults to
-        ``nn.CrossEntropyLoss()``. ``clipping`` (``"flat"`` only),
+        mode to use. The loss may come from the returned criterion or from the loop's own
+        (``nn.CrossEntropyLoss()(model(x), y)``, ``F.cross_entropy``, ...): the engine recomputes it per example.
+        ``criterion`` defaults to ``nn.CrossEntropyLoss()``. ``clipping`` (``"flat"`` only),
         ``noise_generator`` (refused: the noise is secret), ``batch_first`` (True only), ``loss_reduction`` (the
         criterion's own reduction is used per example) and ``wrap_model`` are Opacus's, accepted where they mean
         what featuredp does.
