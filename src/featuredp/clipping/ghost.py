@@ -326,8 +326,10 @@ class GhostGradients(GhostChecks):
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         chunk = self.physical_batch_size or max(n, 1)
         # A sharded model: as many chunks as the rank with the most (each forward is a collective).
-        count = -(-n // chunk) if self._lock is None else self._lock.max(max(1, -(-n // chunk)))
-        checked, inspect = self._separability_check(plan, model, loss_fn, batch, draws, params, n, chunk, C)
+        count = max(1, -(-n // chunk))
+        if self._lock is not None:
+            count = self._lock.max(count)
+        checked, inspect = self._separability_check(plan, model, loss_fn, batch, draws, params, n, chunk, C, count)
         if count <= 1:
             return self._chunk(plan, model, loss_fn, batch, draws, C, params, inspect, captured)
         if self._shards is not None:

@@ -278,9 +278,11 @@ class GhostChecks:
         n: int,
         chunk: int,
         C: float = math.inf,
+        count: int = 1,
     ) -> tuple[int, Inspect | None]:
         """Arrange this step's check that ghost gradients are per-example: the physical chunk to check and the
-        callback that checks it (``(-1, None)`` when nothing can mix or checking is off).
+        callback that checks it (``(-1, None)`` when nothing can mix or checking is off). ``count``: the step's
+        number of physical chunks (on a sharded model the ranks' agreed one, which may exceed this rank's own).
 
         A forward computed over B examples at once is only a set of B per-example computations if no operation
         mixes rows; parameter-free code that does (centring over the batch, trimming padding to the batch's
@@ -295,7 +297,6 @@ class GhostChecks:
         if plan.whole_model_fallback or not self._check_separability or self.physical_batch_size == 1:
             return -1, None
         lock = self._lock
-        count = max(1, -(-n // chunk)) if lock is None else lock.max(max(1, -(-n // chunk)))
         sizes = [max(0, min(chunk, n - start)) for start in range(0, count * chunk, chunk)]
         weights = np.array([size if size >= 2 else 0 for size in sizes], dtype=np.float64)
         if weights.sum() == 0 and lock is None:
