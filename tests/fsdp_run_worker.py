@@ -88,20 +88,156 @@ def _fdp(scenario: str, data: Any, out: Path) -> dict:
     return result
 
 
+def _fdp_models(scenario: str, data: Any, out: Path) -> dict:
+    # DP-SGD, Algorithm 1 and FDP (DP-SGD) in the Trainer on a GroupNorm CNN (Ψ = pixelated image) and on a causal
+    # transformer with a tied embedding (Ψ = the text with its spans redacted), σ = 0: as the data-parallel run.
+    from featuredp.experiments.text_data import load_text_data, text_model_spec
+    from featuredp.features import Pixelate
+    from featuredp.features.tokens import TokenView
+    from featuredp.losses import CausalLMSplit
+    from featuredp.models import build_model
+    from featuredp.models.cnn import SmallCNN
+    from featuredp.testing import replay_step
+
+    g = torch.Generator().manual_seed(5)
+    images = {"x": torch.randn(120, 1, 8, 8, generator=g), "y": torch.randint(0, 3, (120,), generator=g)}
+    texts = load_text_data(n_train=48, n_test=10, max_len=96, canary_repeats=())
+    spec = text_model_spec(texts, {"kind": "causal_transformer", "d_model": 16, "n_layers": 1, "n_heads": 2})
+    cases = {
+        "cnn": (lambda: _seeded(lambda: SmallCNN(in_channels=1, image_size=8, num_classes=3, widths=(4, 8), groups=2)),
+                images, {"feature_map": Pixelate(2)}),
+        "lm": (lambda: build_model(spec, seed=0), texts.train.batch(),
+               {"loss_split": CausalLMSplit(TokenView(texts.psi))}),
+    }  # fmt: skip
+    result: dict = {}
+    for kind, (build, batch, split) in cases.items():
+        for method in ("dpsgd", "fdp", "fdp_dpsgd"):
+            models = {}
+            for sharding in ("none", "fsdp"):
+                models[sharding] = build()
+                Trainer(models[sharding], method, steps=3, batch_size=16, noise_multiplier=0.0, max_grad_norm=0.5,
+                        lr=0.5, delta=1e-4, seed=11, public_seed=2, strategy="ghost", sharding=sharding,
+                        progress=False, **split).fit(batch)  # fmt: skip
+            result[f"{kind}-{method}"] = {"ddp": full(models["none"]), "fsdp": full(models["fsdp"]),
+                                          "start": full(build())}  # fmt: skip
+            trainer = Trainer(build(), method, steps=3, batch_size=16, noise_multiplier=1.0, max_grad_norm=0.5,
+                              delta=1e-4, strategy="ghost", sharding="fsdp", progress=False, **split)  # fmt: skip
+            report = replay_step(trainer, batch, record=3, batch=[0, 1, 2, 20, 31, 40])
+            result[f"{kind}-{method}"]["replay"] = (report.outcome, report.refusal,
+                                                    [(c.name, c.ok) for c in report.checks])  # fmt: skip
+    return result
+
+
+def _seeded(build: Any) -> nn.Module:
+    torch.manual_seed(0)
+    return build()
+
+
+def _momenta(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every momentum buffer of ``optimizer``, whole (a collective on a sharded model)."""
+    out = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            buf = optimizer.state.get(p, {}).get("momentum_buffer")
+            if buf is not None:
+                out.append((buf.full_tensor() if hasattr(buf, "full_tensor") else buf).detach().clone())
+    return out
+
+
 def _resume(scenario: str, data: Any, out: Path) -> dict:
-    # Killed after step 2's checkpoint, resumed to step 4: ε of 4 steps, the noise key fresh after the resume.
+    # Killed after step 2's checkpoint (DCP folder beside the rank files), resumed to step 4: the weights and
+    # momenta of step 2, ε of 4 steps, the noise key fresh after the resume; then a swapped DCP metadata file.
+    from featuredp.run import PrivateRun
+
     ck = out / "ck.pt"
     kw = dict(feature_map=Columns(["sex", "race"]), steps=4, batch_size=20, noise_multiplier=1.0, delta=1e-4,
               strategy="ghost", sharding="fsdp", progress=False)  # fmt: skip
     first = Trainer(mlp(), "fdp", **kw)
     first.fit(data, checkpoint=ck, max_steps=2)
     key_before = first.run.state.noise.state_dict()["sharded_key"].clone()
+    saved = {"weights": full(first.model), "momenta": _momenta(first.run.state.optimizer)}
+    restored: dict = {}
+    real = PrivateRun.resume
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        restored.update(weights=full(self.model), momenta=_momenta(args[2].optimizer))
+
+    PrivateRun.resume = spy  # type: ignore[method-assign]
     second = Trainer(mlp(), "fdp", **kw)
-    res = second.fit(data, checkpoint=ck, resume=True)
+    try:
+        res = second.fit(data, checkpoint=ck, resume=True)
+    finally:
+        PrivateRun.resume = real  # type: ignore[method-assign]
     whole = Trainer(mlp(), "fdp", **kw).fit(data)
+    folder = out / "ck.pt.shards"
     result = {"epsilon": res.epsilon, "steps": res.steps, "whole_epsilon": whole.epsilon,
               "rekeyed": not torch.equal(key_before, second.run.state.noise.state_dict()["sharded_key"]),
-              "files": sorted(p.name for p in out.iterdir() if p.name.startswith("ck"))}  # fmt: skip
+              "files": sorted(p.name for p in out.iterdir() if p.name.startswith("ck")),
+              "saves": sorted(p.name for p in folder.iterdir()), "mode": folder.stat().st_mode & 0o777,
+              "rank_file_keys": sorted(torch.load(ck, weights_only=True)["state"]),
+              "saved": saved, "restored": restored}  # fmt: skip
+    (metadata,) = folder.glob("*/.metadata")
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:
+        metadata.write_bytes(metadata.read_bytes() + b"\0")
+    torch.distributed.barrier()
+    refusals: list = [None, None]
+    try:
+        Trainer(mlp(), "fdp", **kw).fit(data, checkpoint=ck, resume=True)
+        refusal = ""
+    except ValueError as exc:
+        refusal = str(exc)
+    torch.distributed.all_gather_object(refusals, refusal)
+    result["swapped"] = refusals
+    return result
+
+
+def _engine_checkpoint(scenario: str, data: Any, out: Path) -> dict:
+    # The own loop's save_checkpoint/load_checkpoint under torchrun: each rank its own file, and a sharded
+    # model's weights and every optimizer's moments in a DCP folder; a fresh engine loads them back.
+    from torch.distributed.fsdp import fully_shard
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from featuredp import PrivacyEngine
+
+    dataset = TensorDataset(torch.as_tensor(data.X), torch.as_tensor(data.y))
+
+    def private(mode: str) -> tuple:
+        model = mlp()
+        if mode == "ghost_fsdp":
+            fully_shard(model[0])
+            fully_shard(model[2])
+            fully_shard(model)
+        engine = PrivacyEngine()
+        made = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9),
+                                   data_loader=DataLoader(dataset, batch_size=20), noise_multiplier=1.0,
+                                   max_grad_norm=0.5, grad_sample_mode=mode)  # fmt: skip
+        return (engine, *made)
+
+    result: dict = {}
+    for mode in ("ghost", "ghost_fsdp"):
+        engine, model, optimizer, criterion, loader = private(mode)
+        for step, (x, y) in enumerate(loader):
+            if step == 2:
+                break
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+        path = out / f"engine-{mode}.pt"
+        engine.save_checkpoint(path=path, module=model, optimizer=optimizer, checkpoint_dict={"epoch": 7})
+        saved = {"weights": full(model), "momenta": _momenta(optimizer.original_optimizer),
+                 "epsilon": engine.get_epsilon(1e-5)}  # fmt: skip
+        engine2, model2, optimizer2, _, _ = private(mode)
+        extra = engine2.load_checkpoint(path=path, module=model2, optimizer=optimizer2)
+        restored = {"weights": full(model2), "momenta": _momenta(optimizer2.original_optimizer)}
+        result[mode] = {
+            "saved": saved,
+            "extra": extra,
+            "epsilon": engine2.get_epsilon(1e-5),
+            "restored": restored,
+            "files": sorted(p.name for p in out.iterdir() if p.name.startswith(f"engine-{mode}")),
+        }
     return result
 
 
@@ -224,7 +360,9 @@ SCENARIOS = {
     "noise": _noise,
     "fdp": _fdp,
     "fdp_dpsgd": _fdp,
+    "fdp_models": _fdp_models,
     "resume": _resume,
+    "engine_checkpoint": _engine_checkpoint,
     "replay": _replay,
     "engine": _engine,
     "refused": _refused,

@@ -279,7 +279,7 @@ def load_rank_checkpoint(ctx: DistContext | None, path: str | os.PathLike[str]) 
         )
     if "ranks" in ck:  # written by featuredp <= 0.3, which gathered every rank's state into one file
         return dict(ck["ranks"][rank])
-    if "state" in ck:
+    if "state" in ck and "rank" in ck:  # a rank's file (an own-loop checkpoint holds a "state" of its own)
         if int(ck["rank"]) != rank:
             raise ValueError(f"checkpoint {mine} holds rank {ck['rank']}'s state, not rank {rank}'s")
         return dict(ck["state"])

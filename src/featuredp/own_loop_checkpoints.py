@@ -11,13 +11,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
-from featuredp._io import atomic_save_torch, load_torch_safely
+from featuredp.clipping.fsdp import is_sharded
+from featuredp.distributed import load_rank_checkpoint
 from featuredp.dp_wrappers import DPOptimizer, unwrap
 from featuredp.private_loader import Draws
+from featuredp.sharded_checkpoint import load_shards, save_checkpoint_files
 
 __all__ = ["EngineCheckpoints"]
+
+
+def _optimizers(state: Any, user: torch.optim.Optimizer | None) -> dict[str, torch.optim.Optimizer]:
+    """What a sharded checkpoint saves with DCP besides the weights: the run's optimizers and the user's."""
+    return {**state.optimizers(), **({"user_optimizer": user} if user is not None else {})}
 
 
 class EngineCheckpoints:
@@ -43,14 +51,18 @@ class EngineCheckpoints:
         The spent-steps record beside ``path`` (or ``spent_record``: one file for all of a run's checkpoints) holds
         the private steps the run has charged, and from now on is brought up to date at every draw: a later
         :meth:`load_checkpoint` of this or an older checkpoint, in any process, charges every step that ran."""
-        state = self._require_state()
+        state, run = self._require_state(), self._require_run()
         inner = optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
-        atomic_save_torch(path, {
+        model = unwrap(module)
+        # Under torchrun each rank writes its own file (its keys are its own); a sharded model's weights and
+        # optimizers' moments go to a DCP folder the files name (featuredp.sharded_checkpoint).
+        sharded = is_sharded(model)
+        save_checkpoint_files(run.dist, path, {
             "featuredp_privacy_engine": 1,
-            "state": state.state_dict(unwrap(module) if weights else None),
-            "optimizer": None if inner is None else inner.state_dict(),
+            "state": state.state_dict(model if weights and not sharded else None, optimizers=not sharded),
+            "optimizer": None if inner is None or sharded else inner.state_dict(),
             "extra": checkpoint_dict or {},
-        }, private=True)  # fmt: skip
+        }, model if sharded else None, _optimizers(state, inner), weights=weights)  # fmt: skip
         self._spent = (Path(path), spent_record)
         self._require_run().note_spent(path, state, record=spent_record)
 
@@ -69,7 +81,9 @@ class EngineCheckpoints:
         ``spent_record``): ε, the ledger and the budget stop count them. A correlated-noise run, whose accounting is
         for its planned participations, refuses it. Returns the ``checkpoint_dict`` saved with it."""
         state, run = self._require_state(), self._require_run()
-        ck = load_torch_safely(path, what="checkpoint")
+        ck = load_rank_checkpoint(run.dist, path)
+        if ck is None:
+            raise FileNotFoundError(f"checkpoint not found: {path}")
         if not isinstance(ck, dict) or "featuredp_privacy_engine" not in ck:
             raise ValueError(f"{path} is not a checkpoint written by PrivacyEngine.save_checkpoint")
         charged = state.private_steps
@@ -82,7 +96,9 @@ class EngineCheckpoints:
         run.resume(path, ck["state"], state, record=spent_record)
         state.private_steps = max(charged, state.private_steps)  # ε never goes down: a rewind is charged
         inner = optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
-        if inner is not None and ck.get("optimizer") is not None:
+        if "shards" in ck:
+            load_shards(path, ck["shards"], run.model, _optimizers(state, inner))
+        elif inner is not None and ck.get("optimizer") is not None:
             inner.load_state_dict(ck["optimizer"])
         self._draws.current = None  # a batch drawn before the load is not this state's
         self._spent = (Path(path), spent_record)

@@ -72,6 +72,7 @@ from featuredp.run_plan import PUBLIC_BATCH_FACTOR, run_plan
 from featuredp.run_report import run_result
 from featuredp.run_state import ModelRuns, RunState, data_fingerprint, open_ledger, reserve
 from featuredp.sampling import warn_private_seed
+from featuredp.sharded_checkpoint import load_shards, save_checkpoint_files
 from featuredp.sharding import shard_model
 from featuredp.step import StepCore, noised_coordinates
 from featuredp.users import UserIndex
@@ -173,7 +174,8 @@ class PrivateRun:
                              "(grad_sample_mode='functorch'), the default with a user key")  # fmt: skip
         if self.sharded and not isinstance(self.strategy, GhostGradients):
             raise ValueError(f"strategy={self.strategy.name!r} on a sharded (FSDP) model: only strategy='ghost' runs "
-                             "through FSDP's hooks")  # fmt: skip
+                             "through FSDP's hooks (and vmap's per-example gradients are each the whole model's "
+                             "size); give strategy='ghost', the same clipped sums")  # fmt: skip
         self.ledger = open_ledger(ledger)
         self.plan: PrivacyPlan | None = None
         self.last_result: TrainResult | None = None
@@ -385,7 +387,12 @@ class PrivateRun:
         """Write the checkpoint, owner-readable only (0600): one process's state, or each rank its own file; and
         the spent-steps record beside it (:meth:`note_spent`)."""
         # The strategy auto chose (public: a name) rides along, so a resume runs it without timing again.
-        save_rank_checkpoint(self.dist, path, {**state.state_dict(self.model), "strategy": self.strategy.name})
+        if is_sharded(self.model):  # the weights and moments go to a DCP folder the rank files name
+            save_checkpoint_files(self.dist, path, {**state.state_dict(None, optimizers=False),
+                                                    "strategy": self.strategy.name},
+                                  self.model, state.optimizers())  # fmt: skip
+        else:
+            save_rank_checkpoint(self.dist, path, {**state.state_dict(self.model), "strategy": self.strategy.name})
         self.note_spent(path, state)
 
     def load_checkpoint_state(self, path: str | Path) -> dict[str, Any] | None:
@@ -413,6 +420,8 @@ class PrivateRun:
         copy of the checkpoint is resumed. A correlated-noise run, accounted for its planned participations once
         each, refuses a rewind."""
         state.load_state_dict(saved, self.model)
+        if "shards" in saved:
+            load_shards(path, saved.get("shards"), self.model, state.optimizers())
         if isinstance(self.strategy, AutoStrategy):
             self.strategy.resume_choice(saved.get("strategy"))
         spent = _read_spent(self._spent_path(path) if record is None else Path(record)).get(state.run_token, 0)

@@ -254,9 +254,15 @@ class RunState:
             record_pretrain_sampler=record_pretrain_sampler,
         )
 
-    def state_dict(self, model: nn.Module | None) -> dict[str, Any]:
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """The run's optimizers by their checkpoint keys (a sharded checkpoint saves their states with DCP)."""
+        return {"optimizer": self.optimizer, "pretrain_optimizer": self.pretrain_optimizer}
+
+    def state_dict(self, model: nn.Module | None, *, optimizers: bool = True) -> dict[str, Any]:
         """Tensors and plain containers only (safe for ``torch.load(weights_only=True)``); private. ``model=None``:
-        the run's state without the weights (a caller that saves them itself, as Hugging Face's Trainer does)."""
+        the run's state without the weights (a caller that saves them itself, as Hugging Face's Trainer does).
+        ``optimizers=False``: without the optimizers' states too (a sharded model's go to a DCP folder,
+        :mod:`featuredp.sharded_checkpoint`)."""
         return {
             "format": CHECKPOINT_FORMAT,
             "plan": self.plan.to_dict(),
@@ -273,8 +279,8 @@ class RunState:
             # A sharded model's (FSDP2) as this rank's shards: its checkpoint file is its own.
             **({} if model is None else {"model": {k: local_tensor(v).detach().cpu().clone()
                                                    for k, v in model.state_dict().items()}}),
-            "optimizer": local_state(self.optimizer.state_dict()),
-            "pretrain_optimizer": local_state(self.pretrain_optimizer.state_dict()),
+            **({"optimizer": local_state(self.optimizer.state_dict()),
+                "pretrain_optimizer": local_state(self.pretrain_optimizer.state_dict())} if optimizers else {}),
             "streams": self.streams.state_dict(),
             "private_sampler": self.private_sampler.state_dict(),
             "shufflers": {"private": self.shuffler.state_dict(), "public": self.public_shuffler.state_dict()},
@@ -333,9 +339,10 @@ class RunState:
                 load_local_state(model, ck["model"])
             else:
                 model.load_state_dict(ck["model"])
-        self.optimizer.load_state_dict(ck["optimizer"])
-        self.pretrain_optimizer.load_state_dict(ck["pretrain_optimizer"])
-        if sharded:
+        if "optimizer" in ck:  # saved without them (state_dict(optimizers=False)): the caller restores them
+            self.optimizer.load_state_dict(ck["optimizer"])
+            self.pretrain_optimizer.load_state_dict(ck["pretrain_optimizer"])
+        if sharded and "optimizer" in ck:
             rewrap_optimizer_state(self.optimizer)
             rewrap_optimizer_state(self.pretrain_optimizer)
         self.streams.load_state_dict(ck["streams"])

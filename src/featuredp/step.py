@@ -20,7 +20,7 @@ from torch import nn
 from featuredp.batches import forward
 from featuredp.clipping import GradientStrategy, VmapGradients, trainable_parameters
 from featuredp.clipping.base import AutocastLoss, LossFn
-from featuredp.clipping.fsdp import forward_parameters, is_sharded, reduce_to_shard
+from featuredp.clipping.fsdp import forward_parameters, is_sharded, reduce_to_shard, sharded_parameters
 from featuredp.distributed import DistContext, all_reduce_sum
 from featuredp.features import Batch
 from featuredp.losses import LossSplit
@@ -151,6 +151,7 @@ class StepCore:
         summed over the ranks into each parameter's shard (one full-shape gradient alive at a time)."""
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         loss = losses.sum() / total if world > 1 else losses.mean()
+        params = sharded_parameters(self.model, params)  # read after the forward: the root's may be unsharded
         used = forward_parameters(self.model, params)
         grads = torch.autograd.grad(loss, list(used.values()), allow_unused=True)
         out = {}

@@ -35,6 +35,23 @@ def test_train_json_under_torchrun_says_two_processes(tmp_path, sharding):
     assert all(type(v) is torch.Tensor for v in weights.values()) and weights["net.0.weight"].shape[1] > 100
 
 
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+def test_train_text_under_torchrun_shards_the_language_model(tmp_path):
+    # The text preset clips with vmap, which cannot run through FSDP's hooks: sharded, the run uses ghost (the same
+    # clipped sums) and says so; the model.pt it saves holds whole tensors.
+    done = run_torchrun("-m", "featuredp", "train", "--task", "text", "--method", "fdp", "--epsilon", "3", "--epochs",
+                        "0.3", "--text-train-size", "40", "--max-len", "96", "--sharding", "fsdp", "--out",
+                        str(tmp_path / "run"), "--json", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    outs = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(outs) == 1 and (outs[0]["world_size"], outs[0]["sharding"]) == (2, "fsdp")
+    assert outs[0]["strategy"] == "ghost" and outs[0]["epsilon"] <= 3.0 and outs[0]["perplexity"] > 1
+    config = json.loads((tmp_path / "run" / "run.json").read_text())["config"]
+    assert config["sharding"] == "fsdp" and config["world_size"] == 2
+    weights = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
+    assert all(type(v) is torch.Tensor for v in weights.values())
+
+
 def test_an_interrupt_says_how_to_resume(capsys, monkeypatch, tmp_path):
     import featuredp.cli.train as train_cli
 

@@ -33,9 +33,6 @@ def train_text(args: argparse.Namespace) -> int:
     if args.method not in _TEXT_METHODS:
         raise ValueError(f"--method for --task text must be one of {', '.join(_TEXT_METHODS)}, got {args.method!r}")
     check_device(args.device, args.precision)
-    if getattr(args, "sharding", "none") != "none":
-        raise ValueError(f"--sharding {args.sharding} is not supported with --task text yet: shard a language model "
-                         "through the Python API (Trainer(sharding='fsdp') or PrivacyEngine with fully_shard)")
     options = text_data_options(args, train=True)
     options.setdefault("canary_repeats", [])
     torch.set_num_threads(1)
@@ -54,6 +51,8 @@ def train_text(args: argparse.Namespace) -> int:
     if args.record_epsilon is not None:
         settings["record_epsilon"] = args.record_epsilon
     settings.update(user_settings(args))
+    if getattr(args, "sharding", "none") != "none":
+        settings["sharding"] = args.sharding
     for name in ("accountant", "relation"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)

@@ -112,6 +112,20 @@ def _fsdp_params(model: nn.Module) -> list[Any]:
     return out
 
 
+def sharded_parameters(model: nn.Module, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``params`` with each unsharded FSDP parameter replaced by its sharded DTensor: what the optimizer holds.
+
+    Between a forward and its backward a module's attribute is the unsharded parameter (FSDP2 keeps the root's
+    unsharded after the forward), so names read from ``named_parameters`` then would miss the shards."""
+    by_id = {}
+    for fp in _fsdp_params(model):
+        by_id[id(fp.sharded_param)] = fp.sharded_param
+        unsharded = getattr(fp, "_unsharded_param", None)
+        if unsharded is not None:
+            by_id[id(unsharded)] = fp.sharded_param
+    return {name: by_id.get(id(p), p) for name, p in params.items()}
+
+
 def forward_parameters(model: nn.Module, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``params`` (name → the model's trainable parameter) with each FSDP-sharded parameter replaced by the
     unsharded parameter its module computes with: what a forward's graph differentiates.

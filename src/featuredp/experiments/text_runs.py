@@ -87,6 +87,8 @@ def train_text_run(*, out: str | Path | None, method: str, epsilon: float | None
     opts = data_options(preset, {"canary_repeats": (), **dict(given)})
     data = load_text_data(**opts, group_stats=bool(group_stats))
     params = {**preset["methods"][method], **{k: v for k, v in overrides.items() if v is not None}}
+    if settings.get("sharding", "none") != "none":
+        params["strategy"] = "ghost"  # the preset's vmap cannot run through FSDP's hooks; ghost gives the same sums
     done = train_text_model(data=data, method=method, epsilon=epsilon, delta=delta, seed=public_seed,
                             model=preset["model"], params=params, device=device, progress=progress,
                             **settings)  # fmt: skip
@@ -113,6 +115,9 @@ def train_text_run(*, out: str | Path | None, method: str, epsilon: float | None
         "canaries": len(data.canaries), **metrics, "heldout_source": held["source"],
         "heldout_covered": held["covered"], "heldout_note": held["note"], "train_wall_s": round(done.wall_s, 1),
         "out": None, "boundary": data.boundary, GROUP_STATS_KEY: bool(group_stats),
+        # How it ran: the same keys as run.json's config (and as the tabular task's summary).
+        "world_size": 1 if done.trainer.dist is None else done.trainer.dist.world_size,
+        "sharding": "fsdp" if done.trainer.run.sharded else "none", "strategy": done.trainer.strategy.name,
     }  # fmt: skip
     if group_stats:
         # statistics of the private values, asked for: in the summary (stdout) only, not in model.pt or run.json
