@@ -193,6 +193,47 @@ def _resume(scenario: str, data: Any, out: Path) -> dict:
     return result
 
 
+def _crash_mid_save(scenario: str, data: Any, out: Path) -> dict:
+    # A save cut off after DCP wrote its folder but before the rank files name it: the checkpoint before it resumes
+    # whole (its weights, not the cut-off save's), and the next save removes the orphan folder.
+    import featuredp.sharded_checkpoint as sharded_checkpoint
+    from featuredp.run import PrivateRun
+
+    ck = out / "crash.pt"
+    kw = dict(steps=6, batch_size=20, noise_multiplier=1.0, delta=1e-4, strategy="ghost", sharding="fsdp",
+              progress=False)  # fmt: skip
+    first = Trainer(mlp(), "dpsgd", **kw)
+    first.fit(data, checkpoint=ck, max_steps=2)
+    saved = full(first.model)
+    real_save = sharded_checkpoint.save_rank_checkpoint
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt("killed mid-save")
+
+    sharded_checkpoint.save_rank_checkpoint = killed  # type: ignore[assignment]
+    try:
+        first.fit(data, checkpoint=ck, max_steps=1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sharded_checkpoint.save_rank_checkpoint = real_save  # type: ignore[assignment]
+    folders_after_crash = len(list((out / "crash.pt.shards").iterdir()))
+    restored: dict = {}
+    real_resume = PrivateRun.resume
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_resume(self, *args, **kwargs)
+        restored.update(full(self.model))
+
+    PrivateRun.resume = spy  # type: ignore[method-assign]
+    try:
+        Trainer(mlp(), "dpsgd", **kw).fit(data, checkpoint=ck, resume=True, max_steps=1)
+    finally:
+        PrivateRun.resume = real_resume  # type: ignore[method-assign]
+    return {"saved": saved, "restored": restored, "folders_after_crash": folders_after_crash,
+            "folders_after_next_save": len(list((out / "crash.pt.shards").iterdir()))}  # fmt: skip
+
+
 def _engine_checkpoint(scenario: str, data: Any, out: Path) -> dict:
     # The own loop's save_checkpoint/load_checkpoint under torchrun: each rank its own file, and a sharded
     # model's weights and every optimizer's moments in a DCP folder; a fresh engine loads them back.
@@ -299,6 +340,55 @@ def _engine(scenario: str, data: Any, out: Path) -> dict:
     return result
 
 
+def _misuse(scenario: str, data: Any, out: Path) -> dict:
+    # The own loop's misuse on a sharded module (ghost_fsdp): a reused batch, a second step on one draw and the
+    # original loader are refused on every rank in one line, and the loop goes on after each refusal (FSDP's state
+    # is not left mid-step: the next proper steps train and are charged).
+    from torch.distributed.fsdp import fully_shard
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from featuredp import PrivacyEngine
+
+    dataset = TensorDataset(torch.as_tensor(data.X), torch.as_tensor(data.y))
+    model = mlp()
+    fully_shard(model[0])
+    fully_shard(model[2])
+    fully_shard(model)
+    original = DataLoader(dataset, batch_size=20)
+    engine = PrivacyEngine()
+    model, optimizer, criterion, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), data_loader=original,
+        noise_multiplier=1.0, max_grad_norm=0.5, grad_sample_mode="ghost_fsdp")  # fmt: skip
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        optimizer.zero_grad()
+        criterion(model(x), y).backward()
+        optimizer.step()
+
+    def refusal(action: Any) -> str:
+        try:
+            action()
+        except RuntimeError as exc:
+            return str(exc)
+        return ""
+
+    draws = iter(loader)
+    xb, yb = next(draws)
+    step(xb, yb)
+    mine = {"reused": refusal(lambda: criterion(model(xb), yb).backward()),
+            "second_step": refusal(optimizer.step),
+            "original": ""}  # fmt: skip
+    drawn = next(draws)  # a draw pending: a batch of the original loader is still not it
+    mine["original"] = refusal(lambda: step(*next(iter(original))))
+    before = full(model)
+    step(*drawn)
+    step(*next(draws))
+    every: list = [None, None]
+    torch.distributed.all_gather_object(every, mine)
+    moved = any(not torch.equal(before[n], v) for n, v in full(model).items())
+    return {"refusals": every, "steps": engine.steps, "moved": moved}
+
+
 def _refused(scenario: str, data: Any, out: Path) -> dict:
     result = {}
     for name, kw in {"vmap": {"strategy": "vmap"}, "bandmf": {"noise": "bandmf"},
@@ -363,9 +453,11 @@ SCENARIOS = {
     "fdp_models": _fdp_models,
     "resume": _resume,
     "engine_checkpoint": _engine_checkpoint,
+    "crash_mid_save": _crash_mid_save,
     "replay": _replay,
     "engine": _engine,
     "refused": _refused,
+    "misuse": _misuse,
 }
 
 

@@ -10,6 +10,7 @@
 * a resumed sharded checkpoint (weights and moments in a DCP folder) restores them, keeps the accounting of the
   uninterrupted run and re-keys the noise; a swapped DCP metadata file is refused on every rank;
 * the own loop's checkpoints under torchrun: each rank its own file, a sharded model's in DCP;
+* the own loop's misuse on a sharded module is refused on every rank, and the loop goes on;
 * what a sharded run does not do is refused in one line.
 """
 
@@ -145,6 +146,14 @@ def test_a_swapped_dcp_metadata_file_is_refused_on_every_rank_before_it_is_unpic
     assert len(refusals) == 2 and all("SHA-256" in r and "\n" not in r for r in refusals), refusals
 
 
+def test_a_save_cut_off_after_dcp_leaves_the_previous_checkpoint_whole(ranks):
+    got = _got(ranks, "crash_mid_save")
+    assert got["folders_after_crash"] == 2  # the cut-off save's folder, named by no rank file
+    for name, value in got["saved"].items():
+        torch.testing.assert_close(got["restored"][name], value, rtol=0, atol=0, msg=name)
+    assert got["folders_after_next_save"] == 1
+
+
 @pytest.mark.parametrize("mode", ["ghost", "ghost_fsdp"])
 def test_the_own_loop_checkpoint_under_torchrun_restores_each_rank(ranks, mode):
     got = _got(ranks, "engine_checkpoint")[mode]
@@ -162,6 +171,16 @@ def test_the_replay_self_test_passes_on_sharded_runs_and_catches_a_doubled_sum(r
         assert ("clipped sum sensitivity", True) in checks and ("noise std requested", True) in checks
     outcome, _, checks = got["doubled"]
     assert outcome == "failed" and ("clipped sum sensitivity", False) in checks
+
+
+def test_own_loop_misuse_on_a_sharded_module_is_refused_on_every_rank_and_the_loop_goes_on(ranks):
+    got = _got(ranks, "misuse")
+    patterns = {"reused": "already trained on", "second_step": "already called for this batch",
+                "original": "not the private loader's last batch"}  # fmt: skip
+    for rank in got["refusals"]:
+        for case, pattern in patterns.items():
+            assert pattern in rank[case] and "\n" not in rank[case], (case, rank[case])
+    assert got["steps"] == 3 and got["moved"]  # the refusals charged nothing; the steps after them trained
 
 
 def test_what_a_sharded_run_cannot_do_is_refused_in_one_line(ranks):
