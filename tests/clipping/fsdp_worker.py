@@ -148,6 +148,13 @@ def main(out: Path) -> None:
         dist.all_gather_object(gathered, [v.tolist() for v in norms])
         results[kind] = {"params": full, "norms": gathered,
                          "placements": {n: str(p.placements) for n, p in model.named_parameters()}}  # fmt: skip
+        if world == 4:  # a DCP checkpoint of the 2 × 2 mesh read back into a fresh HSDP model
+            from featuredp.sharded_checkpoint import _save_shards, load_shards
+
+            saved = _save_shards(out / f"hsdp-{kind}.pt", model, {}, step=3, weights=True)
+            fresh = shard_model(build(kind), mesh=mesh)
+            load_shards(out / f"hsdp-{kind}.pt", saved, fresh, {})
+            results[kind]["reloaded"] = {n: p.full_tensor() for n, p in fresh.named_parameters()}  # type: ignore[attr-defined]
     if world == 2:
         refusals = {"mixing": refusal(Mixing(), slice(0, 6) if rank == 0 else slice(6, 9)),
                     "unruled": refusal(Unruled(), slice(0, 6) if rank == 0 else slice(6, 9))}  # fmt: skip

@@ -76,6 +76,8 @@ def test_hsdp_on_four_ranks_releases_what_one_process_does(tmp_path_factory, kin
     for name, p in model.named_parameters():
         torch.testing.assert_close(got["params"][name], p.detach(), rtol=1e-5, atol=1e-6, msg=name)
     _same_norms(got["norms"], norms)
+    for name, value in got["params"].items():  # its DCP checkpoint, read back into a fresh HSDP model
+        torch.testing.assert_close(got["reloaded"][name], value, rtol=0, atol=0, msg=name)
 
 
 def test_a_wrong_key_on_the_one_process_side_differs(ranks, monkeypatch):
