@@ -29,6 +29,7 @@ Models are called as ``model(batch)`` when they declare ``takes_batch = True``
 
 from __future__ import annotations
 
+import math
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -183,10 +184,18 @@ class GaussianPadding(_FilledClassification):
         self.scale = float(scale)
 
     def draws(self, batch: Batch, generator: torch.Generator) -> Batch:
-        """N(0, scale²) padding for every ``x`` entry, drawn with ``generator`` on the batch's device."""
+        """N(0, scale²) padding for every private ``x`` entry, drawn with ``generator`` on the batch's device: a
+        tensor of ``x``'s shape, zero where ``x`` is public (:meth:`_fill` never reads those). Only the private
+        entries are drawn (on Adult 8 of 105 columns: the full draw was 8 % of an FDP step)."""
         x = batch["x"]
-        pad = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
-        return {"pad": pad if self.scale == 1.0 else pad.mul_(self.scale)}
+        mask = self.feature_map.private_entries().get("x")
+        if mask is None:
+            return {}
+        where = mask.expand(x.shape[1:]).reshape(-1).nonzero().flatten().to(x.device)  # the CPU mask's positions
+        drawn = torch.randn((x.shape[0], where.numel()), generator=generator, dtype=x.dtype, device=x.device)
+        pad = torch.zeros((x.shape[0], math.prod(x.shape[1:])), dtype=x.dtype, device=x.device)
+        pad.index_copy_(1, where, drawn if self.scale == 1.0 else drawn.mul_(self.scale))
+        return {"pad": pad.view(x.shape)}
 
     def _fill(self, view: Batch, draws: Batch) -> Batch:
         mask = self.feature_map.private_entries().get("x")
