@@ -86,6 +86,35 @@ def test_noise_drawn_on_the_device_has_the_right_scale_and_tail(make):
     assert 253 - 4 * 16 < beyond < 253 + 4 * 16
 
 
+def test_noise_drawn_ahead_on_the_side_stream_is_the_in_line_noise_bit_for_bit():
+    # The worker's draw runs on a CUDA side stream while the step's stream is busy; what the step releases is the
+    # in-line draw, bit for bit, every step (the stream discipline: tests/noise/test_prefetch.py).
+    from featuredp.noise import sources
+
+    device = torch.device(DEVICE)
+    ahead = TorchNoise(torch.Generator(device=device).manual_seed(5), prefetch=True)
+    inline = TorchNoise(torch.Generator(device=device).manual_seed(5), prefetch=False)
+    streams = []
+    real = ahead._normals
+
+    def spy(count, where):
+        streams.append(torch.cuda.current_stream(where) if where.type == "cuda" else None)
+        return real(count, where)
+
+    ahead._normals = spy
+    n = 2 * sources.PREFETCH_MIN
+    busy = torch.randn(2048, 2048, device=device)
+    for step in range(6):
+        sums = {"w": torch.full((n,), float(step), device=device)}
+        for _ in range(3):
+            busy = busy @ busy / busy.norm()  # the step's own kernels, queued behind or beside the draw
+        a, b = ahead.add(sums, 1.5), inline.add(sums, 1.5)
+        assert torch.equal(a["w"], b["w"]), step
+    if device.type == "cuda":
+        side = [s for s in streams[1:] if s is not None]
+        assert side and all(s != torch.cuda.default_stream(device) for s in side)
+
+
 def test_noise_of_two_runs_differs_on_the_device():
     data = make_tabular(300, seed=1)
     a, b = _trainer("dpsgd", seed=None), _trainer("dpsgd", seed=None)

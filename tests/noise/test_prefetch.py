@@ -129,3 +129,60 @@ def test_a_failure_on_the_worker_is_raised_in_the_step_that_uses_it(monkeypatch)
     source._draw_ahead(100, torch.device("cpu"))  # the worker fails
     with pytest.raises(RuntimeError, match="device lost"):
         source.add(_sums(100), 1.0)
+
+
+class _Stream:
+    """A stand-in for a CUDA stream: what waited on which event, and which thread drew under it."""
+
+    def __init__(self, name: str, log: list) -> None:
+        self.name, self.log = name, log
+
+    def wait_event(self, event) -> None:
+        self.log.append(("wait", self.name, event.id))
+
+
+def test_on_cuda_the_draw_ahead_runs_on_a_side_stream_the_step_waits_for_only_when_it_uses_it(monkeypatch):
+    # The stream discipline, with CUDA's calls stood in for on the CPU (the real streams: tests/test_gpu.py): the
+    # worker draws under its own stream and records an event after the draw; the step's stream waits for that
+    # event (and marks the tensor as its own) before it reads the draw, and never for a draw it drops.
+    import threading
+
+    log: list = []
+    main, side = _Stream("main", log), _Stream("side", log)
+    events = iter(range(100))
+
+    class Event:
+        def __init__(self) -> None:
+            self.id = next(events)
+
+        def record(self, stream) -> None:
+            log.append(("record", stream.name, self.id))
+
+    class Inside:
+        def __init__(self, stream) -> None:
+            self.stream = stream
+
+        def __enter__(self) -> None:
+            log.append(("enter", self.stream.name, threading.current_thread().name))
+
+        def __exit__(self, *exc) -> None:
+            return None
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "stream", Inside)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: log.append(("owned", stream.name)),
+                        raising=False)  # fmt: skip
+    ahead, inline = _sources("torch")
+    monkeypatch.setattr(ahead, "_side_stream", lambda device: side)
+    for n in (1000, 1000, 37, 1000):
+        a, b = ahead.add(_sums(n), 1.0), inline.add(_sums(n), 1.0)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    ahead._join()
+    draws = [e for e in log if e[0] == "enter"]
+    assert draws and all(e[1] == "side" and e[2] == "featuredp-noise" for e in draws)
+    recorded = [e[2] for e in log if e[0] == "record"]
+    waited = [e[2] for e in log if e[0] == "wait"]
+    # 4 draws ahead; the 2nd call uses the 1st, the 3rd (another size) drops the 2nd, the 4th drops the 3rd's.
+    assert len(recorded) == 4 and waited == [recorded[0]]
+    assert log.index(("wait", "main", recorded[0])) < log.index(("owned", "main"))

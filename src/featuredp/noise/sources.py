@@ -37,6 +37,7 @@ neither mode makes the whole computation constant-time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -165,12 +166,19 @@ class _Prefetching(NoiseSource):
     a checkpoint, a load, a re-key) first waits for the worker; a draw that is not used puts the generator back
     where the in-line source would be. :meth:`state_dict` is that in-line state, never the one after the draw
     made ahead.
+
+    On CUDA the worker's kernels run on a side stream of their own (a thread's kernels otherwise go to the default
+    stream, behind the step's): the step's stream waits for the draw's event only when it uses the draw, and the
+    drawn tensor is marked as used by that stream for the allocator. The generator's state (Philox's seed and
+    offset) is on the host and advanced at launch, so the words are the in-line call's whatever the streams.
     """
 
     def __init__(self, prefetch: bool) -> None:
         self.prefetch = bool(prefetch)
         self._thread: threading.Thread | None = None
-        self._ahead: tuple[int, torch.device, torch.Tensor] | None = None  # (count, device, normals) drawn ahead
+        # (count, device, normals, the CUDA event after which they are ready: None on the CPU) drawn ahead
+        self._ahead: tuple[int, torch.device, torch.Tensor, Any] | None = None
+        self._streams: dict[torch.device, Any] = {}  # the side stream of each CUDA device drawn on
         self._before: dict[str, Any] | None = None  # the in-line generator state: before the draw made ahead
         self._failed: BaseException | None = None
 
@@ -192,7 +200,12 @@ class _Prefetching(NoiseSource):
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[0] == count and ahead[1] == device:
             self._before = None
-            return ahead[2]
+            normals, ready = ahead[2], ahead[3]
+            if ready is not None:  # drawn on the side stream: this stream waits for it, and the allocator knows
+                stream = torch.cuda.current_stream(device)
+                stream.wait_event(ready)
+                normals.record_stream(stream)
+            return normals
         self._rewind()
         return self._normals(count, device)
 
@@ -201,11 +214,18 @@ class _Prefetching(NoiseSource):
         if not self.prefetch or not PREFETCH_MIN <= count <= PREFETCH_MAX:
             return
         self._before = self._generator_state()
+        side = self._side_stream(device)
 
         def work() -> None:
             try:
-                # A copy when the draw is a view of the scratch buffer that the next in-line draw would reuse.
-                self._ahead = (count, device, self._normals(count, device).clone())
+                with contextlib.nullcontext() if side is None else torch.cuda.stream(side):
+                    # A copy when the draw is a view of the scratch buffer that the next in-line draw would reuse.
+                    normals = self._normals(count, device).clone()
+                    ready = None
+                    if side is not None:
+                        ready = torch.cuda.Event()
+                        ready.record(side)
+                self._ahead = (count, device, normals, ready)
             except BaseException as exc:  # re-raised in the caller's thread at the next use
                 self._failed = exc
 
@@ -213,6 +233,14 @@ class _Prefetching(NoiseSource):
         self._thread = threading.Thread(target=work, name="featuredp-noise", daemon=False)
         _PREFETCHING.add(self)
         self._thread.start()
+
+    def _side_stream(self, device: torch.device) -> Any:
+        """The stream the worker draws on for ``device`` (made once, in the caller's thread); None off CUDA."""
+        if device.type != "cuda":
+            return None
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device=device)
+        return self._streams[device]
 
     def _join(self) -> None:
         """Wait for the worker; re-raise what it raised."""
