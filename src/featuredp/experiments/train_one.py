@@ -108,8 +108,6 @@ def _run_settings(kwargs: dict[str, Any], record: Method, *, epsilon: float | No
         kwargs["precision"] = precision
     if sharding != "none":
         kwargs["sharding"] = sharding
-        if kwargs.get("strategy") == "vmap":  # a preset's choice for speed; vmap cannot run through FSDP's hooks
-            kwargs["strategy"] = "ghost"  # the same clipped sums
 
 
 def train_one(
