@@ -55,7 +55,6 @@ from featuredp.distributed import (
     model_device,
     on_main_rank,
     rank_checkpoint_path,
-    save_rank_checkpoint,
 )
 from featuredp.errors import (
     BudgetExceededError,
@@ -387,12 +386,10 @@ class PrivateRun:
         """Write the checkpoint, owner-readable only (0600): one process's state, or each rank its own file; and
         the spent-steps record beside it (:meth:`note_spent`)."""
         # The strategy auto chose (public: a name) rides along, so a resume runs it without timing again.
-        if is_sharded(self.model):  # the weights and moments go to a DCP folder the rank files name
-            save_checkpoint_files(self.dist, path, {**state.state_dict(None, optimizers=False),
-                                                    "strategy": self.strategy.name},
-                                  self.model, state.optimizers())  # fmt: skip
-        else:
-            save_rank_checkpoint(self.dist, path, {**state.state_dict(self.model), "strategy": self.strategy.name})
+        sharded = is_sharded(self.model)  # then the weights and moments go to a DCP folder the rank files name
+        payload = {**state.state_dict(None if sharded else self.model, optimizers=not sharded),
+                   "strategy": self.strategy.name}  # fmt: skip
+        save_checkpoint_files(self.dist, path, payload, self.model, state.optimizers())
         self.note_spent(path, state)
 
     def load_checkpoint_state(self, path: str | Path) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from featuredp.clipping.fsdp import is_sharded, local_tensor
+from featuredp.clipping.fsdp import is_sharded, local_tensor, whole
 
 __all__ = ["load_local_state", "local_state", "rewrap_optimizer_state", "shard_model", "units", "whole_state_dict"]
 
@@ -54,8 +54,7 @@ def shard_model(model: nn.Module, *, mesh: Any = None) -> nn.Module:
 def whole_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's ``state_dict`` on the CPU with every sharded tensor gathered whole: what ``model.pt`` holds, the
     same file as an unsharded run's. A collective for a sharded model (every rank calls it)."""
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu()
-            for k, v in model.state_dict().items()}  # fmt: skip
+    return {k: whole(v).detach().cpu() for k, v in model.state_dict().items()}
 
 
 # -- checkpoints: each rank keeps its own shards (its own private file, featuredp.distributed) -----------------------

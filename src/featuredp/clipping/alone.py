@@ -10,7 +10,7 @@ never as the whole model's gradient.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -125,6 +125,23 @@ def _float64(model: nn.Module, batch: Batch, draws: Batch, names: list[str]
     return wide, wide_params, b64, d64
 
 
+def _against_float64(model: nn.Module, batch: Batch, draws: Batch, names: list[str],
+                     measure: Callable[[nn.Module, dict[str, torch.Tensor], Batch, Batch], list[torch.Tensor]]
+                     ) -> torch.Tensor | None:  # fmt: skip
+    """``measure(wide, wide_params, batch64, draws64)`` on a float64 copy (:func:`_float64`), stacked; None when
+    the model or the loss cannot run in float64."""
+    try:
+        copied = _float64(model, batch, draws, names)
+        return None if copied is None else torch.stack(measure(*copied))
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+def _apart(narrow: Sequence[torch.Tensor], exact: Sequence[torch.Tensor]) -> torch.Tensor:
+    """‖narrow − exact‖ over all of one example's parameters, in float64."""
+    return torch.cat([(a.to(torch.float64) - b).flatten() for a, b in zip(narrow, exact)]).norm()
+
+
 def rounding_noise(
     model: nn.Module,
     loss_fn: LossFn,
@@ -138,19 +155,12 @@ def rounding_noise(
     how far float32 rounding alone moves it. None when the model or the loss cannot run in float64 (the
     comparison then stands as it is)."""
     names = list(params)
-    try:
-        copied = _float64(model, batch, draws, names)
-        if copied is None:
-            return None
-        wide, wide_params, b64, d64 = copied
-        out = []
-        for j, i in enumerate(picked.tolist()):
-            exact = example_gradient(wide, loss_fn, b64, d64, wide_params, i)
-            out.append(torch.cat([(alone[n][j].to(torch.float64) - g).flatten() for n, g in zip(names, exact)])
-                       .norm())  # fmt: skip
-        return torch.stack(out)
-    except (RuntimeError, TypeError, ValueError):
-        return None
+
+    def measure(wide: nn.Module, wide_params: dict[str, torch.Tensor], b64: Batch, d64: Batch) -> list[torch.Tensor]:
+        return [_apart([alone[n][j] for n in names], example_gradient(wide, loss_fn, b64, d64, wide_params, i))
+                for j, i in enumerate(picked.tolist())]  # fmt: skip
+
+    return _against_float64(model, batch, draws, names, measure)
 
 
 def batch_rounding_noise(
@@ -165,19 +175,14 @@ def batch_rounding_noise(
     (float64, shape (k,)): how far rounding moves its row in the batch's own computation, the branches its
     kernels' rounding takes at kinks included (the same forward as ghost's, so the same branches). None when
     the model or the loss cannot run in float64."""
-    names = list(params)
-    try:
-        copied = _float64(model, batch, draws, names)
-        if copied is None:
-            return None
-        wide, wide_params, b64, d64 = copied
-        rows = picked.tolist()
+    rows = picked.tolist()
+
+    def measure(wide: nn.Module, wide_params: dict[str, torch.Tensor], b64: Batch, d64: Batch) -> list[torch.Tensor]:
         narrow = row_gradients(model, loss_fn, batch, draws, params, rows)
         exact = row_gradients(wide, loss_fn, b64, d64, wide_params, rows)
-        return torch.stack([torch.cat([(a.to(torch.float64) - b).flatten() for a, b in zip(mine, wide_row)]).norm()
-                            for mine, wide_row in zip(narrow, exact)])  # fmt: skip
-    except (RuntimeError, TypeError, ValueError):
-        return None
+        return [_apart(mine, wide_row) for mine, wide_row in zip(narrow, exact)]
+
+    return _against_float64(model, batch, draws, list(params), measure)
 
 
 def alone_gradients(

@@ -45,10 +45,13 @@ __all__ = [
     "local_tensor",
     "plain_type",
     "reduce_to_shard",
+    "sharded_parameters",
     "sharded_sums",
+    "whole",
 ]
 
 
+@functools.cache
 def fsdp_module_type() -> type | None:
     """``torch.distributed.fsdp.FSDPModule``, or None where this torch build has no distributed support."""
     if not torch.distributed.is_available():
@@ -72,6 +75,11 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     parameter's values read these: a DTensor's own comparisons are collectives."""
     cls = _dtensor_type()
     return t.to_local() if cls is not None and isinstance(t, cls) else t  # type: ignore[attr-defined]
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor gathered whole on every rank (a collective), any other tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def plain_type(module: nn.Module) -> type:

@@ -50,6 +50,7 @@ import torch
 from featuredp.accounting.accountant import _SENSITIVITY
 from featuredp.batches import as_batch, to_device
 from featuredp.clipping import trainable_parameters
+from featuredp.clipping.fsdp import whole
 from featuredp.distributed import all_reduce_sum
 from featuredp.methods import get_method
 
@@ -444,7 +445,7 @@ def _flat(tensors: dict[str, torch.Tensor], keys: Sequence[str]) -> torch.Tensor
 
 def _whole(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Sharded (DTensor) values gathered whole on every rank (a collective), others as they are."""
-    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in tensors.items()}
+    return {k: whole(v) for k, v in tensors.items()}
 
 
 def _compare(plan: Any, public_batch: bool, noise: Any, a: _Run, b: _Run,
