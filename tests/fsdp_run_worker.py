@@ -279,6 +279,26 @@ def _engine_checkpoint(scenario: str, data: Any, out: Path) -> dict:
             "restored": restored,
             "files": sorted(p.name for p in out.iterdir() if p.name.startswith(f"engine-{mode}")),
         }
+        if mode == "ghost_fsdp":  # saved without the optimizer, loaded with one: the weights, the optimizer as it is
+            bare = out / "engine-bare.pt"
+            engine.save_checkpoint(path=bare, module=model)
+            engine3, model3, optimizer3, _, _ = private(mode)
+            engine3.load_checkpoint(path=bare, module=model3, optimizer=optimizer3)
+            result["bare"] = {"weights": full(model3), "momenta": _momenta(optimizer3.original_optimizer)}
+        else:  # a loop that saves on rank 0 alone: no hang; the other rank's resume refused in one line
+            lone = out / "engine-lone.pt"
+            if torch.distributed.get_rank() == 0:
+                engine.save_checkpoint(path=lone, module=model, optimizer=optimizer)
+            torch.distributed.barrier()  # the test's own: rank 0 has written (no barrier inside save_checkpoint)
+            engine4, model4, optimizer4, _, _ = private(mode)
+            try:
+                engine4.load_checkpoint(path=lone, module=model4, optimizer=optimizer4)
+                refusal = ""
+            except ValueError as exc:
+                refusal = str(exc)
+            refusals: list = [None, None]
+            torch.distributed.all_gather_object(refusals, refusal)
+            result["lone"] = refusals
     return result
 
 

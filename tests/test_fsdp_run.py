@@ -163,6 +163,17 @@ def test_the_own_loop_checkpoint_under_torchrun_restores_each_rank(ranks, mode):
     assert (f"engine-{mode}.pt.shards" in got["files"]) == (mode == "ghost_fsdp")
 
 
+def test_own_loop_checkpoint_misuse_under_torchrun_is_refused_or_harmless(ranks):
+    got = _got(ranks, "engine_checkpoint")
+    # Saved on rank 0 alone (a common habit): the save returns, rank 0 resumes, rank 1 is refused in one line.
+    assert got["lone"][0] == "" and "call save_checkpoint on every rank" in got["lone"][1]
+    assert "\n" not in got["lone"][1]
+    # A sharded save without the optimizer, loaded with one: the weights restored, the fresh optimizer untouched.
+    for name, value in got["ghost_fsdp"]["saved"]["weights"].items():
+        torch.testing.assert_close(got["bare"]["weights"][name], value, rtol=0, atol=0, msg=name)
+    assert got["bare"]["momenta"] == []
+
+
 def test_the_replay_self_test_passes_on_sharded_runs_and_catches_a_doubled_sum(ranks):
     got = _got(ranks, "replay")
     for method in ("dpsgd", "fdp", "fdp_dpsgd"):

@@ -246,16 +246,19 @@ def on_main_rank(ctx: DistContext | None, action: Callable[[], Any]) -> Any:
     return result
 
 
-def save_rank_checkpoint(ctx: DistContext | None, path: str | os.PathLike[str], state: dict[str, Any]) -> None:
+def save_rank_checkpoint(ctx: DistContext | None, path: str | os.PathLike[str], state: dict[str, Any], *,
+                         barrier: bool = True) -> None:  # fmt: skip
     """Write ``state`` owner-readable only (0600): one process's file, or in a data-parallel run each rank its own
     (:func:`rank_checkpoint_path`). No rank ever receives another rank's sampler or noise state (ARCHITECTURE
-    rule 13)."""
+    rule 13). ``barrier=False``: no rank waits for the others (the own loop, where a user may save on one rank
+    only: that rank's file is written, and the others' resume is refused in one line, never a hang)."""
     if ctx is None:
         atomic_save_torch(path, state, private=True)
         return
     mine = rank_checkpoint_path(path, ctx.rank)
     atomic_save_torch(mine, {"world_size": ctx.world_size, "rank": ctx.rank, "state": state}, private=True)
-    dist.barrier()  # every rank's file is complete before any rank goes on
+    if barrier:
+        dist.barrier()  # every rank's file is complete before any rank goes on
 
 
 def load_rank_checkpoint(ctx: DistContext | None, path: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -281,7 +284,8 @@ def load_rank_checkpoint(ctx: DistContext | None, path: str | os.PathLike[str]) 
         return dict(ck["ranks"][rank])
     if "state" in ck and "rank" in ck:  # a rank's file (an own-loop checkpoint holds a "state" of its own)
         if int(ck["rank"]) != rank:
-            raise ValueError(f"checkpoint {mine} holds rank {ck['rank']}'s state, not rank {rank}'s")
+            raise ValueError(f"checkpoint {mine} holds rank {ck['rank']}'s state, not rank {rank}'s: every rank "
+                             f"saves its own file (call save_checkpoint on every rank, with the same path)")
         return dict(ck["state"])
     return dict(ck)
 

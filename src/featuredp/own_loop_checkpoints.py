@@ -54,15 +54,16 @@ class EngineCheckpoints:
         state, run = self._require_state(), self._require_run()
         inner = optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
         model = unwrap(module)
-        # Under torchrun each rank writes its own file (its keys are its own); a sharded model's weights and
-        # optimizers' moments go to a DCP folder the files name (featuredp.sharded_checkpoint).
+        # Under torchrun each rank writes its own file (its keys are its own), without waiting for the others (a
+        # loop that saves on rank 0 alone must not hang); a sharded model's weights and optimizers' moments go to a
+        # DCP folder the files name (featuredp.sharded_checkpoint), which every rank writes together.
         sharded = is_sharded(model)
         save_checkpoint_files(run.dist, path, {
             "featuredp_privacy_engine": 1,
             "state": state.state_dict(model if weights and not sharded else None, optimizers=not sharded),
             "optimizer": None if inner is None or sharded else inner.state_dict(),
             "extra": checkpoint_dict or {},
-        }, model if sharded else None, _optimizers(state, inner), weights=weights)  # fmt: skip
+        }, model if sharded else None, _optimizers(state, inner), weights=weights, barrier=False)  # fmt: skip
         self._spent = (Path(path), spent_record)
         self._require_run().note_spent(path, state, record=spent_record)
 

@@ -78,21 +78,23 @@ def _save_shards(path: str | os.PathLike[str], model: nn.Module, optimizers: Map
     name = _rank0(name)
     dcp.save(_states(model, optimizers, weights), checkpoint_id=root / name)
     digest = _rank0(_metadata_digest(root / name) if torch.distributed.get_rank() == 0 else None)
-    return {"name": name, "metadata_sha256": digest, "weights": weights}
+    return {"name": name, "metadata_sha256": digest, "weights": weights, "optimizers": sorted(optimizers)}
 
 
 def save_checkpoint_files(ctx: DistContext | None, path: str | os.PathLike[str], payload: dict[str, Any],
                           model: nn.Module | None, optimizers: Mapping[str, torch.optim.Optimizer], *,
-                          weights: bool = True) -> None:  # fmt: skip
+                          weights: bool = True, barrier: bool = True) -> None:  # fmt: skip
     """Write a checkpoint: ``payload`` in each rank's private file (:func:`save_rank_checkpoint`) and, for a
     sharded ``model``, its weights and ``optimizers``' states in a fresh DCP folder the files name (``"shards"``);
     the folders of earlier saves are removed once every rank's file names the new one. ``payload`` must then hold
     neither the weights nor those optimizers' states. ``model=None``: nothing sharded to save; ``weights=False``:
-    the optimizers' states only (a caller that saves the weights itself)."""
+    the optimizers' states only (a caller that saves the weights itself). ``barrier=False`` (an unsharded model
+    only; DCP's save is a collective): :func:`save_rank_checkpoint`'s."""
     if model is not None and is_sharded(model):
         step = int(payload.get("step", payload.get("state", {}).get("private_steps", 0)))
         payload = {**payload, "shards": _save_shards(path, model, optimizers, step, weights)}
-    save_rank_checkpoint(ctx, path, payload)  # ends with a barrier: every rank's file names the new folder
+    # Sharded, it ends with a barrier: every rank's file names the new folder before an old one is removed.
+    save_rank_checkpoint(ctx, path, payload, barrier=barrier or "shards" in payload)
     if "shards" in payload and torch.distributed.get_rank() == 0:
         for old in shards_folder(path).iterdir():
             if old.name != payload["shards"]["name"]:
@@ -131,6 +133,8 @@ def load_shards(path: str | os.PathLike[str], shards: Any, model: nn.Module,
     except Exception as exc:
         error = exc
     Lockstep().raise_if_any(error, lambda: ValueError("another rank could not read the checkpoint's sharded weights"))
+    # An optimizer the save did not hold is left as it is (as an unsharded checkpoint without one leaves it).
+    optimizers = {k: v for k, v in optimizers.items() if k in shards.get("optimizers", optimizers)}
     states = _states(model, optimizers, bool(shards.get("weights", True)))
     dcp.load(states, checkpoint_id=folder)
     if "model" in states:
