@@ -231,11 +231,16 @@ class _PlanSampler(Sampler[list[int]]):
         return self.batches
 
     def __iter__(self) -> Iterator[list[int]]:
+        for idx in self.indices():
+            yield [int(i) for i in idx]
+
+    def indices(self) -> Iterator[np.ndarray]:
+        """The draws as int64 arrays (each also kept in ``pending``): what a batched fetch indexes with."""
         for _ in range(self.batches):
             idx, groups = self.draw()
             idx = np.asarray(idx, dtype=np.int64)
             self.pending.append((idx, groups))
-            yield [int(i) for i in idx]
+            yield idx
 
 
 class PrivateDataLoader(DataLoader):
@@ -286,7 +291,7 @@ class PrivateDataLoader(DataLoader):
 
     def _indexed(self) -> Iterator[Any]:
         """The sampler's draws read with one index tensor per tensor of the dataset (no per-item fetch)."""
-        for rows in self._plan_sampler:
+        for rows in self._plan_sampler.indices():
             yield index_records(self.dataset, rows)  # type: ignore[arg-type]  # a TensorDataset: _batched_fetch
 
 

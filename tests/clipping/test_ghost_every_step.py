@@ -69,7 +69,7 @@ def test_trimming_model_breaks_sensitivity_when_unchecked(monkeypatch):
     assert moved > 3 * C
 
 
-def test_trimming_model_is_refused_on_the_later_batch_that_holds_the_long_record():
+def test_trimming_model_is_refused_on_the_later_batch_that_holds_the_long_record(comparison):
     # The old check looked at the first batch only (short records: nothing to see) and never again.
     model, s = TrimToLongest(), GhostGradients()
     for step in range(3):
@@ -121,6 +121,23 @@ def test_the_checked_rows_are_chosen_secretly_and_everywhere_in_the_batch(monkey
     seen = {i for run in runs for rows in run for i in rows}
     assert len(seen) > 48 and max(seen) > 56  # not only the head of the batch
     assert all(len(rows) == len(set(rows)) == ghost_checks._SEPARABILITY_EXAMPLES for run in runs for rows in run)
+
+
+def test_the_checked_pair_is_uniform_over_all_pairs():
+    # Any pair of rows is as likely as any other: a model cannot place a mixing row where checks look less.
+    s = GhostGradients()
+    s._secret = np.random.default_rng(20261129)  # fixed for the test only; runs use OS entropy
+    n, draws = 6, 15_000
+    counts = np.zeros((n, n))
+    for _ in range(draws):
+        i, j = s._pick(torch.ones(n))
+        assert i < j
+        counts[i, j] += 1
+    observed = counts[np.triu_indices(n, 1)]
+    expected = draws / len(observed)
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    assert chi2 < 36.1  # the 0.999 quantile of chi-square with 14 degrees of freedom
+    assert s._pick(torch.tensor([1.0, float("nan"), 2.0])).tolist() == [0, 2]
 
 
 def test_chunked_batches_check_a_random_chunk(monkeypatch):
@@ -235,9 +252,26 @@ def test_the_rounding_allowance_is_measured_alone_and_is_tiny_for_an_ordinary_mo
     assert all(p.dtype == torch.float32 for p in model.parameters())  # measured on a copy
 
 
-def test_the_every_step_check_compares_directions_not_only_norms(monkeypatch):
+@pytest.fixture(params=["flat", "compact"])
+def comparison(request, monkeypatch):
+    """Both ways the every-step check compares: materialised rows (small models) and compact forms (large ones)."""
+    if request.param == "compact":
+        monkeypatch.setattr(ghost_checks, "_FLAT_ELEMENTS", 0)
+    calls = {"flat": 0}
+    original = ghost_checks._flat_distances
+
+    def spy(*args):
+        calls["flat"] += 1
+        return original(*args)
+
+    monkeypatch.setattr(ghost_checks, "_flat_distances", spy)
+    yield request.param
+    assert (calls["flat"] > 0) == (request.param == "flat")
+
+
+def test_the_every_step_check_compares_directions_not_only_norms(monkeypatch, comparison):
     """A reference with the right norms but the opposite direction is refused: the check's distance is
-    ‖ghost − alone‖ (from Gram forms and inner products), not the difference of the two norms."""
+    ‖ghost − alone‖ (materialised, or from Gram forms and inner products), not the difference of the norms."""
     original = alone.example_gradients
 
     def flipped(*args):  # every batch-of-one gradient, float32 and float64 alike (the rounding retry's too)

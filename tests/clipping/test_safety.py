@@ -596,3 +596,29 @@ def test_fingerprints_are_keyed_from_os_entropy_not_the_published_seed(monkeypat
         positions.append([fp.idx.tolist() for fp in guard._prints.values()])
         guard.__exit__(None, None, None)
     assert positions[0] and positions[0] != positions[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+                                   torch.uint8, torch.bool])  # fmt: skip
+def test_a_write_through_data_of_one_element_is_seen_in_every_dtype(dtype):
+    """The guard's value comparison (numpy's on the CPU where it can, torch's otherwise) sees one changed element,
+    in a strided view too, and takes NaN for NaN and -0.0 for 0.0, as torch.equal does."""
+    from featuredp.clipping.safety import _same_values
+
+    for rows in (4, 4096):  # torch's comparison, and numpy's above 8,192 elements
+        t = torch.arange(rows * 6).reshape(rows, 6)
+        t = (t % 2 == 0) if dtype is torch.bool else (t % 200).to(dtype)
+        copy = t.clone()
+        assert _same_values(t, copy) and _same_values(t.t(), copy.t())
+        changed = t.clone()
+        changed.data[rows - 1, 5] = (~changed[rows - 1, 5]) if dtype is torch.bool else changed[rows - 1, 5] + 1
+        assert not _same_values(changed, copy) and not _same_values(changed.t(), copy.t())
+    if dtype.is_floating_point:
+        for size in (2, 10_000):
+            nan = torch.zeros(size, dtype=dtype)
+            nan[-1] = float("nan")
+            zero = nan.clone()
+            zero[0] = -0.0
+            one = nan.clone()
+            one[0] = 1.0
+            assert _same_values(nan, zero) and not _same_values(nan, one)

@@ -171,10 +171,25 @@ def _version(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version  # inference tensors have no version counter (nor autograd use)
 
 
+# CPU dtypes numpy compares elementwise exactly as torch.equal does (bfloat16 and the like have no numpy type).
+_NUMPY_EQUAL = frozenset({torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+                          torch.int8, torch.uint8, torch.bool})  # fmt: skip
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``torch.equal`` of two tensors of one shape, dtype and device. On the CPU and above 8,192 elements numpy's
+    comparison, which is vectorised where torch's is not: 23 against 113 µs on a 180k float32 parameter, on every
+    guarded call (below, numpy's call costs more than torch's comparison)."""
+    if (a.numel() > 8192 and a.device.type == "cpu" and a.dtype in _NUMPY_EQUAL and a.layout == torch.strided
+            and not a.is_conj() and not a.is_neg()):  # fmt: skip
+        return bool(np.array_equal(a.detach().numpy(), b.detach().numpy()))
+    return torch.equal(a, b)
+
+
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
         return False
-    if torch.equal(a, b):  # the every-call fast path; NaN never equals NaN here, hence the second look
+    if _equal(a, b):  # the every-call fast path; NaN never equals NaN here, hence the second look
         return True
     return (a.is_floating_point() or a.is_complex()) and bool(torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True))
 
