@@ -19,7 +19,8 @@ What one step is (for every configuration: SGD lr 0.1 on the result):
   step, which is not timed);
 * ``dpsgd-ghost``, ``dpsgd-vmap``, ``fdp-ghost``, ``fdp-vmap`` — featuredp's strategy's clipped sum
   (``clipped_sum``, the per-step separability check and forward guard included) plus the engine's noise source
-  (:class:`featuredp.noise.TorchNoise`), C = 1, σ = 1; FDP's public batch (a plain backward) is not included;
+  (:class:`featuredp.noise.TorchNoise`, drawing the next step's noise ahead as the Trainer's default does), C = 1,
+  σ = 1; FDP's public batch (a plain backward) is not included;
 * ``opacus-hooks-dpsgd``, ``opacus-hooks-fdp`` — Opacus 1.6 (GradSampleModule + DPOptimizer: per-sample
   gradients by hooks, accumulated over the two layers of the tied weight and FDP's two passes), when it can be
   imported; "not installed" otherwise. ``opacus-ghost-dpsgd`` (GradSampleModuleFastGradientClipping +
@@ -119,7 +120,7 @@ def featuredp_runner(name: str, data: Batch, seed: int) -> throughput.StepRunner
     method, kind = name.split("-")
     strategy = _strategy(kind)
     loss = fdp_loss if method == "fdp" else lm_loss
-    noise = TorchNoise(torch.Generator().manual_seed(seed))
+    noise = TorchNoise(torch.Generator().manual_seed(seed), prefetch=True)
 
     def private_step() -> None:
         sums, _ = strategy.clipped_sum(model, loss, data, {}, C)
