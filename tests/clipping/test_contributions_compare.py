@@ -93,9 +93,9 @@ def test_select_keeps_exactly_the_chosen_examples(kind):
 
 
 def test_the_flat_comparison_equals_the_compact_one_on_every_kind():
-    """Small models compare materialised rows (ghost_checks._flat_distances): it must give the compact forms'
-    distances, or the every-step check would compare something else on them."""
-    from featuredp.clipping.ghost_checks import _distances, _flat_distances
+    """Small models compare materialised rows (distances.flat): it must give the compact forms' distances, or the
+    every-step check would compare something else on them."""
+    from featuredp.clipping import distances
 
     combined = {kind: make() for kind, make in KINDS.items()}
     picked = torch.tensor([3, 0])
@@ -103,7 +103,7 @@ def test_the_flat_comparison_equals_the_compact_one_on_every_kind():
     alone = {kind: c.examples(picked) + 0.1 * torch.randn(c.examples(picked).shape, generator=gen)
              for kind, c in combined.items()}  # fmt: skip
     alone["absent"] = torch.randn(2, 3, generator=gen)  # a parameter no ghost gradient reached
-    err_sq, ref_sq, _ = _distances(combined, picked, alone)
-    flat_err, flat_ref = _flat_distances(combined, picked, alone)
+    err_sq, ref_sq, _ = distances.compact(combined, picked, alone)
+    flat_err, flat_ref = distances.flat(combined, picked, alone)
     torch.testing.assert_close(flat_err, err_sq, rtol=1e-5, atol=1e-9)
     torch.testing.assert_close(flat_ref, ref_sq, rtol=1e-9, atol=0.0)

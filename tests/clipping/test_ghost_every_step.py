@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from _fdp_synth import make_tabular
-from featuredp.clipping import GhostGradients, VmapGradients, alone, ghost_checks
+from featuredp.clipping import GhostGradients, VmapGradients, alone, distances, ghost_checks
 from featuredp.engine import Trainer
 from featuredp.errors import BatchMixingError
 from featuredp.features import Columns
@@ -256,15 +256,15 @@ def test_the_rounding_allowance_is_measured_alone_and_is_tiny_for_an_ordinary_mo
 def comparison(request, monkeypatch):
     """Both ways the every-step check compares: materialised rows (small models) and compact forms (large ones)."""
     if request.param == "compact":
-        monkeypatch.setattr(ghost_checks, "_FLAT_ELEMENTS", 0)
+        monkeypatch.setattr(distances, "FLAT_ELEMENTS", 0)
     calls = {"flat": 0}
-    original = ghost_checks._flat_distances
+    original = distances.flat
 
     def spy(*args):
         calls["flat"] += 1
         return original(*args)
 
-    monkeypatch.setattr(ghost_checks, "_flat_distances", spy)
+    monkeypatch.setattr(distances, "flat", spy)
     yield request.param
     assert (calls["flat"] > 0) == (request.param == "flat")
 

@@ -6,10 +6,8 @@ parameter-free code (``x - x.mean(0)``, attention over the wrong axis) is caught
 of :class:`~featuredp.clipping.ghost.GhostGradients`:
 
 * the *separability cross-check* recomputes two secretly chosen examples' gradients each on its own (a forward
-  and backward of the example alone) and compares them, and their norms, with the ghost ones: the distance
-  ‖ghost − alone‖² = ‖ghost‖² − 2⟨ghost, alone⟩ + ‖alone‖² comes from each contribution's Gram form and inner
-  products in float64 (:meth:`~featuredp.clipping.contributions.Contribution.compare`), so ghost's per-example
-  gradient is never formed;
+  and backward of the example alone) and compares them, and their norms, with the ghost ones, by the float64
+  distance ‖ghost − alone‖ (:mod:`featuredp.clipping.distances`);
 * the *chunk check*, on a secret share of the steps, recomputes a secret random chunk of rows each alone (vmap
   over batches of one; a loop where vmap cannot run) and compares one weighted sum of their gradients, weights
   ±(1 + U)·c_i secret, with ghost's weighted sum over the same rows: one backward, no per-example gradient on
@@ -30,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from featuredp.clipping import distances
 from featuredp.clipping.alone import (
     NOT_DETERMINISTIC,
     AloneGradients,
@@ -142,11 +141,6 @@ _SEPARABILITY_CLIP_TOL = 1e-6
 # retried once more adding, once, its row's rounding in the batch's own forward (a kink's branch; see there).
 _SEPARABILITY_NOISE_FACTOR = 8.0
 _SEPARABILITY_EXAMPLES = 2
-# Up to this many elements in the checked rows' gradients (k × the trainable parameters), the comparison forms
-# ghost's rows (:func:`_flat_distances`); above it, the compact forms (:func:`_distances`). Measured on one thread
-# (two rows of a Linear layer): 65 against 127 µs at 7k parameters, 125 against 176 at 30k, but 1.8 ms against
-# 0.37 at 180k, where fresh float64 blocks of that size cost more than the compact forms' operations.
-_FLAT_ELEMENTS = 1 << 16
 # The chunk check: on a secret share of the steps (OS entropy, never a seed), a secret random chunk of the
 # checked physical chunk (up to this many rows) is recomputed example by example (vmap over batches of one) and
 # its secretly weighted clipped sum compared with ghost's. One row that mixes only itself with the batch (a marker
@@ -160,61 +154,6 @@ _CHUNK_CHECK_EXAMPLES = 64
 _CHUNK_RTOL = 1e-3
 # A failed chunk check is confirmed on this many of its rows that differ most.
 _CONFIRM_EXAMPLES = 2
-
-
-def _distance(terms: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(‖ghost − alone‖, ‖alone‖) of one parameter from (‖ghost‖², ⟨ghost, alone⟩, ‖alone‖²), or from (‖alone‖²,)
-    where no ghost gradient reached it."""
-    if len(terms) == 1:
-        return terms[0].sqrt(), terms[0].sqrt()
-    m_sq, dot, r_sq = terms
-    return (m_sq - 2 * dot + r_sq).clamp(min=0).sqrt(), r_sq.sqrt()
-
-
-def _distances(
-    combined: dict[str, Contribution], rows: torch.Tensor, alone: Mapping[str, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, tuple[torch.Tensor, ...]]]:
-    """Per example of ``rows``, over all parameters at once (the sensitivity is about a whole example's gradient):
-    ‖ghost − alone‖² and ‖alone‖² (float64, (k,)), and each parameter's terms for :func:`_distance`.
-
-    ‖ghost − alone‖² = ‖ghost‖² − 2⟨ghost, alone⟩ + ‖alone‖², each term from the contribution's compact form (Gram
-    form, inner products) in float64: ghost's per-example gradients are never formed, and the difference of nearly
-    equal terms keeps ~1e-8 of their size. ``alone`` holds every parameter's (k, *shape) gradients; a parameter
-    absent from ``combined`` got no ghost gradient (its distance is its whole alone gradient)."""
-    k = len(rows)
-    mine_sq = torch.zeros(k, dtype=torch.float64, device=rows.device)
-    inner, ref_sq = torch.zeros_like(mine_sq), torch.zeros_like(mine_sq)
-    terms: dict[str, tuple[torch.Tensor, ...]] = {}
-    for pname, ref in alone.items():
-        r_sq = torch.linalg.vector_norm(ref.reshape(k, -1), dim=1, dtype=torch.float64).square()
-        ref_sq += r_sq
-        if pname in combined:
-            m_sq, dot = combined[pname].compare(rows, ref)
-            mine_sq += m_sq
-            inner += dot
-            terms[pname] = (m_sq, dot, r_sq)
-        else:
-            terms[pname] = (r_sq,)
-    return mine_sq - 2 * inner + ref_sq, ref_sq, terms
-
-
-def _flat_distances(
-    combined: dict[str, Contribution], rows: torch.Tensor, alone: Mapping[str, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_distances`' (‖ghost − alone‖², ‖alone‖²) with ghost's gradients of ``rows`` materialised, for models
-    whose k rows of gradients are small (:data:`_FLAT_ELEMENTS`).
-
-    Why: on a small model the compact forms' few dozen float64 operations per parameter cost more than the step's
-    own work; here every parameter's rows go into one (k, P) block and the distance is three operations. Each ghost
-    row is formed in its parameter's dtype (one rounding per entry, ~1e-7 of the terms, as the alone gradient has)
-    and the difference taken in float64, so the tolerances of the compact form hold as they are."""
-    k = len(rows)
-    mine, ref = [], []
-    for pname, r in alone.items():
-        ref.append(r.reshape(k, -1))
-        mine.append(combined[pname].examples(rows).reshape(k, -1) if pname in combined else torch.zeros_like(ref[-1]))
-    theirs = torch.cat(ref, 1).to(torch.float64)
-    return torch.cat(mine, 1).to(torch.float64).sub_(theirs).square_().sum(1), theirs.square_().sum(1)
 
 
 class GhostChecks:
@@ -396,11 +335,12 @@ class GhostChecks:
             with torch.no_grad():
                 # Materialised where the rows are small and the model unsharded; the compact forms otherwise (a
                 # sharded model's alone gradients are read one parameter at a time, never all at once).
-                flat = self._lock is None and len(rows) * sum(p.numel() for p in params.values()) <= _FLAT_ELEMENTS
+                size = len(rows) * sum(p.numel() for p in params.values())
+                flat = self._lock is None and size <= distances.FLAT_ELEMENTS
                 if flat:
-                    err_sq, ref_sq = _flat_distances(combined, rows, alone)
+                    err_sq, ref_sq = distances.flat(combined, rows, alone)
                 else:
-                    err_sq, ref_sq, terms = _distances(combined, rows, alone)
+                    err_sq, ref_sq, terms = distances.compact(combined, rows, alone)
                 err = err_sq.clamp(min=0).sqrt()
                 ref_norms = ref_sq.sqrt()
                 norm_off = (norms[rows].to(torch.float64) - ref_norms).abs()
@@ -457,8 +397,8 @@ class GhostChecks:
                         failed = fails(tol + _SEPARABILITY_NOISE_FACTOR * noise + batch_noise)
             if failed:
                 if flat:  # the per-parameter terms, for the message only
-                    terms = _distances(combined, rows, alone)[2]
-                bad = [pname for pname, (d, r) in ((n, _distance(t)) for n, t in terms.items())
+                    terms = distances.compact(combined, rows, alone)[2]
+                bad = [pname for pname, (d, r) in ((n, distances.of_parameter(t)) for n, t in terms.items())
                        if bool((d > _SEPARABILITY_RTOL * r + _SEPARABILITY_TERM_TOL * bound).any())]  # fmt: skip
                 raise BatchMixingError(self._mixing_message(plan, model, bad))
 
@@ -584,7 +524,7 @@ class GhostChecks:
         except Exception:  # a model torch.func cannot vmap (dynamic shapes): one example at a time
             ref = self._alone(model, loss_fn, sub_b, sub_d, params, np.arange(len(picked)), twice=False)
         with torch.no_grad():
-            row_sq = _distances(combined, rows, ref)[0]
+            row_sq = distances.compact(combined, rows, ref)[0]
         worst = picked[np.sort(torch.argsort(row_sq, descending=True)[:_CONFIRM_EXAMPLES].cpu().numpy())]
         self._compare_with_alone(plan, model, loss_fn, batch, draws, params, combined, parts, norms, C, worst)
 
