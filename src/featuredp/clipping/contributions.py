@@ -70,6 +70,11 @@ _BLOCK_ELEMENTS = 1 << 24
 # ℓ(x) − ℓ_pub(x') when ℓ_pub predicts ℓ well — the example is recomputed in float64, so that cancellation
 # can never hide a large gradient from clipping.
 _CANCELLATION = 0.1
+# The Gram form's cost per multiply-add of its two Gram matrices, against materialising the per-example gradient:
+# it also forms their float64 product, the bound above and, where terms cancel, the whole form again in float64.
+# A conv after GroupNorm(C, C) (Opacus's ModuleValidator.fix of a BatchNorm) cancels on every row: its output
+# gradients sum to ~0 over the positions. Materialising is never less accurate (a sum of squares does not cancel).
+_GRAM_COST = 2.0
 
 #: Row norms already computed in one batch, keyed by (data pointer, shape, strides) of the tensor.
 NormCache = dict[tuple[int, tuple[int, ...], tuple[int, ...]], torch.Tensor]
@@ -216,7 +221,7 @@ class Outer(Contribution):
             return prod.to(torch.float64).pow(2).sum((1, 2))
         out = torch.empty(B, dtype=torch.float64, device=self.a.device)
         # Gram form Σ_{t,s} (a_t·a_s)(g_t·g_s) costs T²(din+dout); materialising Σ_t g_t a_tᵀ costs T·din·dout.
-        if T * T * (din + dout) <= T * din * dout:
+        if _GRAM_COST * T * T * (din + dout) <= T * din * dout:
             a = self.a.permute(0, 2, 1, 3)  # (B, K, T, din)
             g = self.g.permute(0, 2, 1, 3)
             for sl in _chunks(B, K * T * T):
