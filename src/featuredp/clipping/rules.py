@@ -257,8 +257,8 @@ def _patches(x: torch.Tensor, kernel: Sequence[int], dilation: Sequence[int], pa
     ``nnf.unfold`` gives, transposed, with its features in the weight's (C, kh, kw) order.
 
     Why not ``nnf.unfold``: its CPU kernel (im2col) took 0.2–0.3 ms for the tutorial CNN's small inputs and 74 ms at
-    256 × 64 × 16 × 16, against 0.04, 0.24 and 53 ms for these strided views and one copy (which also makes the
-    transpose ``unfold``'s layout needed afterwards)."""
+    256 × 64 × 16 × 16, against 0.04, 0.24 and 53 ms for these strided views and one copy, which also does the
+    transpose that ``unfold``'s layout needed afterwards."""
     (kh, kw), (dh, dw), (ph, pw), (sh, sw) = kernel, dilation, padding, stride
     if ph or pw:
         x = nnf.pad(x, (pw, pw, ph, ph))
