@@ -530,20 +530,20 @@ class GhostChecks:
 
     def _pick(self, norms: torch.Tensor) -> np.ndarray | None:
         """Up to ``_SEPARABILITY_EXAMPLES`` distinct rows with finite norms, uniformly at random (secret)."""
-        n, k = len(norms), min(_SEPARABILITY_EXAMPLES, len(norms))
-        if bool(torch.isfinite(norms).all()):  # the common case: k distinct rows, uniformly
-            if k == 2:  # an ordered pair of distinct rows, uniformly: i, then j among the n − 1 others
-                i, j = int(self._secret.integers(n)), int(self._secret.integers(n - 1))
-                j += j >= i
-                return np.array(sorted((i, j)), dtype=np.int64)
-            while True:
-                picked = np.unique(self._secret.integers(0, n, size=k))
-                if len(picked) == k:
-                    return picked
+        if bool(torch.isfinite(norms).all()):  # the common case: every row can be checked
+            return self._distinct(np.arange(len(norms)))
         finite = torch.isfinite(norms).nonzero().flatten().cpu().numpy()
-        if len(finite) == 0:
-            return None
-        return np.sort(self._secret.choice(finite, size=min(k, len(finite)), replace=False))
+        return None if len(finite) == 0 else self._distinct(finite)
+
+    def _distinct(self, rows: np.ndarray) -> np.ndarray:
+        """Up to ``_SEPARABILITY_EXAMPLES`` of ``rows``, a uniformly random subset (Floyd's algorithm: one scalar draw
+        per row picked, where ``choice`` without replacement shuffles all of them), sorted."""
+        n = len(rows)
+        chosen: set[int] = set()
+        for top in range(n - min(_SEPARABILITY_EXAMPLES, n), n):
+            t = int(self._secret.integers(top + 1))
+            chosen.add(top if t in chosen else t)
+        return np.sort(rows[sorted(chosen)])
 
     @staticmethod
     def _mixing_message(plan: GhostPlan, model: nn.Module, bad: list[str]) -> str:
