@@ -41,9 +41,9 @@ def run(library: str, data: TensorDataset) -> float:
                               data_loader=DataLoader(data, batch_size=100), noise_multiplier=1.0,
                               max_grad_norm=1.0, grad_sample_mode="ghost", criterion=nn.CrossEntropyLoss())
     if library == "featuredp-nochecks":
-        from featuredp.experiments.throughput import without_checks
+        from featuredp.experiments.throughput import _without_checks
 
-        without_checks(engine.run.strategy)
+        _without_checks(engine.run.strategy)
     m, o, criterion, loader = out
     batches = iter(loader)
     x, y = next(batches)

@@ -45,9 +45,9 @@ def run(arm: str, train_set: Any, seed: int) -> float:
         data_loader=DataLoader(TensorDataset(x, y), batch_size=512), criterion=nn.CrossEntropyLoss(),
         noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="ghost", **fdp)  # fmt: skip
     if arm == "featuredp-nochecks":
-        from featuredp.experiments.throughput import without_checks
+        from featuredp.experiments.throughput import _without_checks
 
-        without_checks(engine.run.strategy)
+        _without_checks(engine.run.strategy)
     seen, start = 0, 0.0
     for i, (xb, yb) in enumerate(loader):
         if i == 1:

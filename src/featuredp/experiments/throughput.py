@@ -50,7 +50,6 @@ __all__ = [
     "interleaved",
     "scaling",
     "synthetic_purchase",
-    "without_checks",
 ]
 
 
@@ -186,7 +185,7 @@ def engine_runner(
     # The engine's own step, without the progress bar and the accountant calls at log points (those are not
     # part of a training step's cost).
     if ablate == "checks":
-        without_checks(trainer.strategy)
+        _without_checks(trainer.strategy)
     timed = trainer._timing_step(data)
     if ablate == "noise" and trainer.run.state is not None:
         trainer.run.state.noise = _Float32Noise(trainer.device)
@@ -219,9 +218,10 @@ BENCHMARK_BANDS = 8
 BENCHMARK_BLT_EPOCHS = 4
 
 
-def without_checks(strategy: Any) -> None:
+def _without_checks(strategy: Any) -> None:
     """Switch off ghost clipping's per-step separability check and forward guard on ``strategy`` (a no-op for any
-    other strategy). For cost measurements only: the steps it then takes have a weaker guarantee. The Trainer's
+    other strategy). For cost measurements only, and private on purpose: the steps it then takes have a weaker
+    guarantee (a model that mixes examples would go unrefused), so no run or user API offers it. The Trainer's
     benchmark (``ablate="checks"``) and the own-loop benchmarks (``benchmarks/*_speed.py``) all switch them so."""
     if isinstance(strategy, GhostGradients):
         strategy._check_separability = False
